@@ -1,0 +1,100 @@
+"""The one small interface every engine implements. An engine runs requests; it never knows which suite asked."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One generation. `chat=True` applies the model's chat template when it has one."""
+
+    key: str
+    prompt: str
+    chat: bool = True
+    max_tokens: int | None = None  # overrides SamplingParams.max_tokens for this request
+    prompt_token_ids: tuple[int, ...] | None = None  # exact tokens; bypasses templating when given
+
+
+@dataclass(frozen=True)
+class GenResult:
+    key: str
+    prompt_token_ids: list[int]
+    output_text: str
+    output_token_ids: list[int]
+    prompt_format: str  # "chat" or "completion"
+    finish_reason: str
+    ttft_s: float | None
+    total_s: float
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Log-probabilities of a token sequence under the model.
+
+    `logprobs[i]` is log p(token_ids[i] | token_ids[:i]) for i >= 1 (index 0 has no context: None).
+    `top[i]` is the model's top-k (token id, logprob) at position i (predicting token i), when asked for.
+    `tail[i]` is log of the probability mass outside top-k (None when the engine cannot say).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    engine: str
+    engine_version: str
+    model_path: str
+    add_bos: bool
+    bos_token_id: int | None
+    chat_template: str | None  # name/source of the chat template used, None for plain completion
+    vocab_size: int
+    n_ctx: int
+    load_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """A loaded model. Lives inside one worker process; `close()` frees it."""
+
+    name: str = "engine"
+
+    @abstractmethod
+    def info(self) -> EngineInfo: ...
+
+    @abstractmethod
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        """Token ids of `text`; `add_bos` prepends BOS when the model uses one."""
+
+    @abstractmethod
+    def detokenize(self, token_ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        """The exact tokens this engine will feed for `request` (chat template and BOS applied)."""
+
+    @abstractmethod
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        """Run all requests (batched where the engine can); yields results as they finish."""
+
+    @abstractmethod
+    def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        """Log-probabilities of each given token sequence (teacher forcing, one pass each)."""
+
+    @abstractmethod
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
+        """For each prompt, full-vocabulary log-softmax at the last position, read at `candidates`."""
+
+    def close(self) -> None:
+        """Release the model. Worker processes exit afterwards anyway."""

@@ -1,0 +1,71 @@
+"""What a suite is: items from data, engine calls for pending items, scores from records alone.
+
+A suite never knows which engine runs it, and scoring never loads a model.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from evalkit.engines.base import Engine, SamplingParams
+from evalkit.store import ComparisonRow, ScoreRow
+
+Emit = Callable[[list[dict[str, Any]]], None]  # appends a batch of finished records (flushed per call)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of work, with an id stable across runs and deployments."""
+
+    item_id: str
+    category: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    """What scoring may know: the run's deployments, its reference and its config. No engines."""
+
+    deployments: list[str]
+    reference: str
+    config: Any  # evalkit.config.Config
+    config_file: Path
+    manifest: dict[str, Any]
+
+
+class Suite(ABC):
+    name: str = "suite"
+
+    def __init__(self, settings: Any, config: Any, config_file: Path) -> None:
+        self.settings = settings
+        self.config = config
+        self.config_file = config_file
+
+    @abstractmethod
+    def items(self) -> list[Item]:
+        """The suite's items, identical for every deployment (deterministic for a given config)."""
+
+    @abstractmethod
+    def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
+        """Run `items` (only the pending ones are passed) and emit one record per item.
+
+        Each record is a JSON-able dict with at least `suite`, `item_id` and `category`.
+        """
+
+    @abstractmethod
+    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+        """Per-deployment scores from records alone (`records` maps deployment -> its records of this suite)."""
+
+    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+        """Paired differences of each deployment against the reference on the same items."""
+        return []
+
+    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+        """Per-item scores for manual review CSVs (item_id, deployment, output, each per-item score)."""
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance for the manifest and report (data files, seeds, signatures)."""
+        return {}
