@@ -1,0 +1,207 @@
+"""llama.cpp engine (llama-cpp-python, in-process): generation, teacher-forced log-probabilities."""
+from __future__ import annotations
+
+import time
+from importlib.metadata import version
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+import llama_cpp
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from evalkit.config import LlamaCppOptions
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.errors import ModelFileError
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float32 (numpy, in place-friendly: the vocab can be 262k wide)."""
+    logits = logits.astype(np.float32, copy=False)
+    m = logits.max(axis=-1, keepdims=True)
+    lse = np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)) + m
+    return logits - lse
+
+
+class LlamaCppEngine(Engine):
+    name = "llamacpp"
+
+    def __init__(self, model_path: str, options: LlamaCppOptions) -> None:
+        self.options = options
+        self.model_path = str(model_path)
+        start = time.perf_counter()
+        try:
+            self._llm = llama_cpp.Llama(
+                model_path=self.model_path,
+                n_ctx=options.n_ctx,
+                n_gpu_layers=options.n_gpu_layers,
+                tensor_split=options.tensor_split,
+                n_threads=options.n_threads,
+                n_batch=options.n_batch,
+                n_ubatch=options.n_batch,
+                logits_all=False,  # scoring reads logits per batch itself; logits_all would cost n_ctx x vocab floats
+                verbose=False,
+            )
+        except ValueError as e:  # llama-cpp-python raises ValueError for files it cannot load
+            raise ModelFileError(self.model_path, f"llama.cpp could not load the model ({e})") from None
+        self._load_s = time.perf_counter() - start
+        meta = self._llm.metadata
+        self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
+        self._bos = self._llm.token_bos() if self._llm.token_bos() >= 0 else None
+        template = meta.get("tokenizer.chat_template")
+        self._chat: Jinja2ChatFormatter | None = None
+        if template and options.chat_template == "auto":
+            vocab = self._llm._model
+            self._chat = Jinja2ChatFormatter(
+                template=template,
+                eos_token=vocab.token_get_text(self._llm.token_eos()),
+                bos_token=vocab.token_get_text(self._llm.token_bos()) if self._bos is not None else "",
+            )
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos and self._add_bos, special=False)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._llm.detokenize(list(token_ids)).decode("utf-8", errors="replace")
+
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        if request.chat and self._chat is not None:
+            rendered = self._chat(messages=[{"role": "user", "content": request.prompt}]).prompt
+            bos_text = self._chat.bos_token
+            # Templates that write the BOS text themselves must not get a second BOS token.
+            add_bos = self._add_bos and not (bos_text and rendered.startswith(bos_text))
+            return self._llm.tokenize(rendered.encode("utf-8"), add_bos=add_bos, special=True)
+        return self.tokenize(request.prompt, add_bos=True)
+
+    def prompt_format(self, request: GenRequest) -> str:
+        return "chat" if request.chat and self._chat is not None and request.prompt_token_ids is None else "completion"
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        """One context, requests served in arrival order (what llama.cpp in-process really does).
+
+        ttft_s/total_s are measured from the moment this call started: all requests arrive together.
+        """
+        arrival = time.perf_counter()
+        for req in requests:
+            tokens = self.prompt_token_ids(req)
+            max_tokens = req.max_tokens or sampling.max_tokens
+            self._llm.set_seed(sampling.seed)
+            out: list[int] = []
+            ttft: float | None = None
+            finish = "length"
+            room = self.options.n_ctx - len(tokens)
+            if room <= 0:
+                finish = "prompt_too_long"
+            else:
+                for tok in self._llm.generate(
+                    tokens,
+                    temp=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=0,
+                    min_p=0.0,
+                    repeat_penalty=1.0,
+                ):
+                    if ttft is None:
+                        ttft = time.perf_counter() - arrival
+                    if llama_cpp.llama_vocab_is_eog(self._llm._model.vocab, tok):
+                        finish = "stop"
+                        break
+                    out.append(tok)
+                    if len(out) >= min(max_tokens, room):
+                        break
+            yield GenResult(
+                key=req.key,
+                prompt_token_ids=tokens,
+                output_text=self.detokenize(out),
+                output_token_ids=out,
+                prompt_format=self.prompt_format(req),
+                finish_reason=finish,
+                ttft_s=ttft,
+                total_s=time.perf_counter() - arrival,
+            )
+
+    # -- likelihoods ----------------------------------------------------------------------------
+
+    def _forward_logprobs(self, tokens: Sequence[int], positions: Sequence[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Teacher-forced pass over `tokens` (from an empty cache); yields (start, logprob rows) per batch.
+
+        Row j of a batch starting at `start` is log p(. | tokens[:start + j + 1]).
+        """
+        llm = self._llm
+        if len(tokens) > self.options.n_ctx:
+            raise ValueError(f"sequence of {len(tokens)} tokens exceeds n_ctx={self.options.n_ctx}")
+        llm.reset()
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        n_vocab = llm.n_vocab()
+        for start in range(0, len(tokens), llm.n_batch):
+            chunk = list(tokens[start : start + llm.n_batch])
+            llm._batch.set_batch(batch=chunk, n_past=start, logits_all=True)
+            llm._ctx.decode(llm._batch)
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(chunk), n_vocab))
+            yield start, log_softmax(logits)
+        llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
+
+    def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        results = []
+        for seq in sequences:
+            logprobs: list[float | None] = [None] * len(seq)
+            top: list[list[tuple[int, float]]] | None = [[] for _ in seq] if top_k else None
+            for start, rows in self._forward_logprobs(seq):
+                for j in range(rows.shape[0]):
+                    pos = start + j + 1  # row j predicts the token at pos
+                    if pos >= len(seq):
+                        break
+                    logprobs[pos] = float(rows[j, seq[pos]])
+                    if top is not None:
+                        idx = np.argpartition(rows[j], -top_k)[-top_k:]
+                        idx = idx[np.argsort(rows[j, idx])[::-1]]
+                        top[pos] = [(int(t), float(rows[j, t])) for t in idx]
+            results.append(TokenScores(token_ids=list(seq), logprobs=logprobs, top=top))
+        return results
+
+    def full_logprobs(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
+        """Full-vocabulary log-probabilities per position (for KL-divergence); see `_forward_logprobs`."""
+        return self._forward_logprobs(tokens)
+
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
+        out = []
+        for prompt in prompts:
+            last = None
+            for _, rows in self._forward_logprobs(prompt):
+                last = rows[-1]
+            assert last is not None
+            out.append([float(last[c]) for c in candidates])
+        return out
+
+    # -- description ----------------------------------------------------------------------------
+
+    def info(self) -> EngineInfo:
+        meta = self._llm.metadata
+        return EngineInfo(
+            engine=self.name,
+            engine_version=version("llama-cpp-python"),
+            model_path=self.model_path,
+            add_bos=self._add_bos,
+            bos_token_id=self._bos,
+            chat_template="gguf:tokenizer.chat_template" if self._chat is not None else None,
+            vocab_size=self._llm.n_vocab(),
+            n_ctx=self.options.n_ctx,
+            load_s=self._load_s,
+            extra={
+                "architecture": meta.get("general.architecture"),
+                "file_type": meta.get("general.file_type"),
+                "n_threads": self._llm.n_threads,
+                "n_gpu_layers": self.options.n_gpu_layers,
+                "tensor_split": self.options.tensor_split,
+                "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+            },
+        )
+
+    def close(self) -> None:
+        self._llm.close()
