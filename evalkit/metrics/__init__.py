@@ -1,0 +1,1 @@
+"""Pure metric functions: scores from records, never from models."""

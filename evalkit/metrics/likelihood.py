@@ -1,0 +1,258 @@
+"""Perplexity and distribution drift (KL-divergence) from per-token records: pure numpy, no model.
+
+Statistics mirror llama.cpp's `llama-perplexity` (tools/perplexity/perplexity.cpp), so numbers can be
+set beside its output:
+
+- PPL = exp(mean NLL); its ± is the standard error of the mean NLL over tokens, carried to PPL by the
+  delta method (d exp(x) = exp(x) dx). Tokens are treated as independent draws, as llama.cpp does;
+  neighbouring tokens are correlated, so this understates the uncertainty somewhat.
+- ln(PPL(Q)/PPL(base)) and PPL(Q) - PPL(base) use the covariance of the paired per-token NLLs.
+- KLD is KL(P_ref || P_dep) per token (reference first, like llama.cpp's base model); mean ± SE over
+  tokens, percentiles with linear interpolation (numpy's default = llama.cpp's `percentile`).
+- Δp = p_dep(correct token) - p_ref(correct token); RMS ± from the SE of Δp² (delta method).
+- Same top: both argmaxes equal. llama.cpp's ± is the Wald SE; the CI here is Wilson (scipy) because
+  agreement sits near 100% where Wald collapses to zero width.
+
+KLD from records uses the top-k approximation with one tail bucket (see `kld_topk_tail`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from evalkit.metrics.stats import wilson_ci
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+LN2 = math.log(2.0)
+TopK = Sequence[Sequence[float]]  # [[token id, logprob], ...] for one position
+
+
+def mean_se(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """Mean and its standard error, as llama.cpp's `mean_and_uncertainty`: sqrt((E[x²] - E[x]²)/(n - 1)).
+
+    (That is the sample standard deviation over sqrt(n).) llama.cpp reports 0 below 11 values; here the
+    SE is NaN below 2 values and 0 only when the values really are all equal.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    n = x.size
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(x.mean())
+    if n < 2:
+        return mean, math.nan
+    return mean, float(x.std(ddof=1) / math.sqrt(n))
+
+
+def _covariance_of_means(a: np.ndarray, b: np.ndarray) -> float:
+    """Cov(mean a, mean b) for paired values, as llama.cpp's `covariance` (population cov / (n - 1))."""
+    n = a.size
+    if n < 2:
+        return math.nan
+    return float((np.mean(a * b) - a.mean() * b.mean()) / (n - 1))
+
+
+@dataclass(frozen=True)
+class PplStats:
+    """Perplexity of one deployment over its scored tokens."""
+
+    n_tokens: int
+    n_bytes: int
+    nll_mean: float
+    nll_se: float
+    ppl: float
+    ppl_se: float  # delta method: ppl * nll_se
+    bits_per_byte: float  # total NLL in bits / bytes of the scored text
+    bpb_se: float
+
+    def ci(self, value: float, se: float) -> tuple[float, float]:
+        return value - Z95 * se, value + Z95 * se
+
+
+def perplexity_stats(nll: Sequence[float] | np.ndarray, n_bytes: int) -> PplStats:
+    """PPL, mean NLL and bits per byte of natural-log NLLs over `n_bytes` bytes of scored text."""
+    x = np.asarray(nll, dtype=np.float64)
+    mean, se = mean_se(x)
+    ppl = math.exp(mean) if x.size else math.nan
+    total_bits = float(x.sum()) / LN2
+    bpb = total_bits / n_bytes if n_bytes > 0 else math.nan
+    # bits/byte = mean NLL * n / (ln 2 * bytes): a fixed multiple of the mean, so its SE scales alike.
+    bpb_se = se * x.size / (LN2 * n_bytes) if n_bytes > 0 else math.nan
+    return PplStats(int(x.size), int(n_bytes), mean, se, ppl, ppl * se, bpb, bpb_se)
+
+
+@dataclass(frozen=True)
+class PairedPpl:
+    """llama.cpp's "Perplexity statistics" block for a deployment (Q) against a reference (base)."""
+
+    n_tokens: int
+    ln_ratio: float  # mean ln(PPL(Q)/PPL(base)) = mean NLL_Q - mean NLL_base
+    ln_ratio_se: float
+    ratio: float  # PPL(Q)/PPL(base)
+    ratio_se: float
+    diff: float  # PPL(Q) - PPL(base)
+    diff_se: float
+    correlation: float  # Cor(ln PPL(Q), ln PPL(base))
+
+
+def paired_perplexity(nll_dep: Sequence[float] | np.ndarray, nll_ref: Sequence[float] | np.ndarray) -> PairedPpl:
+    """Paired PPL comparison on the same tokens, with llama.cpp's covariance-aware uncertainties."""
+    q = np.asarray(nll_dep, dtype=np.float64)
+    b = np.asarray(nll_ref, dtype=np.float64)
+    if q.shape != b.shape or q.ndim != 1:
+        raise ValueError(f"paired NLLs must be 1-D and the same length (got {q.shape} and {b.shape})")
+    mq, sq = mean_se(q)
+    mb, sb = mean_se(b)
+    cov = _covariance_of_means(q, b)
+    ln_ratio = mq - mb
+    ln_ratio_se = math.sqrt(max(sq * sq + sb * sb - 2.0 * cov, 0.0)) if q.size >= 2 else math.nan
+    ppl_q, ppl_b = math.exp(mq), math.exp(mb)
+    ratio = math.exp(ln_ratio)
+    diff_se = math.sqrt(max((ppl_q * sq) ** 2 + (ppl_b * sb) ** 2 - 2.0 * ppl_q * ppl_b * cov, 0.0)) if q.size >= 2 else math.nan
+    cor = cov / (sq * sb) if sq > 0 and sb > 0 else math.nan
+    return PairedPpl(int(q.size), ln_ratio, ln_ratio_se, ratio, ratio * ln_ratio_se, ppl_q - ppl_b, diff_se, cor)
+
+
+# -- KL-divergence ---------------------------------------------------------------------------------
+
+
+def kl_divergence(ref_logprobs: np.ndarray, dep_logprobs: np.ndarray) -> np.ndarray:
+    """Exact KL(P_ref || P_dep) along the last axis from full log-probability rows (natural log).
+
+    llama.cpp skips reference probabilities below e^-16 (their uint16 storage floor); here every term
+    counts, which differs from it by far less than 1e-5 per token.
+    """
+    p = np.exp(ref_logprobs.astype(np.float64))
+    return np.sum(p * (ref_logprobs.astype(np.float64) - dep_logprobs.astype(np.float64)), axis=-1)
+
+
+def kld_topk_tail(ref_lp: np.ndarray, dep_lp: np.ndarray) -> np.ndarray:
+    """KL(P_ref || P_dep) over known token buckets plus one tail bucket, per row.
+
+    `ref_lp`, `dep_lp`: (n, m) log-probabilities of the same m token ids under each model; NaN marks an id
+    whose probability is unknown for either model (rows may be padded with NaN). Every id known for both
+    models is its own bucket; everything else, including known ids the other model did not report, is
+    lumped into a tail with mass 1 - Σ known for each model.
+
+    Bias: this is KL between coarse-grained versions of the two distributions, and coarse-graining never
+    increases KL (log-sum inequality), so the result is a lower bound on the exact KLD; it misses
+    P_tail · KL(P_ref|tail || P_dep|tail), the divergence *inside* the tail. It is exact when the tail
+    carries no reference mass. Rounding of the stored log-probs (1e-6) can make a tail slightly negative;
+    tails are clipped to [0, 1], and a zero dep tail facing a positive ref tail is floored at 1e-12.
+    """
+    ref_lp = np.atleast_2d(np.asarray(ref_lp, dtype=np.float64))
+    dep_lp = np.atleast_2d(np.asarray(dep_lp, dtype=np.float64))
+    known = np.isfinite(ref_lp) & np.isfinite(dep_lp)
+    p = np.where(known, np.exp(np.where(known, ref_lp, 0.0)), 0.0)
+    q = np.where(known, np.exp(np.where(known, dep_lp, 0.0)), 0.0)
+    terms = np.where(known & (p > 0), p * (np.where(known, ref_lp, 0.0) - np.where(known, dep_lp, 0.0)), 0.0)
+    p_tail = np.clip(1.0 - p.sum(axis=1), 0.0, 1.0)
+    q_tail = np.clip(1.0 - q.sum(axis=1), 0.0, 1.0)
+    q_tail = np.where((p_tail > 0) & (q_tail <= 0), 1e-12, q_tail)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tail = np.where(p_tail > 0, p_tail * (np.log(p_tail) - np.log(q_tail)), 0.0)
+    return terms.sum(axis=1) + tail
+
+
+@dataclass(frozen=True)
+class TokenDrift:
+    """Per-token drift of a deployment from the reference, on identical token sequences."""
+
+    kld: np.ndarray  # KL(P_ref || P_dep), top-k + tail approximation
+    same_top: np.ndarray  # bool: argmax(P_dep) == argmax(P_ref)
+    delta_p: np.ndarray  # p_dep(correct) - p_ref(correct)
+
+
+def token_drift(
+    targets: Sequence[int],
+    ref_nll: Sequence[float],
+    dep_nll: Sequence[float],
+    ref_top: Sequence[TopK],
+    dep_top: Sequence[TopK],
+) -> TokenDrift:
+    """KLD, top-1 agreement and Δp per scored token from stored top-k lists and target NLLs.
+
+    The bucket set per token is the reference's top-k ids plus the correct (target) token, whose
+    log-probability both records hold exactly. The deployment's log-prob of a reference id is read from
+    the deployment's own top-k; an id missing there goes to the tail (see `kld_topk_tail`).
+    """
+    n = len(targets)
+    if not (len(ref_nll) == len(dep_nll) == len(ref_top) == len(dep_top) == n):
+        raise ValueError("targets, NLLs and top-k lists must have one entry per scored token")
+    width = max((len(t) for t in ref_top), default=0) + 1
+    ref_lp = np.full((n, width), np.nan)
+    dep_lp = np.full((n, width), np.nan)
+    same_top = np.zeros(n, dtype=bool)
+    for i in range(n):
+        target = int(targets[i])
+        ref_map = {int(t): float(lp) for t, lp in ref_top[i]}
+        dep_map = {int(t): float(lp) for t, lp in dep_top[i]}
+        # The target's log-probs are exact in both records: the top-k copies must not override them.
+        ref_map[target] = -float(ref_nll[i])
+        dep_map[target] = -float(dep_nll[i])
+        for j, (tok, lp) in enumerate(ref_map.items()):
+            ref_lp[i, j] = lp
+            dep_lp[i, j] = dep_map.get(tok, np.nan)
+        if ref_top[i] and dep_top[i]:
+            same_top[i] = _argmax(ref_top[i]) == _argmax(dep_top[i])
+    delta_p = np.exp(-np.asarray(dep_nll, dtype=np.float64)) - np.exp(-np.asarray(ref_nll, dtype=np.float64))
+    return TokenDrift(kld_topk_tail(ref_lp, dep_lp) if n else np.zeros(0), same_top, delta_p)
+
+
+def _argmax(top: TopK) -> int:
+    best = max(range(len(top)), key=lambda j: (float(top[j][1]), -j))  # ties: the first listed wins
+    return int(top[best][0])
+
+
+@dataclass(frozen=True)
+class DriftSummary:
+    """llama.cpp's "KL divergence" and "Token probability" statistics blocks."""
+
+    n_tokens: int
+    kld_mean: float
+    kld_se: float
+    kld_median: float
+    kld_p90: float
+    kld_p95: float
+    kld_p99: float
+    kld_max: float
+    same_top: float
+    same_top_ci: tuple[float, float]  # Wilson 95%
+    delta_p_mean: float
+    delta_p_se: float
+    delta_p_rms: float
+    delta_p_rms_se: float
+
+
+def summarize_drift(drift: TokenDrift) -> DriftSummary:
+    k = np.asarray(drift.kld, dtype=np.float64)
+    n = int(k.size)
+    if n == 0:
+        nan = math.nan
+        return DriftSummary(0, nan, nan, nan, nan, nan, nan, nan, nan, (nan, nan), nan, nan, nan, nan)
+    kmean, kse = mean_se(k)
+    p90, p95, p99 = (float(v) for v in np.percentile(k, [90, 95, 99]))
+    dp = np.asarray(drift.delta_p, dtype=np.float64)
+    dmean, dse = mean_se(dp)
+    mse, mse_se = mean_se(dp * dp)
+    rms = math.sqrt(mse)
+    rms_se = 0.5 / rms * mse_se if rms > 0 else 0.0  # d sqrt(x) = dx / (2 sqrt x), as llama.cpp
+    agree = int(np.sum(drift.same_top))
+    return DriftSummary(
+        n_tokens=n,
+        kld_mean=kmean,
+        kld_se=kse,
+        kld_median=float(np.median(k)),
+        kld_p90=p90,
+        kld_p95=p95,
+        kld_p99=p99,
+        kld_max=float(k.max()),
+        same_top=agree / n,
+        same_top_ci=wilson_ci(agree, n),
+        delta_p_mean=dmean,
+        delta_p_se=dse,
+        delta_p_rms=rms,
+        delta_p_rms_se=rms_se,
+    )

@@ -1,0 +1,118 @@
+"""The staged runner: config -> run directory -> one worker process per deployment -> scores -> report."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from evalkit import __version__
+from evalkit.config import Config, load_config
+from evalkit.environment import accelerators, library_versions, machine
+from evalkit.errors import EvalkitError, ModelFileError
+from evalkit.models import check_model, fingerprint, resolve_source
+from evalkit.store import RunDir
+
+
+def resolve_deployments(config: Config) -> dict[str, dict[str, Any]]:
+    """Every deployment's model on disk (variants prepared if needed), checked and fingerprinted."""
+    out: dict[str, dict[str, Any]] = {}
+    for dep in config.deployments:
+        if dep.model.variant is not None:
+            from evalkit.variants import prepare_variant
+
+            path = Path(prepare_variant(dep.model.source, dep.model.variant))
+        else:
+            path = resolve_source(dep.model.source)
+        kind = check_model(path, dep.model.source)
+        if dep.engine == "llamacpp" and kind != "gguf":
+            raise ModelFileError(str(path), f"deployment {dep.name}: llama.cpp needs a .gguf file, got a {kind} checkpoint")
+        fp = fingerprint(path)
+        out[dep.name] = {
+            "engine": dep.engine,
+            "source": dep.model.source,
+            "variant": dep.model.variant,
+            "path": str(path),
+            "kind": kind,
+            "sha256": fp.sha256,
+            "size_bytes": fp.size_bytes,
+            "hardware": _hardware(dep),
+        }
+    return out
+
+
+def _hardware(dep: Any) -> dict[str, Any] | None:
+    try:
+        from evalkit.hardware import deployment_hardware
+    except ImportError:
+        return None
+    return deployment_hardware(dep)
+
+
+def ordered_deployments(config: Config) -> list[str]:
+    """Reference first: the others are compared with it as soon as they finish."""
+    names = [d.name for d in config.deployments]
+    return [config.reference] + [n for n in names if n != config.reference]
+
+
+def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool) -> RunDir:
+    deployments = resolve_deployments(config)  # before creating anything: a bad model file writes nothing
+    run = RunDir.create(out_dir)
+    run.write_manifest(
+        {
+            "run_id": run.path.name,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "evalkit_version": __version__,
+            "config_file": str(config_file.resolve()),
+            "config": config.model_dump(mode="json"),
+            "reference": config.reference,
+            "deployment_order": ordered_deployments(config),
+            "deployments": deployments,
+            "use_cache": use_cache,
+            "environment": {"machine": machine(), "accelerators": accelerators(), "libraries": library_versions()},
+        }
+    )
+    return run
+
+
+def run_workers(run: RunDir, names: list[str]) -> dict[str, int]:
+    """One subprocess per deployment, in order; returns exit codes. A failed deployment doesn't stop the run."""
+    codes: dict[str, int] = {}
+    for name in names:
+        print(f"evalkit: running deployment {name}", file=sys.stderr, flush=True)
+        proc = subprocess.run([sys.executable, "-m", "evalkit.worker", str(run.path), name], env=os.environ.copy())
+        codes[name] = proc.returncode
+        if proc.returncode != 0:
+            print(f"evalkit: deployment {name} failed (exit {proc.returncode}); its finished items are kept", file=sys.stderr)
+    return codes
+
+
+def warn_hardware(run: RunDir) -> None:
+    for name, dep in run.manifest()["deployments"].items():
+        warning = (dep.get("hardware") or {}).get("warning")
+        if warning:
+            print(f"evalkit: warning: {name}: {warning}", file=sys.stderr)
+
+
+def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: bool = True) -> RunDir:
+    if resume is not None:
+        run_dir = RunDir.open(resume)
+        names = run_dir.manifest()["deployment_order"]
+    else:
+        config, config_file = load_config(config_path)
+        run_dir = new_run(config, config_file, out_dir, use_cache)
+        names = ordered_deployments(config)
+    print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
+    warn_hardware(run_dir)
+    codes = run_workers(run_dir, names)
+    from evalkit.scoring import score_run
+    from evalkit.report.render import render_report
+
+    score_run(run_dir)
+    render_report(run_dir)
+    failed = [n for n, c in codes.items() if c != 0]
+    if failed:
+        raise EvalkitError(str(run_dir.path), f"deployment(s) {', '.join(failed)} did not finish; rerun with --resume {run_dir.path}")
+    return run_dir

@@ -1,0 +1,1 @@
+"""Report: HTML and Markdown built from scores.csv, comparisons.csv and the manifest."""

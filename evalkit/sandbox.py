@@ -1,0 +1,453 @@
+"""Run untrusted, model-written Python against tests, contained, and say whether it passed.
+
+Threat model: model output is untrusted and may be careless or destructive by accident (infinite
+loops, huge allocations, fork loops, writes anywhere, network calls, megabytes of output, `sys.exit()`
+at import). It must not hang or starve the machine, modify anything outside its own throw-away
+directory, reach the network, see our environment (API tokens), or be scored as passing without the
+tests really passing. Out of scope: code crafted to escape Linux namespaces or to forge the result by
+digging the report nonce out of the harness's own memory; reading world-readable host files.
+
+Layers, strongest first (`isolation()` probes once which ones this machine supports):
+- `unshare` namespaces: no network (empty net namespace), own PID namespace (when its init exits or is
+  killed, every process the code forked dies: fork loops cannot outlive the run), own mount/IPC.
+- a different, unprivileged uid (`nobody` via `setpriv`, when we are root): file permissions protect
+  the repo, run directories and /root; the work directory is the only place it owns.
+- rlimits set before the code is loaded: address space, CPU time, processes (RLIMIT_NPROC is per uid,
+  so it only bites once the uid is not root), file size, open files, no core dumps.
+- a wall-clock timeout that SIGKILLs the whole process group; `python -I -S` with a minimal env.
+- defence in depth only: sockets raise inside the interpreter (bypassable by C code, hence the netns).
+The verdict travels on a private file descriptor, prefixed by a per-run nonce and backed by the exit
+code, so an early `os._exit(0)` or stray output is an error, never a pass.
+"""
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("passed", "failed", "timeout", "error", "killed")
+DETAIL_CHARS = 300
+MAX_PROCS = 16  # threads count too; HumanEval-style code needs neither
+FILE_MB = 16  # also caps captured stdout/stderr
+MAX_FILES = 64
+
+# --- the harness that runs inside the sandbox ---------------------------------------------------
+# It is the init of the sandbox: it forks a worker that sets the limits, loads solution.py and runs
+# tests.py, and reports a worker's death by signal (a PID-namespace init cannot be killed by its own
+# rlimit signals, and `unshare` does not pass a signal status on, hence the extra process).
+_RUNNER = r'''
+import os, signal, sys
+
+def _limits(cpu_s, mem_mb, nproc, fsize_mb, nofile):
+    import resource as r
+    for res, n in ((r.RLIMIT_CPU, cpu_s), (r.RLIMIT_AS, mem_mb << 20), (r.RLIMIT_NPROC, nproc),
+                   (r.RLIMIT_FSIZE, fsize_mb << 20), (r.RLIMIT_NOFILE, nofile), (r.RLIMIT_CORE, 0)):
+        r.setrlimit(res, (n, n))
+
+def _no_network():
+    import socket, _socket
+    class NoSocket(socket.socket):
+        def __init__(self, *a, **k):
+            raise PermissionError("network access is disabled in the sandbox")
+    socket.socket = _socket.socket = NoSocket
+
+def _where(e, fname, src=None):
+    import traceback
+    msg = type(e).__name__ + (": " + str(e) if str(e) else "")
+    if isinstance(e, SyntaxError) and e.filename and e.filename.endswith(fname):
+        return msg
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.endswith(fname)]
+    if frames:
+        f = frames[-1]
+        line = (f.line or "").strip()
+        if not line and src is not None and 0 < (f.lineno or 0) <= len(src.splitlines()):
+            line = src.splitlines()[f.lineno - 1].strip()
+        msg += " (%s line %s: %s)" % (fname, f.lineno, line)
+    return msg
+
+def _run(entry, call_check):
+    import importlib.util
+    try:
+        spec = importlib.util.spec_from_file_location("solution", "solution.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["solution"] = mod
+        spec.loader.exec_module(mod)
+    except BaseException as e:
+        return "error", _where(e, "solution.py")
+    ns = dict(vars(mod))
+    if entry and not callable(ns.get(entry)):
+        return "error", "the code does not define %s()" % entry
+    src = None
+    try:
+        with open("tests.py", encoding="utf-8") as f:
+            src = f.read()
+        exec(compile(src, "tests.py", "exec"), ns)
+        if call_check:
+            ns["check"](ns[entry])
+    except BaseException as e:
+        return "failed", _where(e, "tests.py", src)
+    return "passed", ""
+
+def _worker(nonce, rep, limits, entry, call_check):
+    _limits(*limits)
+    _no_network()
+    sys.dont_write_bytecode = True
+    me = os.getpid()
+    status, detail = _run(entry, call_check)
+    if os.getpid() != me:
+        os._exit(1)  # a fork of the worker that ran on into the harness: only the worker reports
+    line = "%s %s %s\n" % (nonce, status, " ".join(detail.split())[:2000])
+    os.write(rep, line.encode("utf-8", "replace"))
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except BaseException:
+            pass
+    os._exit(0 if status == "passed" else 1)  # skip atexit hooks and non-daemon threads of the code
+
+def _main():
+    nonce = sys.stdin.readline().strip()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    rep = int(sys.argv[1])
+    limits = [int(a) for a in sys.argv[2:7]]
+    entry, call_check = sys.argv[7], sys.argv[8] == "1"
+    pid = os.fork()
+    if pid == 0:
+        _worker(nonce, rep, limits, entry, call_check)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        os.write(rep, ("%s killed %s\n" % (nonce, signal.Signals(sig).name)).encode())
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status))
+
+_main()
+'''
+
+_SIGNALS = {
+    "SIGKILL": "killed (CPU time hard limit or out of memory)",
+    "SIGXCPU": "CPU time limit exceeded",
+    "SIGXFSZ": "file size limit exceeded (too much output?)",
+    "SIGSEGV": "crashed (segmentation fault)",
+}
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    passed: bool
+    status: str  # one of STATUSES
+    detail: str  # short: the failing assertion, the error, or the tail of the output
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How sandboxed code runs on this machine (found by probing, see `isolation()`)."""
+
+    name: str  # "namespaces+uid", "uid", "user-namespace" or "process-group"
+    prefix: tuple[str, ...]  # command that wraps the interpreter
+    python: str
+    uid: int | None  # the uid the code runs as when we drop privileges (we are root)
+    gid: int | None
+
+    def describe(self) -> dict[str, object]:
+        return {"isolation": self.name, "python": self.python, "uid": self.uid}
+
+
+# --- extraction ---------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^[ \t]*(?P<f>```|~~~)[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*?)^[ \t]*(?P=f)[ \t]*$", re.M | re.S)
+_OPEN_FENCE = re.compile(r"^[ \t]*(?:```|~~~)[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*)\Z", re.M | re.S)
+_PY_LANGS = {"", "python", "py", "python3", "py3", "pycon"}
+_CODE_START = re.compile(r"^(?:async\s+def|def|class|import|from|@|if\s+__name__)\b|^@")
+_DEF = r"^[ \t]*(?:async\s+)?def\s+{}\s*\("
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
+def _defines(code: str, name: str) -> bool:
+    return re.search(_DEF.format(re.escape(name)), code, re.M) is not None
+
+
+def _entry_from_prompt(prompt: str | None) -> str | None:
+    names = re.findall(r"^def\s+(\w+)\s*\(", prompt or "", re.M)
+    return names[-1] if names else None
+
+
+def _fenced_blocks(output: str) -> list[str]:
+    blocks = [m.group("body") for m in _FENCE.finditer(output) if m.group("lang").lower() in _PY_LANGS]
+    if not blocks and not _FENCE.search(output):
+        m = _OPEN_FENCE.search(output)  # a block cut off by max_tokens
+        if m and m.group("lang").lower() in _PY_LANGS:
+            blocks = [m.group("body")]
+    return [textwrap.dedent(b) for b in blocks]
+
+
+def _bare_code(output: str) -> str:
+    """Code from unfenced text: drop leading prose and, if needed, trailing prose."""
+    if _parses(output):
+        return output
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if _CODE_START.match(line)][:5]
+    for s in starts:
+        # cut before each unindented line that does not look like code (trailing prose), longest first
+        ends = [len(lines)] + [e for e in range(len(lines) - 1, s, -1) if lines[e] and not lines[e][0].isspace()
+                               and not _CODE_START.match(lines[e])][:40]
+        for e in ends:
+            chunk = "\n".join(lines[s:e]).rstrip() + "\n"
+            if _parses(chunk):
+                return chunk
+    return "\n".join(lines[starts[0]:]) + "\n" if starts else output
+
+
+def _complete(prompt: str, completion: str) -> str:
+    """Prompt + completion; if that does not parse, stop the completion at its first unindented line."""
+    code = prompt + completion
+    if _parses(code):
+        return code
+    lines = completion.split("\n")
+    for i, line in enumerate(lines[1:], start=1):
+        if line and not line[0].isspace():
+            cut = prompt + "\n".join(lines[:i]) + "\n"
+            if _parses(cut):
+                return cut
+            break
+    return code
+
+
+def _prompt_imports(prompt: str) -> str:
+    return "".join(line + "\n" for line in prompt.splitlines() if re.match(r"(?:import|from)\s+\w", line))
+
+
+def extract_code(output: str, prompt: str | None = None, entry_point: str | None = None) -> str:
+    """The model's code from its answer.
+
+    The first fenced block (``` or ~~~, untagged or Python), preferring one that defines the entry
+    point; else the bare code with prose lines around it removed. With a `prompt` (HumanEval-style
+    completion: the model continues a signature) the prompt is put in front when the answer does not
+    define the function itself, and the prompt's imports are kept when it does.
+    `entry_point` defaults to the last function the prompt defines.
+    """
+    entry = entry_point or _entry_from_prompt(prompt)
+    blocks = _fenced_blocks(output)
+    if blocks:
+        code = next((b for b in blocks if entry and _defines(b, entry)), blocks[0])
+    elif prompt is not None and entry and not _defines(output, entry):
+        return _complete(prompt, output)  # a continuation: indentation matters, take it verbatim
+    else:
+        code = _bare_code(output)
+    if prompt is not None and entry:
+        if not _defines(code, entry):
+            return _complete(prompt, code)
+        return _prompt_imports(prompt) + code  # e.g. `from typing import List` used by annotations
+    return code
+
+
+# --- isolation probing ----------------------------------------------------------------------------
+
+def _nobody() -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam("nobody")
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+def _candidate_prefixes() -> list[tuple[str, tuple[str, ...], int | None, int | None]]:
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    ns = ("--mount", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc", "--")
+    out: list[tuple[str, tuple[str, ...], int | None, int | None]] = []
+    if os.geteuid() == 0:
+        uid, gid = _nobody()
+        if setpriv:
+            drop = (setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--")
+            if unshare:
+                out.append(("namespaces+uid", (unshare, *ns, *drop), uid, gid))
+            out.append(("uid", drop, uid, gid))
+    elif unshare:
+        # unprivileged: a user namespace lets us create the others; the code keeps our uid on the host
+        out.append(("user-namespace", (unshare, "--user", "--map-current-user", *ns), None, None))
+    out.append(("process-group", (), None, None))
+    return out
+
+
+def _candidate_pythons() -> list[str]:
+    # the venv's interpreter may live where the sandbox uid cannot read (e.g. pyenv under /root)
+    names = [os.environ.get("EVALKIT_SANDBOX_PYTHON"), sys.executable, os.path.realpath(sys.executable),
+             getattr(sys, "_base_executable", None), "/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")]
+    seen: list[str] = []
+    for n in names:
+        if n and n not in seen and os.access(n, os.X_OK):
+            seen.append(n)
+    return seen
+
+
+_PROBE_CODE = "import os, sys, json, math, re, collections, itertools, heapq, typing, hashlib\nos.stat(sys.executable)  # readable by us, so its stdlib is too\ndef f():\n    return sys.version_info[:2]\n"
+_PROBE_TESTS = "assert f() >= (3, 10)\n"
+_lock = threading.Lock()
+_isolation: Isolation | None = None
+
+
+def isolation() -> Isolation:
+    """The strongest isolation that really works here, probed once by running a tiny test in it."""
+    global _isolation
+    with _lock:
+        if _isolation is None:
+            _isolation = _probe()
+        return _isolation
+
+
+def _probe() -> Isolation:
+    tried = []
+    for name, prefix, uid, gid in _candidate_prefixes():
+        for python in _candidate_pythons():
+            iso = Isolation(name, prefix, python, uid, gid)
+            result = _execute(iso, _PROBE_CODE, _PROBE_TESTS, "f", 20.0, 256)
+            if result.passed:
+                if name in ("uid", "process-group"):
+                    log.warning("sandbox: using weaker isolation %r (%s)", name,
+                                "no network namespace" if name == "uid" else "code runs as our own user")
+                return iso
+            tried.append(f"{name}/{python}: {result.status} {result.detail}")
+    raise RuntimeError("no working sandbox: " + "; ".join(tried))
+
+
+# --- running --------------------------------------------------------------------------------------
+
+def _clean(text: str) -> str:
+    """Untrusted text made short and printable."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    text = "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
+    text = " ".join(text.split())
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
+
+
+def _tail(path: Path, n: int = 4096) -> str:
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - n))
+        return f.read().decode("utf-8", "replace")
+
+
+def _kill_group(pgid: int, wait_s: float = 2.0) -> None:
+    """SIGKILL the group until it is empty: a process mid-fork can add a member after a single kill."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.01)
+
+
+def run_tests(code: str, tests: str, entry_point: str | None, timeout_s: float = 10, memory_mb: int = 512) -> SandboxResult:
+    """Run `code` as solution.py, then `tests` against it, in a fresh sandbox (see module docstring).
+
+    `tests` are statements run in the solution's namespace (asserts); when they define
+    `check(candidate)` (HumanEval) it is called with `entry_point`. Exceptions in the tests -> "failed",
+    code that does not load or define `entry_point` -> "error".
+    """
+    return _execute(isolation(), code, tests, entry_point, timeout_s, memory_mb)
+
+
+def _execute(iso: Isolation, code: str, tests: str, entry_point: str | None, timeout_s: float, memory_mb: int) -> SandboxResult:
+    call_check = bool(entry_point) and _defines_check(tests)
+    root = Path(tempfile.mkdtemp(prefix="evalkit-sandbox-"))
+    start = time.monotonic()
+    try:
+        os.chmod(root, 0o711)  # the sandbox may pass through to its work dir, not list or open our files
+        work = root / "work"
+        work.mkdir(mode=0o700)
+        for name, text in (("solution.py", code), ("tests.py", tests)):
+            (work / name).write_text(text, encoding="utf-8")
+            (work / name).chmod(0o444)
+        if iso.uid is not None:
+            os.chown(work, iso.uid, iso.gid if iso.gid is not None else -1)
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
+        nonce = secrets.token_hex(16)
+        with (root / "output.txt").open("wb") as out, (root / "report.txt").open("wb") as rep:
+            limits = [max(1, int(timeout_s + 0.999) + 1), memory_mb, MAX_PROCS, FILE_MB, MAX_FILES]
+            cmd = [*iso.prefix, iso.python, "-I", "-S", "-c", _RUNNER, str(rep.fileno()),
+                   *map(str, limits), entry_point or "", "1" if call_check else "0"]
+            proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                    pass_fds=(rep.fileno(),), start_new_session=True)
+            timed_out = False
+            try:
+                try:
+                    assert proc.stdin is not None
+                    proc.stdin.write(nonce.encode() + b"\n")
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass  # it died already; its exit status says why
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()  # reaped first: a zombie leader would keep the group alive
+                _kill_group(proc.pid)  # stragglers the code forked, when there is no PID namespace
+        duration = time.monotonic() - start
+        status, detail = _verdict(root, nonce, proc.returncode, timed_out, timeout_s)
+        return SandboxResult(status == "passed", status, detail, duration)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _defines_check(tests: str) -> bool:
+    try:
+        return any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in ast.parse(tests).body)
+    except SyntaxError:
+        return False
+
+
+def _verdict(root: Path, nonce: str, rc: int, timed_out: bool, timeout_s: float) -> tuple[str, str]:
+    if timed_out:
+        return "timeout", f"timed out after {timeout_s:g}s"
+    report = ""
+    with (root / "report.txt").open("rb") as f:
+        for raw in f.read(1 << 16).decode("utf-8", "replace").splitlines():
+            if raw.startswith(nonce + " "):
+                report = raw[len(nonce) + 1:]
+                break
+    status, _, detail = report.partition(" ")
+    output = _tail(root / "output.txt")
+    if status == "killed":
+        return "killed", _clean(_SIGNALS.get(detail, detail) + (f": {output}" if output.strip() else ""))
+    if status in ("passed", "failed", "error"):
+        if status == "passed" and rc != 0:
+            return "error", _clean(f"reported a pass but exited with code {rc}")
+        return status, _clean(detail or output)
+    if rc < 0:  # no harness in between (or it was killed): our direct child died by a signal
+        name = signal.Signals(-rc).name
+        return "killed", _clean(_SIGNALS.get(name, name))
+    return "error", _clean(f"exited with code {rc} without a result" + (f": {output}" if output.strip() else ""))

@@ -1,0 +1,80 @@
+"""Scores, comparisons and per-item tables from records alone. Never loads a model."""
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+from typing import Any
+
+from evalkit.config import Config
+from evalkit.store import COMPARISON_COLUMNS, SCORE_COLUMNS, RunDir, atomic_write_text, rows_to_csv
+from evalkit.suites import enabled_suites
+from evalkit.suites.base import ScoreContext
+
+SCORES_CSV = "scores.csv"
+COMPARISONS_CSV = "comparisons.csv"
+ITEMS_DIR = "items"
+
+
+def neutralize_cell(value: Any) -> Any:
+    """Keep spreadsheet programs from running model output as a formula (OWASP CSV injection)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+def records_by_suite(run: RunDir, deployments: list[str]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for dep in deployments:
+        for rec in run.records(dep):
+            out.setdefault(rec["suite"], {}).setdefault(dep, []).append(rec)
+    return out
+
+
+def score_context(run: RunDir) -> tuple[ScoreContext, Config]:
+    manifest = run.manifest()
+    config = Config.model_validate(manifest["config"])
+    ctx = ScoreContext(
+        deployments=list(manifest["deployment_order"]),
+        reference=manifest["reference"],
+        config=config,
+        config_file=Path(manifest["config_file"]),
+        manifest=manifest,
+    )
+    return ctx, config
+
+
+def score_run(run: RunDir) -> None:
+    ctx, config = score_context(run)
+    by_suite = records_by_suite(run, ctx.deployments)
+    scores, comparisons = [], []
+    (run.path / ITEMS_DIR).mkdir(exist_ok=True)
+    for suite in enabled_suites(config, ctx.config_file):
+        records = by_suite.get(suite.name, {})
+        if not records:
+            continue
+        print(f"evalkit: scoring {suite.name}", file=sys.stderr, flush=True)
+        scores += suite.score(records, ctx)
+        comparisons += suite.compare(records, ctx)
+        items = suite.item_rows(records, ctx)
+        if items:
+            atomic_write_text(run.path / ITEMS_DIR / f"{suite.name}.csv", _items_csv(items))
+    from evalkit.parity import token_parity_rows
+
+    parity = token_parity_rows(by_suite, ctx)
+    atomic_write_text(run.path / "parity.csv", _items_csv(parity) if parity else "")
+    atomic_write_text(run.path / SCORES_CSV, rows_to_csv(scores, SCORE_COLUMNS))
+    atomic_write_text(run.path / COMPARISONS_CSV, rows_to_csv(comparisons, COMPARISON_COLUMNS))
+
+
+def _items_csv(rows: list[dict[str, Any]]) -> str:
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: neutralize_cell(v) for k, v in r.items()})
+    return "\ufeff" + buf.getvalue()  # BOM: Excel then reads UTF-8 (Chinese references) correctly

@@ -1,0 +1,228 @@
+"""Code generation scored by running it in the sandbox: HumanEval pass@1, and the prompts suite's `code` items.
+
+HumanEval follows the original harness (openai/human-eval): the model continues the prompt (a signature
+and docstring) as a plain completion, and prompt + completion is run with the task's `check(candidate)`.
+Scoring needs only the records: each record carries its item's tests and entry point.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Sequence
+
+from evalkit.config import resolve_data_path
+from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
+from evalkit.errors import DataError
+from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff, wilson_ci
+from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests
+from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+
+log = logging.getLogger(__name__)
+
+BATCH = 16  # records per flushed batch
+SANDBOX_WORKERS = 2  # concurrent sandboxes while scoring (the machine's cores are shared)
+_FIELDS = ("task_id", "prompt", "test", "entry_point")
+
+
+def score_code_item(output: str, item_data: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run a chat answer's code against a prompts-suite item (`tests`: asserts, `entry_point`)."""
+    entry = item_data.get("entry_point")
+    r = run_tests(extract_code(output, entry_point=entry), item_data["tests"], entry, timeout_s=timeout_s)
+    return {"passed": r.passed, "status": r.status, "detail": r.detail}
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+
+def load_humaneval(path: str | Path) -> list[Item]:
+    """HumanEval JSONL (plain or .gz): task_id, prompt, canonical_solution, test, entry_point per line."""
+    path = Path(path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise DataError(str(path), "file not found") from None
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
+        raise DataError(str(path), f"cannot read: {e}") from None
+    items: list[Item] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(str(path), f"line {lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(str(path), f"line {lineno}: expected a JSON object")
+        bad = [k for k in _FIELDS if not isinstance(row.get(k), str) or not row[k].strip()]
+        if bad:
+            raise DataError(str(path), f"line {lineno}: missing or empty field {bad[0]!r} (expected {', '.join(_FIELDS)})")
+        if row["task_id"] in seen:
+            raise DataError(str(path), f"line {lineno}: duplicate task_id {row['task_id']!r}")
+        seen.add(row["task_id"])
+        data = {k: row[k] for k in ("prompt", "test", "entry_point")}
+        data["canonical_solution"] = row.get("canonical_solution")
+        items.append(Item(row["task_id"], "code", data))
+    if not items:
+        raise DataError(str(path), "no tasks in file")
+    return items
+
+
+# -- the suite -----------------------------------------------------------------------------------
+
+
+class HumanEvalSuite(Suite):
+    name = "humaneval"
+
+    def __init__(self, settings: Any, config: Any, config_file: Path) -> None:
+        super().__init__(settings, config, config_file)
+        self.path = resolve_data_path(settings.path, config_file)
+        self._items: list[Item] | None = None
+        self._results: dict[str, SandboxResult] = {}  # memo: sandbox runs are the expensive part of scoring
+
+    def items(self) -> list[Item]:
+        if self._items is None:
+            items = load_humaneval(self.path)
+            self._items = items[: self.settings.limit] if self.settings.limit is not None else items
+        return self._items
+
+    def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
+        by_id = {it.item_id: it for it in items}
+        # base-model style: the model continues the signature; no chat template
+        requests = [GenRequest(key=it.item_id, prompt=it.data["prompt"], chat=False) for it in items]
+        batch: list[dict[str, Any]] = []
+        for res in engine.generate(requests, sampling):
+            batch.append(self._record(by_id[res.key], res))
+            if len(batch) >= BATCH:
+                emit(batch)
+                batch = []
+        if batch:
+            emit(batch)
+
+    def _record(self, item: Item, res: GenResult) -> dict[str, Any]:
+        return {
+            "suite": self.name, "item_id": item.item_id, "category": "code",
+            "prompt": item.data["prompt"], "prompt_token_ids": res.prompt_token_ids,
+            "output_text": res.output_text, "output_token_ids": res.output_token_ids,
+            "finish_reason": res.finish_reason, "ttft_s": res.ttft_s, "total_s": res.total_s,
+            "entry_point": item.data["entry_point"], "test": item.data["test"],
+        }
+
+    # -- scoring (records only) -----------------------------------------------------------------
+
+    def _run_all(self, records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, SandboxResult]]:
+        """deployment -> item_id -> sandbox result, running each distinct program once."""
+        keyed: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
+        for dep, recs in records.items():
+            for r in recs:
+                r = self._with_task(r)
+                code = extract_code(r["output_text"], prompt=r["prompt"], entry_point=r["entry_point"])
+                keyed[(dep, r["item_id"])] = (self._key(code, r), code, r)
+        todo = {k: (code, r) for k, code, r in keyed.values() if k not in self._results}
+        timeout = self.settings.timeout_s
+
+        def one(key: str) -> tuple[str, SandboxResult]:
+            code, r = todo[key]
+            return key, run_tests(code, r["test"], r["entry_point"], timeout_s=timeout)
+
+        if todo:
+            log.info("humaneval: running %d programs in the sandbox", len(todo))
+            with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as pool:
+                self._results.update(pool.map(one, list(todo)))
+        out: dict[str, dict[str, SandboxResult]] = {dep: {} for dep in records}
+        for (dep, item_id), (k, _, _) in keyed.items():
+            out[dep][item_id] = self._results[k]
+        return out
+
+    def _with_task(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Records carry their task's tests; ones written without them are completed from the data file."""
+        if rec.get("test") and rec.get("entry_point"):
+            return rec
+        item = {it.item_id: it for it in self.items()}.get(rec["item_id"])
+        if item is None:
+            raise DataError(str(self.path), f"task {rec['item_id']!r} of the records is not in the file")
+        return {**rec, "test": item.data["test"], "entry_point": item.data["entry_point"]}
+
+    def _key(self, code: str, rec: dict[str, Any]) -> str:
+        h = hashlib.sha256()
+        for part in (code, rec["test"], rec["entry_point"], repr(self.settings.timeout_s)):
+            h.update(part.encode("utf-8") + b"\0")
+        return h.hexdigest()
+
+    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+        results = self._run_all(records)
+        rows = []
+        for dep, by_item in results.items():
+            n = len(by_item)
+            if not n:
+                continue
+            k = sum(r.passed for r in by_item.values())
+            lo, hi = wilson_ci(k, n)
+            rows.append(ScoreRow(dep, self.name, "code", "pass@1", k / n, lo, hi, n))
+        return rows
+
+    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+        ref = ctx.reference
+        if ref not in records:
+            return []
+        results = self._run_all(records)
+        ref_by = results[ref]
+        rows: list[ComparisonRow] = []
+        for dep, by_item in results.items():
+            ids = [i for i in by_item if i in ref_by] if dep != ref else []
+            if not ids:
+                continue
+            dep_ok = [by_item[i].passed for i in ids]
+            ref_ok = [ref_by[i].passed for i in ids]
+            n = len(ids)
+            flips = mcnemar_flips(ref_ok, dep_ok)
+            acc = paired_bootstrap_diff([float(x) for x in dep_ok], [float(x) for x in ref_ok])
+            sig = flips.p_value < 0.05
+            rows.append(ComparisonRow(dep, ref, self.name, "code", "pass@1", sum(dep_ok) / n, sum(ref_ok) / n, acc.diff,
+                                      acc.ci_low, acc.ci_high, flips.p_value, n, f"CI: {acc.method}; p: McNemar exact", sig))
+            for metric, k in (("flip_rate", flips.flipped), ("flips_right_to_wrong", flips.right_to_wrong),
+                              ("flips_wrong_to_right", flips.wrong_to_right)):
+                lo, hi = wilson_ci(k, n)
+                rows.append(ComparisonRow(dep, ref, self.name, "code", metric, k / n, 0.0, k / n, lo, hi, flips.p_value, n,
+                                          "share of tasks; CI: Wilson 95%; p: McNemar exact (flip asymmetry)", sig))
+        return rows
+
+    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+        results = self._run_all(records)
+        ref_by = results.get(ctx.reference, {})
+        rows = []
+        for dep, recs in records.items():
+            for rec in recs:
+                res = results[dep][rec["item_id"]]
+                base = ref_by.get(rec["item_id"]) if dep != ctx.reference else None
+                flip = ""
+                if base is not None and base.passed != res.passed:
+                    flip = "right->wrong" if base.passed else "wrong->right"
+                rows.append({
+                    "suite": self.name, "item_id": rec["item_id"], "deployment": dep, "category": "code",
+                    "output": rec["output_text"], "finish_reason": rec.get("finish_reason"),
+                    "passed": res.passed, "status": res.status, "detail": res.detail,
+                    "reference_passed": base.passed if base is not None else None, "flip": flip,
+                })
+        return rows
+
+    def describe(self) -> dict[str, Any]:
+        try:
+            digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError:
+            digest = None
+        try:
+            sandbox = isolation().describe()
+        except RuntimeError as e:
+            sandbox = {"isolation": f"unavailable: {e}"}
+        return {
+            "dataset": "HumanEval", "path": str(self.path), "sha256": digest, "limit": self.settings.limit,
+            "timeout_s": self.settings.timeout_s, "prompting": "plain completion of the task prompt, pass@1",
+            "sandbox": sandbox,
+        }

@@ -1,0 +1,266 @@
+"""Long context: does a deployment start repeating itself, or forget, as the context grows?
+
+For each target length L (total prompt tokens, BOS included, cut with the deployment's own tokenizer):
+- repetition ("rep/L<L>"): the filler text cut to L tokens, continued for `continuation_tokens` tokens;
+  seq-rep-2/3/4 and distinct-2 over whitespace words of the continuation (tokenizer-independent).
+- recall ("recall/L<L>/D<depth>"): a 5-digit pass key sentence inserted at each depth of the filler,
+  then "What is the pass key? The pass key is"; correct if the continuation contains the number.
+Lengths that do not fit the engine's context (n_ctx minus the tokens to generate) are emitted as
+skipped records with the reason, so resume treats them as done and reports can say why they are missing.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from evalkit.config import resolve_data_path
+from evalkit.engines.base import Engine, GenRequest, SamplingParams
+from evalkit.errors import DataError
+from evalkit.metrics.repetition import distinct_n, seq_rep_n, words
+from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff, wilson_ci
+from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = "\n\nWhat is the pass key? The pass key is"
+RECALL_TOKENS = 16  # enough for " 71432." even with one token per digit, plus slack for a leading phrase
+SNAP_WINDOW = 64  # tokens to look back for a sentence end before inserting the needle
+REP_METRICS = (("seq_rep_2", seq_rep_n, 2), ("seq_rep_3", seq_rep_n, 3), ("seq_rep_4", seq_rep_n, 4),
+               ("distinct_2", distinct_n, 2))
+
+
+def passkey(seed: int, length: int, depth: float) -> str:
+    """A 5-digit key per (length, depth): its own Generator, so adding a length never changes other keys."""
+    rng = np.random.default_rng([seed, length, int(round(depth * 10_000))])
+    return str(int(rng.integers(10_000, 100_000)))
+
+
+def tokens_sha256(ids: Sequence[int]) -> str:
+    return hashlib.sha256(",".join(map(str, ids)).encode("ascii")).hexdigest()
+
+
+def rep_scores(text: str) -> dict[str, float]:
+    """Repetition metrics of one continuation, on whitespace words (same units for every tokenizer)."""
+    w = words(text)
+    return {name: fn(w, n) for name, fn, n in REP_METRICS}
+
+
+class LongContextSuite(Suite):
+    name = "longcontext"
+
+    def _filler_path(self) -> Path:
+        return resolve_data_path(self.settings.filler, self.config_file)
+
+    def _filler_text(self) -> str:
+        path = self._filler_path()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise DataError(str(path), "filler text not found (suites.longcontext.filler)") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(str(path), f"cannot read filler text: {e}") from None
+        if not text.strip():
+            raise DataError(str(path), "filler text is empty")
+        return text
+
+    def items(self) -> list[Item]:
+        s = self.settings
+        out: list[Item] = []
+        for L in sorted(s.lengths):
+            out.append(Item(f"rep/L{L}", f"L{L}", {"kind": "rep", "length": L}))
+            for d in s.depths:
+                out.append(Item(f"recall/L{L}/D{d:.2f}", f"L{L}",
+                                {"kind": "recall", "length": L, "depth": d, "passkey": passkey(s.seed, L, d)}))
+        return out
+
+    # -- building prompts ----------------------------------------------------------------------------
+
+    def _filler_tokens(self, engine: Engine, needed: int) -> tuple[list[int], int]:
+        """At least `needed` filler tokens; the text is repeated (blank line between copies) when too short."""
+        text = self._filler_text()
+        once = engine.tokenize(text, add_bos=False)
+        repeats = max(1, math.ceil(needed / max(1, len(once))))
+        while True:
+            ids = once if repeats == 1 else engine.tokenize((text.rstrip() + "\n\n") * repeats, add_bos=False)
+            if len(ids) >= needed:
+                return ids, repeats
+            repeats += 1
+
+    @staticmethod
+    def _snap(engine: Engine, filler: Sequence[int], pos: int) -> int:
+        """Move an insertion point back to just after a sentence end, so the needle is its own sentence."""
+        for j in range(pos, max(0, pos - SNAP_WINDOW), -1):
+            piece = engine.detokenize(filler[j - 1 : j])
+            if "\n" in piece or piece.rstrip()[-1:] in (".", "!", "?"):
+                return j
+        return pos
+
+    def _prompt(self, engine: Engine, item: Item, filler: list[int], bos: list[int]) -> tuple[list[int], dict[str, Any]]:
+        L = item.data["length"]
+        if item.data["kind"] == "rep":
+            return bos + filler[: L - len(bos)], {}
+        key = item.data["passkey"]
+        needle = engine.tokenize(NEEDLE.format(key=key), add_bos=False)
+        question = engine.tokenize(QUESTION, add_bos=False)
+        budget = L - len(bos) - len(needle) - len(question)
+        if budget <= 0:
+            return [], {"skipped": f"length {L} leaves no room for filler around the needle"}
+        body = filler[:budget]
+        pos = self._snap(engine, body, round(item.data["depth"] * budget))
+        ids = bos + body[:pos] + needle + body[pos:] + question
+        return ids, {"needle_token_pos": len(bos) + pos, "depth_actual": pos / budget}
+
+    # -- running --------------------------------------------------------------------------------------
+
+    def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
+        if not items:
+            return
+        n_ctx = engine.info().n_ctx
+        bos = engine.tokenize("", add_bos=True)  # [] or [BOS]: whatever this model prepends
+        # Only as much filler as the longest length that can run (skipped ones need none).
+        filler, repeats = self._filler_tokens(engine, min(max(i.data["length"] for i in items), n_ctx))
+        by_length: dict[int, list[Item]] = defaultdict(list)
+        for item in items:
+            by_length[item.data["length"]].append(item)
+        for L in sorted(by_length):
+            emit(self._run_length(engine, by_length[L], sampling, n_ctx, bos, filler, repeats))
+
+    def _run_length(self, engine: Engine, items: list[Item], sampling: SamplingParams, n_ctx: int,
+                    bos: list[int], filler: list[int], repeats: int) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        requests: list[GenRequest] = []
+        meta: dict[str, dict[str, Any]] = {}
+        for item in items:
+            L, kind = item.data["length"], item.data["kind"]
+            new = self.settings.continuation_tokens if kind == "rep" else RECALL_TOKENS
+            base = {"suite": self.name, "item_id": item.item_id, "category": item.category, "kind": kind,
+                    "length_target": L, "depth": item.data.get("depth"), "passkey": item.data.get("passkey"),
+                    "n_ctx": n_ctx, "filler_repeats": repeats}
+            if L + new > n_ctx:
+                records.append(base | {"skipped": f"length {L} + {new} new tokens exceeds the engine's n_ctx {n_ctx}"})
+                continue
+            ids, extra = self._prompt(engine, item, filler, bos)
+            if "skipped" in extra:
+                records.append(base | extra)
+                continue
+            meta[item.item_id] = base | extra | {"n_prompt_tokens": len(ids), "prompt_sha256": tokens_sha256(ids)}
+            requests.append(GenRequest(key=item.item_id, prompt="", chat=False, max_tokens=new, prompt_token_ids=tuple(ids)))
+        for res in engine.generate(requests, sampling):
+            rec = meta[res.key] | {
+                "output_text": res.output_text,
+                "output_token_ids": res.output_token_ids,
+                "n_output_tokens": len(res.output_token_ids),
+                "finish_reason": res.finish_reason,
+                "timings": {"ttft_s": res.ttft_s, "total_s": res.total_s},
+            }
+            if rec["kind"] == "recall":
+                rec["correct"] = rec["passkey"] in res.output_text
+            records.append(rec)
+        return records
+
+    # -- scores ---------------------------------------------------------------------------------------
+
+    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+        rows: list[ScoreRow] = []
+        for dep, recs in records.items():
+            for cat in _lengths(recs):
+                of_len = [r for r in recs if r["category"] == cat]
+                skipped = sum("skipped" in r for r in of_len)
+                if skipped:
+                    rows.append(ScoreRow(dep, self.name, cat, "skipped_items", float(skipped), n=len(of_len)))
+                for r in (r for r in of_len if r["kind"] == "rep" and "skipped" not in r):
+                    for metric, value in rep_scores(r["output_text"]).items():
+                        rows.append(ScoreRow(dep, self.name, cat, metric, value, n=1))
+                rows.extend(_recall_row(dep, self.name, cat, of_len))
+            rows.extend(_recall_row(dep, self.name, "all", recs))
+        return rows
+
+    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+        ref = ctx.reference
+        if ref not in records:
+            return []
+        ref_by = {r["item_id"]: r for r in records[ref] if "skipped" not in r}
+        rows: list[ComparisonRow] = []
+        for dep, recs in records.items():
+            if dep == ref:
+                continue
+            pairs = [(ref_by[r["item_id"]], r) for r in recs if "skipped" not in r and r["item_id"] in ref_by]
+            for cat in _lengths(r for _, r in pairs):
+                rep = [(a, b) for a, b in pairs if b["category"] == cat and b["kind"] == "rep"]
+                for metric, _, _ in REP_METRICS:
+                    vals = [(rep_scores(a["output_text"])[metric], rep_scores(b["output_text"])[metric]) for a, b in rep]
+                    vals = [(x, y) for x, y in vals if not (math.isnan(x) or math.isnan(y))]
+                    if vals:
+                        rows.append(_paired_row(dep, ref, self.name, cat, metric, [y for _, y in vals], [x for x, _ in vals]))
+                rows.extend(_recall_compare(dep, ref, self.name, cat, [(a, b) for a, b in pairs if b["category"] == cat]))
+            rows.extend(_recall_compare(dep, ref, self.name, "all", pairs))
+        return rows
+
+    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+        rows = []
+        for dep, recs in records.items():
+            for r in recs:
+                row = {"item_id": r["item_id"], "deployment": dep, "category": r["category"], "kind": r["kind"],
+                       "length_target": r["length_target"], "depth": r.get("depth"), "passkey": r.get("passkey"),
+                       "skipped": r.get("skipped", ""), "n_prompt_tokens": r.get("n_prompt_tokens"),
+                       "n_output_tokens": r.get("n_output_tokens"), "output": r.get("output_text"),
+                       "correct": r.get("correct")}
+                if r["kind"] == "rep" and "skipped" not in r:
+                    row |= rep_scores(r["output_text"])
+                rows.append(row)
+        return rows
+
+    def describe(self) -> dict[str, Any]:
+        s, path = self.settings, self._filler_path()
+        return {
+            "filler": str(path),
+            "filler_sha256": hashlib.sha256(self._filler_text().encode("utf-8")).hexdigest(),
+            "lengths": sorted(s.lengths),
+            "length_unit": "prompt tokens incl. BOS, cut with each deployment's tokenizer",
+            "depths": list(s.depths),
+            "continuation_tokens": s.continuation_tokens,
+            "recall_tokens": RECALL_TOKENS,
+            "seed": s.seed,
+            "needle": NEEDLE,
+            "question": QUESTION,
+            "repetition_units": "whitespace words of the continuation",
+        }
+
+
+# -- helpers (records only) -----------------------------------------------------------------------
+
+
+def _lengths(recs: Any) -> list[str]:
+    return sorted({r["category"] for r in recs}, key=lambda c: int(c[1:]))
+
+
+def _recall_row(dep: str, suite: str, cat: str, recs: list[dict[str, Any]]) -> list[ScoreRow]:
+    done = [r for r in recs if r["kind"] == "recall" and "skipped" not in r]
+    if not done:
+        return []
+    k, n = sum(bool(r["correct"]) for r in done), len(done)
+    lo, hi = wilson_ci(k, n)
+    return [ScoreRow(dep, suite, cat, "recall_accuracy", k / n, lo, hi, n)]
+
+
+def _paired_row(dep: str, ref: str, suite: str, cat: str, metric: str, d: list[float], r: list[float]) -> ComparisonRow:
+    res = paired_bootstrap_diff(d, r)  # one item per length -> difference with n=1 and no CI
+    return ComparisonRow(dep, ref, suite, cat, metric, float(np.mean(d)), float(np.mean(r)), res.diff,
+                         res.ci_low, res.ci_high, None, res.n, res.method, res.excludes_zero)
+
+
+def _recall_compare(dep: str, ref: str, suite: str, cat: str, pairs: list[tuple[dict, dict]]) -> list[ComparisonRow]:
+    pairs = [(a, b) for a, b in pairs if b["kind"] == "recall"]
+    if not pairs:
+        return []
+    r_ok = [bool(a["correct"]) for a, _ in pairs]
+    d_ok = [bool(b["correct"]) for _, b in pairs]
+    res = paired_bootstrap_diff([float(x) for x in d_ok], [float(x) for x in r_ok])
+    p = mcnemar_flips(r_ok, d_ok).p_value
+    return [ComparisonRow(dep, ref, suite, cat, "recall_accuracy", float(np.mean(d_ok)), float(np.mean(r_ok)), res.diff,
+                          res.ci_low, res.ci_high, p, res.n, f"CI: {res.method}; p: McNemar exact", p < 0.05)]

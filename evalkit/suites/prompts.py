@@ -1,0 +1,289 @@
+"""The prompt suite: code, reasoning, translation and QA prompts; scored by tests, gold answers, BLEU/chrF."""
+from __future__ import annotations
+
+import json
+import re
+import string
+import unicodedata
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from evalkit.config import resolve_data_path
+from evalkit.engines.base import Engine, GenRequest, SamplingParams
+from evalkit.errors import DataError
+from evalkit.metrics import bleu
+from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+
+BATCH = 8  # records are flushed at least this often
+
+
+class PromptItem(BaseModel):
+    """One line of a prompt file (see prompts/README.md)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str
+    category: Literal["code", "reasoning", "translation", "qa"]
+    prompt: str
+    reference: str | None = None
+    source: str | None = None
+    source_lang: str | None = None
+    target_lang: str | None = None
+    answers: list[str] | None = None
+    tests: str | None = None
+    entry_point: str | None = None
+
+    @model_validator(mode="after")
+    def _scoring_fields(self) -> "PromptItem":
+        need = {
+            "translation": ("reference", "target_lang"),
+            "reasoning": ("answers",),
+            "qa": ("answers",),
+            "code": ("tests", "entry_point"),
+        }[self.category]
+        missing = [f for f in need if not getattr(self, f)]
+        if missing:
+            raise ValueError(f"{self.category} item needs field(s) {', '.join(missing)}")
+        return self
+
+
+def load_prompt_file(path: Path) -> list[PromptItem]:
+    items = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(str(path), f"cannot read prompt file: {e}") from None
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append(PromptItem.model_validate(json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}", f"not valid JSON ({e.msg})") from None
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            raise DataError(f"{path}:{n}", f"{where + ': ' if where else ''}{msg}") from None
+    return items
+
+
+def load_prompts(path: Path) -> list[PromptItem]:
+    """All prompt items from a .jsonl file or every .jsonl in a directory; ids must be unique."""
+    if not path.exists():
+        raise DataError(str(path), "prompt path not found")
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files:
+        raise DataError(str(path), "no .jsonl prompt files in directory")
+    items: list[PromptItem] = []
+    seen: dict[str, Path] = {}
+    for f in files:
+        for item in load_prompt_file(f):
+            if item.id in seen:
+                raise DataError(str(f), f"duplicate item id {item.id!r} (also in {seen[item.id].name})")
+            seen[item.id] = f
+            items.append(item)
+    return items
+
+
+# -- answer matching --------------------------------------------------------------------------
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD-style normalization: lower case, no punctuation/articles, single spaces."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = "".join(" " if ch in string.punctuation else ch for ch in text)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(output: str, answers: Sequence[str]) -> bool:
+    out = normalize_answer(output)
+    return any(out == normalize_answer(a) for a in answers)
+
+
+def contains_answer(output: str, answers: Sequence[str]) -> bool:
+    """The normalized answer appears as whole words in the normalized output."""
+    out = f" {normalize_answer(output)} "
+    return any(f" {normalize_answer(a)} " in out for a in answers if normalize_answer(a))
+
+
+# -- the suite --------------------------------------------------------------------------------
+
+
+class PromptsSuite(Suite):
+    name = "prompts"
+
+    def _path(self) -> Path:
+        return resolve_data_path(self.settings.path, self.config_file)
+
+    def items(self) -> list[Item]:
+        chosen = [p for p in load_prompts(self._path()) if p.category in self.settings.categories]
+        out: list[Item] = []
+        for category in self.settings.categories:
+            of_cat = [p for p in chosen if p.category == category]
+            if self.settings.limit_per_category is not None:
+                of_cat = of_cat[: self.settings.limit_per_category]
+            out.extend(Item(p.id, p.category, p.model_dump(exclude_none=True)) for p in of_cat)
+        return out
+
+    def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
+        by_key = {i.item_id: i for i in items}
+        requests = [GenRequest(key=i.item_id, prompt=i.data["prompt"], chat=True) for i in items]
+        batch: list[dict[str, Any]] = []
+        for result in engine.generate(requests, sampling):
+            item = by_key[result.key]
+            batch.append(
+                {
+                    "suite": self.name,
+                    "item_id": item.item_id,
+                    "category": item.category,
+                    "prompt": item.data["prompt"],
+                    "prompt_format": result.prompt_format,
+                    "prompt_token_ids": result.prompt_token_ids,
+                    "output_text": result.output_text,
+                    "output_token_ids": result.output_token_ids,
+                    "n_prompt_tokens": len(result.prompt_token_ids),
+                    "n_output_tokens": len(result.output_token_ids),
+                    "finish_reason": result.finish_reason,
+                    "ttft_s": result.ttft_s,
+                    "total_s": result.total_s,
+                    "reference": item.data.get("reference"),
+                    "target_lang": item.data.get("target_lang"),
+                    "item": item.data,  # everything scoring needs travels with the record
+                }
+            )
+            if len(batch) >= BATCH:
+                emit(batch)
+                batch = []
+        emit(batch)
+
+    # -- per-item scores ----------------------------------------------------------------------
+
+    def _item_score(self, rec: dict[str, Any]) -> dict[str, Any]:
+        cat = rec["category"]
+        out = rec["output_text"]
+        if cat in ("reasoning", "qa"):
+            answers = rec["item"]["answers"]
+            return {"exact_match": float(exact_match(out, answers)), "contains": float(contains_answer(out, answers))}
+        if cat == "code":
+            from evalkit.suites.code import score_code_item
+
+            res = score_code_item(out, rec["item"], self.settings.code_timeout_s)
+            return {"pass": float(res["passed"]), "sandbox_status": res["status"]}
+        return {}
+
+    def _per_item(self, records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+        """deployment -> item_id -> per-item scores (memoised: code runs in a sandbox)."""
+        if getattr(self, "_memo", None) is None:
+            self._memo = {dep: {r["item_id"]: self._item_score(r) for r in recs} for dep, recs in records.items()}
+        return self._memo
+
+    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+        from evalkit.metrics.stats import wilson_ci
+
+        per_item = self._per_item(records)
+        rows: list[ScoreRow] = []
+        for dep, recs in records.items():
+            for cat in self.settings.categories:
+                cat_recs = [r for r in recs if r["category"] == cat]
+                if not cat_recs:
+                    continue
+                if cat == "translation":
+                    for lang, group in _by_lang(cat_recs).items():
+                        hyps = [r["output_text"].strip() for r in group]
+                        refs = [r["reference"] for r in group]
+                        for s in bleu.corpus_scores(hyps, refs, lang):
+                            rows.append(ScoreRow(dep, self.name, cat, f"{s.metric}_en-{lang}", s.score, s.ci_low, s.ci_high, s.n))
+                    continue
+                for metric in ("pass",) if cat == "code" else ("exact_match", "contains"):
+                    values = [per_item[dep][r["item_id"]][metric] for r in cat_recs]
+                    k, n = int(sum(values)), len(values)
+                    lo, hi = wilson_ci(k, n)
+                    rows.append(ScoreRow(dep, self.name, cat, "pass@1" if metric == "pass" else metric, k / n, lo, hi, n))
+            rows.append(
+                ScoreRow(dep, self.name, "all", "output_tokens_mean", sum(r["n_output_tokens"] for r in recs) / len(recs), n=len(recs))
+            )
+        return rows
+
+    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+        from evalkit.metrics.stats import paired_bootstrap_diff
+
+        ref = ctx.reference
+        if ref not in records:
+            return []
+        per_item = self._per_item(records)
+        ref_recs = {r["item_id"]: r for r in records[ref]}
+        rows: list[ComparisonRow] = []
+        for dep, recs in records.items():
+            if dep == ref:
+                continue
+            for cat in self.settings.categories:
+                pairs = [(ref_recs[r["item_id"]], r) for r in recs if r["category"] == cat and r["item_id"] in ref_recs]
+                if not pairs:
+                    continue
+                if cat == "translation":
+                    for lang, group in _by_lang([p[1] for p in pairs]).items():
+                        ids = [r["item_id"] for r in group]
+                        base = [ref_recs[i]["output_text"].strip() for i in ids]
+                        sys_ = [r["output_text"].strip() for r in group]
+                        refs = [r["reference"] for r in group]
+                        for p in bleu.paired_comparison(base, sys_, refs, lang):
+                            rows.append(ComparisonRow(dep, ref, self.name, cat, f"{p.metric}_en-{lang}", p.system, p.baseline,
+                                                      p.diff, p.ci_low, p.ci_high, p.p_value, p.n,
+                                                      "paired bootstrap CI; approximate randomization p (sacrebleu)",
+                                                      p.p_value < 0.05))
+                    continue
+                metric = "pass" if cat == "code" else "contains"
+                a = [per_item[ref][b["item_id"]][metric] for b, _ in pairs]
+                b = [per_item[dep][d["item_id"]][metric] for _, d in pairs]
+                res = paired_bootstrap_diff(b, a)  # deployment minus reference
+                rows.append(ComparisonRow(dep, ref, self.name, cat, "pass@1" if metric == "pass" else metric,
+                                          sum(b) / len(b), sum(a) / len(a), res.diff, res.ci_low, res.ci_high, None,
+                                          len(pairs), res.method, excludes_zero(res)))
+        return rows
+
+    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+        per_item = self._per_item(records)
+        rows = []
+        for dep, recs in records.items():
+            for r in recs:
+                rows.append({
+                    "suite": self.name, "item_id": r["item_id"], "deployment": dep, "category": r["category"],
+                    "prompt": r["prompt"], "output": r["output_text"], "reference": r.get("reference"),
+                    "n_output_tokens": r["n_output_tokens"], "finish_reason": r["finish_reason"],
+                    **per_item[dep].get(r["item_id"], {}),
+                })
+        return rows
+
+    def describe(self) -> dict[str, Any]:
+        from evalkit.models import sha256_of
+
+        path = self._path()
+        files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+        return {
+            "path": str(path),
+            "files": {f.name: sha256_of(f) for f in files},
+            "categories": list(self.settings.categories),
+            "bleu_signatures": {
+                lang: {name: str(m.get_signature()) for name, m in bleu.metrics_for(lang).items()}
+                for lang in ("zh", "de")
+            },
+        }
+
+
+def excludes_zero(res: Any) -> bool:
+    """A paired difference is distinguishable from noise when its 95% interval excludes zero."""
+    return res.ci_low is not None and (res.ci_low > 0 or res.ci_high < 0)
+
+
+def _by_lang(recs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        out.setdefault(r.get("target_lang") or "und", []).append(r)
+    return dict(sorted(out.items()))

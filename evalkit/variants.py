@@ -1,0 +1,580 @@
+"""Model variants made from one source file: an HF checkpoint, FP8 weight emulation, and a GGUF ladder.
+
+`prepare_variant(source, variant)` returns a local model path. Results live under
+`cache_dir()/variants/<source sha256[:16]>/<variant>/` (keyed by content, not name). Each is built in a
+`.tmp-*` sibling directory and renamed into place only once complete, with `evalkit_variant.json`
+(provenance) written last inside it: a directory without that file is never treated as finished.
+
+Variants:
+- `hf`: the GGUF dequantized into a Hugging Face checkpoint (safetensors, bf16) that vLLM loads, with the
+  tokenizer made to add BOS/EOS exactly as the GGUF says llama.cpp does, and the GGUF's chat template.
+- `fp8-weight`: the `hf` checkpoint with every decoder linear weight rounded through FP8 E4M3 with a
+  per-output-channel scale, stored back in 16 bits (an emulation of vLLM's weight-only FP8, see
+  `fp8_roundtrip`).
+- `Q8_0` ... `Q2_K`: llama.cpp's quantizer (`llama_model_quantize`) run in a subprocess.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from evalkit.config import VARIANTS
+from evalkit.errors import EvalkitError
+from evalkit.models import cache_dir, check_model, fingerprint, resolve_source
+
+if TYPE_CHECKING:
+    import torch
+
+    from evalkit.config import Config
+
+LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
+HF_VARIANTS = ("hf", "fp8-weight")
+PROVENANCE = "evalkit_variant.json"
+FP8_E4M3_MAX = 448.0
+# Strings whose tokenization must match llama.cpp's (spaces, newlines, unicode, code, digits, a special token).
+PARITY_STRINGS = (
+    "hello",
+    " hello world",
+    "Hello, World!\n\nNew  line\ttab",
+    "naïve café 東京 🙂",
+    "  leading spaces",
+    "def f(x):\n    return x**2\n",
+    "1234567890 3.14159",
+)
+_16BIT_GGUF_TYPES = {"F32", "F16", "BF16"}
+
+
+class VariantError(EvalkitError):
+    """A model variant cannot be made from this source (wrong format, missing library, failed conversion)."""
+
+
+# ---------------------------------------------------------------------------------------------- public API
+
+
+def prepare_variant(source: str, variant: str | None, *, force: bool = False, progress: bool = True) -> Path:
+    """A local model path for `source` turned into `variant` (None: the source itself). Cached by content."""
+    path = resolve_source(source)
+    kind = check_model(path, source)
+    if variant is None:
+        return path
+    if variant not in VARIANTS:
+        raise VariantError(source, f"unknown variant {variant!r} (expected one of {', '.join(VARIANTS)})")
+    if variant == "hf" and kind == "hf":
+        return path  # already a Hugging Face checkpoint
+    if variant in LADDER and kind != "gguf":
+        raise VariantError(
+            source, f"variant {variant} is made by llama.cpp's quantizer and needs a GGUF source, not a Hugging Face checkpoint"
+        )
+    sha = fingerprint(path).sha256
+    base = cache_dir() / "variants" / sha[:16]
+    final = base / variant
+    if not force and _is_done(final):
+        return _model_path(final)
+    base.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(base)
+    tmp = base / f".tmp-{variant}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    started = time.monotonic()
+    _say(progress, f"evalkit: preparing variant {variant} of {source} ...")
+    try:
+        extra = _build(variant, source, path, kind, tmp, force=force, progress=progress)
+        record = _provenance(source, path, sha, kind, variant, extra, time.monotonic() - started)
+        _write_json(tmp / PROVENANCE, record)  # last: its presence marks a finished variant
+        _publish(tmp, final, force=force)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already if published
+    _say(progress, f"evalkit: variant {variant} ready in {time.monotonic() - started:.1f}s: {_model_path(final)}")
+    return _model_path(final)
+
+
+def prepare_all(config: "Config", *, force: bool = False, progress: bool = True) -> list[tuple[str, Path]]:
+    """Prepare every deployment's model (variant or plain source). Returns (deployment name, local path)."""
+    out: list[tuple[str, Path]] = []
+    for dep in config.deployments:
+        variant = dep.model.variant
+        if dep.engine == "llamacpp" and variant in HF_VARIANTS:
+            raise VariantError(
+                f"deployment {dep.name}",
+                f"llama.cpp cannot load the {variant} variant (a Hugging Face checkpoint); use a GGUF variant or engine vllm",
+            )
+        out.append((dep.name, prepare_variant(dep.model.source, variant, force=force, progress=progress)))
+    return out
+
+
+def read_provenance(path: Path) -> dict[str, Any] | None:
+    """The provenance record of a prepared variant (its model file or directory), None for a plain source."""
+    for d in (path, path.parent):
+        f = d / PROVENANCE
+        if d.is_dir() and f.is_file():
+            return json.loads(f.read_text())
+    return None
+
+
+def fp8_roundtrip(weight: "torch.Tensor", dtype: "torch.dtype | None" = None) -> "torch.Tensor":
+    """`weight` [out, in] as vLLM's weight-only FP8 (Marlin, W8A16) computes with it, returned in 16 bits.
+
+    Mirrors vLLM's online per-channel FP8 (`vllm/model_executor/layers/quantization/online/fp8.py`):
+    scale = amax(|row|) / 448 in fp32 (floored at 1/(448*512) so zero rows stay finite), q = clamp(w / scale,
+    -448, 448) cast to float8_e4m3fn (round to nearest even). Marlin then multiplies the FP8 value by the
+    scale *cast to the activation dtype* (`prepare_fp8_layer_for_marlin`: `weight_scale.to(orig_dtype)`),
+    so the scale is rounded to `dtype` before the product. `dtype` defaults to the weight's own 16-bit
+    dtype, or bfloat16 for fp32 weights.
+    """
+    import torch
+
+    if weight.dim() != 2:
+        raise ValueError(f"fp8_roundtrip expects a 2-D [out, in] weight, got shape {tuple(weight.shape)}")
+    if dtype is None:
+        dtype = weight.dtype if weight.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    w = weight.float()
+    amax = w.abs().amax(dim=1, keepdim=True)
+    scale = (amax / FP8_E4M3_MAX).clamp_min(1.0 / (FP8_E4M3_MAX * 512))
+    q = (w / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale.to(dtype).float()).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+def _is_done(final: Path) -> bool:
+    try:
+        record = json.loads((final / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (final / record.get("model_file", ".")).exists()
+
+
+def _model_path(final: Path) -> Path:
+    record = json.loads((final / PROVENANCE).read_text())
+    name = record.get("model_file", ".")
+    return final if name == "." else final / name
+
+
+def _publish(tmp: Path, final: Path, *, force: bool) -> None:
+    """Rename the finished temp dir into place. A stale or forced-over old variant is moved aside first."""
+    if final.exists():
+        if _is_done(final) and not force:
+            return  # another process finished the same variant while we built ours: keep theirs
+        trash = final.parent / f".trash-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not _is_done(final):  # lost a race to a writer that is not finished either: a real problem
+            raise
+
+
+def _sweep_stale(base: Path) -> None:
+    """Remove temp/trash dirs left by processes that died (a killed prepare leaves one behind)."""
+    for d in base.glob(".*-*-*-*"):
+        if not d.name.startswith((".tmp-", ".trash-")):
+            continue
+        try:
+            pid = int(d.name.rsplit("-", 2)[1])
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _provenance(
+    source: str, path: Path, sha: str, kind: str, variant: str, extra: dict[str, Any], seconds: float
+) -> dict[str, Any]:
+    return {
+        "variant": variant,
+        "source": source,
+        "source_path": str(path),
+        "source_sha256": sha,
+        "source_format": kind,
+        "evalkit_version": _version("evalkit"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "prepare_seconds": round(seconds, 2),
+        **extra,
+    }
+
+
+def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, force: bool, progress: bool) -> dict[str, Any]:
+    if variant == "hf":
+        return _build_hf(source, path, out, progress)
+    if variant == "fp8-weight":
+        hf_dir = path if kind == "hf" else prepare_variant(source, "hf", progress=progress)
+        return _build_fp8(hf_dir, out, progress)
+    return _build_gguf(source, path, variant, out, progress)
+
+
+# ---------------------------------------------------------------------------------------------- hf
+
+
+def _build_hf(source: str, gguf: Path, out: Path, progress: bool) -> dict[str, Any]:
+    torch, transformers = _require_transformers(source)
+    if not progress:
+        transformers.utils.logging.disable_progress_bar()
+    meta = gguf_metadata(gguf)
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, **_dtype_kwarg(transformers, torch.bfloat16), **_dequantize_kwarg(transformers)
+        )
+    except (ValueError, KeyError, NotImplementedError) as e:
+        raise VariantError(source, f"transformers cannot convert this GGUF ({meta.get('architecture')}): {_first_line(e)}") from None
+    # save_pretrained refuses a model that still carries its GGUF quantizer; the weights are dense already.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    del model
+    template = _match_tokenizer(tok, meta)
+    tok.save_pretrained(out)
+    _patch_tokenizer_config(out, meta)
+    parity = _check_token_parity(source, gguf, out, meta)
+    return {
+        "dtype": "bfloat16",
+        "model_file": ".",
+        "gguf_architecture": meta.get("architecture"),
+        "gguf_file_type": meta.get("file_type"),
+        "add_bos_token": meta["add_bos"],
+        "add_eos_token": meta["add_eos"],
+        "chat_template": template,
+        "token_parity": parity,
+        "transformers_version": _version("transformers"),
+        "note": "weights dequantized from the GGUF's quantized blocks: this is the GGUF model in 16 bits, "
+        "not the original unquantized model",
+    }
+
+
+def _match_tokenizer(tok: Any, meta: dict[str, Any]) -> str | None:
+    """Make the HF tokenizer add BOS/EOS as llama.cpp does for this GGUF; carry over the chat template."""
+    # The setters rebuild the fast tokenizer's TemplateProcessing post-processor, which is what adds BOS.
+    tok.add_bos_token = meta["add_bos"]
+    tok.add_eos_token = meta["add_eos"]
+    template = meta.get("chat_template")
+    if template and not getattr(tok, "chat_template", None):
+        tok.chat_template = template
+    return "from GGUF (tokenizer.chat_template)" if template else None
+
+
+def _patch_tokenizer_config(out: Path, meta: dict[str, Any]) -> None:
+    # transformers does not write these flags; without them a reload (or a later update_post_processor)
+    # falls back to the class default, which for Gemma drops the BOS that llama.cpp adds.
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["add_bos_token"] = meta["add_bos"]
+    cfg["add_eos_token"] = meta["add_eos"]
+    _write_json(cfg_path, cfg)
+
+
+def _check_token_parity(source: str, gguf: Path, hf_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Compare the saved tokenizer with llama.cpp's tokenization of the same GGUF (in a subprocess)."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    hf_ids = [tok(s).input_ids for s in PARITY_STRINGS]
+    bos = meta.get("bos_token_id")
+    if meta["add_bos"] and bos is not None and any(ids[:1] != [bos] for ids in hf_ids):
+        raise VariantError(source, f"saved tokenizer does not prepend BOS ({bos}) although the GGUF asks for it")
+    try:
+        ref = llama_tokenize(gguf, list(PARITY_STRINGS), add_bos=meta["add_bos"])
+    except VariantError as e:
+        return {"checked": False, "reason": e.problem}
+    mismatches = [s for s, a, b in zip(PARITY_STRINGS, hf_ids, ref) if a != b]
+    if mismatches:
+        print(f"evalkit: warning: {source}: HF tokenizer differs from llama.cpp on {mismatches[0]!r}", file=sys.stderr)
+    return {"checked": True, "strings": len(PARITY_STRINGS), "equal": len(PARITY_STRINGS) - len(mismatches), "mismatches": mismatches}
+
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """The GGUF facts variants need: tokenizer flags, chat template, file type, tensor types."""
+    try:
+        import gguf
+    except ImportError:
+        raise VariantError(str(path), "the gguf package is not installed (pip install 'evalkit[prepare]')") from None
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the gguf reader raises bare ValueErrors/struct errors on corrupt files
+        raise VariantError(str(path), f"cannot read GGUF metadata: {_first_line(e)}") from None
+
+    def field(key: str, default: Any = None) -> Any:
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    file_type = field("general.file_type")
+    try:
+        file_type_name = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
+    except ValueError:
+        file_type_name = str(file_type)
+    types: dict[str, int] = {}
+    for t in reader.tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    return {
+        "architecture": field("general.architecture"),
+        "add_bos": bool(field("tokenizer.ggml.add_bos_token", False)),
+        "add_eos": bool(field("tokenizer.ggml.add_eos_token", False)),
+        "bos_token_id": field("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": field("tokenizer.ggml.eos_token_id"),
+        "chat_template": field("tokenizer.chat_template"),
+        "file_type": file_type_name,
+        "tensor_types": types,
+        "is_16bit": set(types) <= _16BIT_GGUF_TYPES,
+    }
+
+
+def _require_transformers(source: str) -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise VariantError(source, f"{e.name} is not installed; the hf and fp8-weight variants need it (pip install 'evalkit[prepare]')") from None
+    return torch, transformers
+
+
+def _dtype_kwarg(transformers: Any, dtype: Any) -> dict[str, Any]:
+    # transformers 5 renamed torch_dtype to dtype
+    major = int(transformers.__version__.split(".")[0])
+    return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
+
+
+def _dequantize_kwarg(transformers: Any) -> dict[str, Any]:
+    # transformers >= 5.x keeps GGUF weights packed when a kernel exists; we want plain dense nn.Linear.
+    cls = getattr(transformers, "GgufConfig", None)
+    if cls is None:
+        try:
+            from transformers.utils.quantization_config import GgufConfig as cls  # type: ignore[no-redef]
+        except ImportError:
+            return {}
+    return {"quantization_config": cls(dequantize=True)}
+
+
+# ---------------------------------------------------------------------------------------------- fp8-weight
+
+
+def _build_fp8(hf_dir: Path, out: Path, progress: bool) -> dict[str, Any]:
+    _require_transformers(str(hf_dir))
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    targets = linear_weight_names(hf_dir)
+    shards = sorted(hf_dir.glob("*.safetensors"))
+    if not shards:
+        raise VariantError(str(hf_dir), "no .safetensors weights to round (fp8-weight needs a safetensors checkpoint)")
+    for f in hf_dir.iterdir():  # config, tokenizer, chat template, index: unchanged
+        if f.is_file() and f.suffix != ".safetensors" and f.name != PROVENANCE:
+            shutil.copy2(f, out / f.name)
+    rounded: list[str] = []
+    rel_err: list[float] = []
+    kept, dtypes = 0, set()
+    for shard in shards:
+        with safe_open(shard, framework="pt") as fh:
+            meta = fh.metadata()
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        for name, w in tensors.items():
+            if name in targets:
+                q = fp8_roundtrip(w).to(w.dtype)  # stored back in the checkpoint's own dtype
+                dtypes.add(str(w.dtype).removeprefix("torch."))
+                rel_err.append(float((q.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)))
+                tensors[name] = q
+                rounded.append(name)
+            else:
+                kept += 1
+        save_file(tensors, str(out / shard.name), metadata=meta)
+        _say(progress, f"evalkit:   rounded {len(rounded)} linear weights through FP8 E4M3 ({shard.name})")
+    missing = sorted(targets - set(rounded))
+    if not rounded:
+        raise VariantError(str(hf_dir), "found no linear weights to round (checkpoint names do not match the model's modules)")
+    return {
+        "emulation": True,
+        "description": "FP8 weight rounding emulated in 16-bit (evalkit variant): each linear weight rounded "
+        "through FP8 E4M3 with a per-output-channel scale and stored back in bfloat16. Numerically what "
+        "vLLM's weight-only FP8 (Marlin, W8A16) computes with; activations stay 16-bit. Not real FP8 "
+        "storage or FP8 compute.",
+        "fp8_format": "float8_e4m3fn, max 448, scale = amax(row)/448 per output channel (fp32, applied in the 16-bit dtype)",
+        "rounded": "decoder nn.Linear weights (attention q/k/v/o and MLP projections); not embeddings, norms or "
+        "lm_head (vLLM does not quantize them either: lm_head is excluded from FP8, embeddings are not linear layers)",
+        "from_hf": str(hf_dir),
+        "n_rounded": len(rounded),
+        "n_kept": kept,
+        "not_found": missing,
+        "mean_relative_error": round(sum(rel_err) / len(rel_err), 6),
+        "dtype": ",".join(sorted(dtypes)),
+        "model_file": ".",
+    }
+
+
+def linear_weight_names(hf_dir: Path) -> set[str]:
+    """Checkpoint names of the weights fp8-weight rounds: every nn.Linear except the output head.
+
+    The model is built on the meta device (no memory) just to see which modules are linear layers.
+    """
+    torch, transformers = _require_transformers(str(hf_dir))
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    head = model.get_output_embeddings()
+    return {
+        f"{name}.weight"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not head
+    }
+
+
+# ---------------------------------------------------------------------------------------------- GGUF ladder
+
+
+def _build_gguf(source: str, gguf: Path, qtype: str, out: Path, progress: bool) -> dict[str, Any]:
+    meta = gguf_metadata(gguf)
+    dst = out / f"model-{qtype}.gguf"
+    requantize = not meta["is_16bit"]
+    result = _run_llama_helper(
+        source, ["quantize", str(gguf), str(dst), qtype, "1" if requantize else "0"], progress=progress
+    )
+    out_meta = gguf_metadata(dst)
+    src_type = meta.get("file_type") or "quantized"
+    return {
+        "model_file": dst.name,
+        "quantizer": "llama.cpp llama_model_quantize (in a subprocess)",
+        "llama_cpp_python": _version("llama-cpp-python"),
+        "source_file_type": meta.get("file_type"),
+        "requantized": requantize,
+        "path_taken": (
+            f"requantized from {src_type}: llama.cpp dequantizes each tensor to F32 and quantizes it to "
+            f"{qtype}. Chosen over converting the hf variant back to an F16 GGUF because it is the same "
+            "arithmetic without an extra bf16 rounding and keeps the GGUF's own tokenizer metadata. Rungs "
+            f"finer than {src_type} cannot recover what {src_type} lost: they measure the {src_type} model "
+            "re-encoded, not the original model at that precision."
+            if requantize
+            else f"quantized from the {src_type} source"
+        ),
+        "file_type": out_meta.get("file_type"),
+        "tensor_types": out_meta["tensor_types"],
+        "verified": result,
+    }
+
+
+def _run_llama_helper(source: str, args: list[str], *, progress: bool, stdin: str | None = None) -> Any:
+    """Run a llama.cpp job in a child process: a crash there cannot take the caller (or its vLLM) down."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "evalkit.variants", "_llama", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        if proc.returncode == 3:
+            raise VariantError(source, "llama-cpp-python is not installed (pip install 'evalkit[llamacpp]')")
+        raise VariantError(source, f"llama.cpp {args[0]} failed (exit {proc.returncode}): {tail}")
+    return json.loads(lines[-1])
+
+
+def llama_tokenize(gguf: Path, texts: list[str], *, add_bos: bool) -> list[list[int]]:
+    """llama.cpp's token ids for `texts` (special tokens parsed, as HF tokenizers do), from a child process."""
+    return _run_llama_helper(
+        str(gguf), ["tokenize", str(gguf), "1" if add_bos else "0"], progress=False, stdin=json.dumps(texts)
+    )
+
+
+def _llama_child(argv: list[str]) -> int:
+    """The child side of `_run_llama_helper`. Prints one JSON line on success."""
+    import ctypes
+
+    try:
+        import llama_cpp
+    except ImportError:
+        return 3
+    if argv[0] == "quantize":
+        src, dst, qtype, requant = argv[1], argv[2], argv[3], argv[4] == "1"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype}")
+        params.allow_requantize = requant
+        params.nthread = len(os.sched_getaffinity(0))
+        if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)) != 0:
+            print(f"llama_model_quantize returned an error for {qtype}", file=sys.stderr)
+            return 1
+        # Verify: the file loads and decodes a few tokens greedily.
+        llm = llama_cpp.Llama(dst, n_ctx=64, n_threads=params.nthread, verbose=False)
+        out = llm("The capital of France is", max_tokens=4, temperature=0.0)
+        print(json.dumps({"loads": True, "n_vocab": llm.n_vocab(), "sample": out["choices"][0]["text"]}))
+        llm.close()
+        return 0
+    if argv[0] == "tokenize":
+        llm = llama_cpp.Llama(argv[1], vocab_only=True, verbose=False)
+        texts = json.loads(sys.stdin.read())
+        ids = [llm.tokenize(t.encode("utf-8"), add_bos=argv[2] == "1", special=True) for t in texts]
+        print(json.dumps(ids))
+        llm.close()
+        return 0
+    print(f"unknown llama job {argv[0]!r}", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m evalkit.variants prepare SOURCE [VARIANT] [--force] [--quiet]`: prints the prepared path."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_llama"]:
+        return _llama_child(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m evalkit.variants")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    p = sub.add_parser("prepare", help="make one variant of a model source")
+    p.add_argument("source")
+    p.add_argument("variant", nargs="?", choices=VARIANTS)
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        print(prepare_variant(args.source, args.variant, force=args.force, progress=not args.quiet))
+    except EvalkitError as e:
+        print(f"evalkit: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

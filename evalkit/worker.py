@@ -1,0 +1,90 @@
+"""One deployment's work, in its own process: load the engine once, run every suite's pending items.
+
+Run as `python -m evalkit.worker RUN_DIR DEPLOYMENT`. A crash or out-of-memory here loses only this
+deployment's unfinished items (finished ones are already on disk), and the memory goes back to the
+OS when the process exits, before the next deployment loads.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from evalkit.config import Config
+from evalkit.engines import load_engine
+from evalkit.engines.base import SamplingParams
+from evalkit.errors import EXIT_USER_ERROR, EvalkitError
+from evalkit.store import RunDir, atomic_write_text, record_key
+from evalkit.suites import enabled_suites
+
+
+def run_deployment(run_dir: Path, deployment_name: str) -> None:
+    run = RunDir.open(run_dir)
+    manifest = run.manifest()
+    config = Config.model_validate(manifest["config"])
+    config_file = Path(manifest["config_file"])
+    deployment = config.deployment(deployment_name)
+    resolved = manifest["deployments"][deployment_name]
+    suites = enabled_suites(config, config_file)
+
+    done = run.done_keys(deployment_name)
+    pending = {s.name: [i for i in s.items() if record_key(s.name, i.item_id) not in done] for s in suites}
+    if not any(pending.values()):
+        return
+
+    engine = load_engine(deployment.engine, resolved["path"], deployment.options, deployment_name)
+    if manifest.get("use_cache", True):
+        engine = _with_cache(engine, deployment, resolved)
+    info = engine.info()
+    atomic_write_text(
+        run.path / "engines" / f"{deployment_name}.json",
+        json.dumps({"deployment": deployment_name, **info.__dict__}, indent=2, default=str) + "\n",
+    )
+    sampling = SamplingParams(**config.sampling.model_dump())
+    with run.writer(deployment_name) as writer:
+        for suite in suites:
+            items = pending[suite.name]
+            if not items:
+                continue
+            bar = tqdm(total=len(items), desc=f"{deployment_name} · {suite.name}", unit="item", file=sys.stderr)
+
+            def emit(records: list[dict], _bar: tqdm = bar, _suite: str = suite.name) -> None:
+                for r in records:
+                    r.setdefault("suite", _suite)
+                    r["deployment"] = deployment_name
+                writer.write_batch(records)
+                _bar.update(len(records))
+
+            start = time.perf_counter()
+            suite.run(engine, items, sampling, emit)
+            bar.close()
+            print(f"{deployment_name} · {suite.name}: {len(items)} items in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    engine.close()
+
+
+def _with_cache(engine, deployment, resolved):  # type: ignore[no-untyped-def]
+    try:
+        from evalkit.cache import wrap_engine
+    except ImportError:
+        return engine
+    return wrap_engine(engine, deployment, resolved)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m evalkit.worker RUN_DIR DEPLOYMENT", file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        run_deployment(Path(args[0]), args[1])
+    except EvalkitError as e:
+        print(f"evalkit: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
