@@ -206,7 +206,9 @@ def _unwrap(ann: Any) -> Any:
 
 def explain_validation_error(err: ValidationError) -> str:
     """Turn pydantic's multi-line report into the single most useful line."""
-    first = err.errors()[0]
+    # A typo shows up twice (unknown field + missing field); the unknown one, with its suggestion, helps more.
+    priority = {"extra_forbidden": 0, "union_tag_invalid": 1, "union_tag_not_found": 1, "missing": 3}
+    first = min(err.errors(), key=lambda e: priority.get(e["type"], 2))
     loc = tuple(first["loc"])
     where = _location(loc) or "(top level)"
     if first["type"] == "extra_forbidden":

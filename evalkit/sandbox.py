@@ -5,13 +5,15 @@ loops, huge allocations, fork loops, writes anywhere, network calls, megabytes o
 at import). It must not hang or starve the machine, modify anything outside its own throw-away
 directory, reach the network, see our environment (API tokens), or be scored as passing without the
 tests really passing. Out of scope: code crafted to escape Linux namespaces or to forge the result by
-digging the report nonce out of the harness's own memory; reading world-readable host files.
+digging the report nonce out of the harness's own memory (or by returning objects that equal anything).
 
 Layers, strongest first (`isolation()` probes once which ones this machine supports):
 - `unshare` namespaces: no network (empty net namespace), own PID namespace (when its init exits or is
   killed, every process the code forked dies: fork loops cannot outlive the run), own mount/IPC.
 - a different, unprivileged uid (`nobody` via `setpriv`, when we are root): file permissions protect
-  the repo, run directories and /root; the work directory is the only place it owns.
+  the repo, run directories and /root. In the mount namespace the world-writable directories (/tmp,
+  /var/tmp, /dev/shm, /run/lock) are private tmpfs and the work dir lives on a 64 MB tmpfs: the code
+  can write nowhere on the host and cannot fill the disk. It can still read world-readable files.
 - rlimits set before the code is loaded: address space, CPU time, processes (RLIMIT_NPROC is per uid,
   so it only bites once the uid is not root), file size, open files, no core dumps.
 - a wall-clock timeout that SIGKILLs the whole process group; `python -I -S` with a minimal env.
@@ -139,7 +141,11 @@ def _main():
             continue
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        os.write(rep, ("%s killed %s\n" % (nonce, signal.Signals(sig).name)).encode())
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "signal %d" % sig
+        os.write(rep, ("%s killed %s\n" % (nonce, name)).encode())
         os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(status))
 
@@ -166,7 +172,7 @@ class SandboxResult:
 class Isolation:
     """How sandboxed code runs on this machine (found by probing, see `isolation()`)."""
 
-    name: str  # "namespaces+uid", "uid", "user-namespace" or "process-group"
+    name: str  # "namespaces+tmpfs+uid", "namespaces+uid", "uid", "user-namespace" or "process-group"
     prefix: tuple[str, ...]  # command that wraps the interpreter
     python: str
     uid: int | None  # the uid the code runs as when we drop privileges (we are root)
@@ -180,8 +186,8 @@ class Isolation:
 
 _FENCE = re.compile(r"^[ \t]*(?P<f>```|~~~)[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*?)^[ \t]*(?P=f)[ \t]*$", re.M | re.S)
 _OPEN_FENCE = re.compile(r"^[ \t]*(?:```|~~~)[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*)\Z", re.M | re.S)
-_PY_LANGS = {"", "python", "py", "python3", "py3", "pycon"}
-_CODE_START = re.compile(r"^(?:async\s+def|def|class|import|from|@|if\s+__name__)\b|^@")
+_PY_LANGS = {"", "python", "py", "python3", "py3"}
+_CODE_START = re.compile(r"^(?:async\s+def|def|class|import|from|if\s+__name__)\b|^@")
 _DEF = r"^[ \t]*(?:async\s+)?def\s+{}\s*\("
 
 
@@ -189,7 +195,7 @@ def _parses(code: str) -> bool:
     try:
         ast.parse(code)
         return True
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # untrusted text: any parse failure is "no"
         return False
 
 
@@ -281,14 +287,35 @@ def _nobody() -> tuple[int, int]:
         return 65534, 65534
 
 
+# Inside the namespaces, as root before dropping to the sandbox uid: private tmpfs over every
+# world-writable directory, and the work dir moved onto a size-capped tmpfs, so the code can write
+# nowhere on the host and cannot fill the disk. The host work dir stays reachable through the cwd.
+_PRIVATE_TMP = """set -e
+for d in /var/tmp /run/lock /dev/shm; do
+  if [ -d "$d" ]; then mount -t tmpfs -o size=1m,mode=1777,nosuid,nodev evalkit-sandbox "$d"; fi
+done
+mount -t tmpfs -o size={mb}m,mode=1777,nosuid,nodev evalkit-sandbox /tmp
+mkdir -m 700 /tmp/work
+cp solution.py tests.py /tmp/work/
+chown {uid}:{gid} /tmp/work
+cd /tmp/work
+export HOME=/tmp/work TMPDIR=/tmp/work
+exec "$@"
+"""
+TMPFS_MB = 64
+
+
 def _candidate_prefixes() -> list[tuple[str, tuple[str, ...], int | None, int | None]]:
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    unshare, setpriv, sh = shutil.which("unshare"), shutil.which("setpriv"), shutil.which("sh")
     ns = ("--mount", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc", "--")
     out: list[tuple[str, tuple[str, ...], int | None, int | None]] = []
     if os.geteuid() == 0:
         uid, gid = _nobody()
         if setpriv:
             drop = (setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--")
+            if unshare and sh:
+                script = _PRIVATE_TMP.format(mb=TMPFS_MB, uid=uid, gid=gid)
+                out.append(("namespaces+tmpfs+uid", (unshare, *ns, sh, "-c", script, "sandbox", *drop), uid, gid))
             if unshare:
                 out.append(("namespaces+uid", (unshare, *ns, *drop), uid, gid))
             out.append(("uid", drop, uid, gid))
@@ -386,7 +413,7 @@ def _execute(iso: Isolation, code: str, tests: str, entry_point: str | None, tim
         work = root / "work"
         work.mkdir(mode=0o700)
         for name, text in (("solution.py", code), ("tests.py", tests)):
-            (work / name).write_text(text, encoding="utf-8")
+            (work / name).write_bytes(text.encode("utf-8", "replace"))  # lone surrogates from JSON
             (work / name).chmod(0o444)
         if iso.uid is not None:
             os.chown(work, iso.uid, iso.gid if iso.gid is not None else -1)
@@ -448,6 +475,9 @@ def _verdict(root: Path, nonce: str, rc: int, timed_out: bool, timeout_s: float)
             return "error", _clean(f"reported a pass but exited with code {rc}")
         return status, _clean(detail or output)
     if rc < 0:  # no harness in between (or it was killed): our direct child died by a signal
-        name = signal.Signals(-rc).name
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
         return "killed", _clean(_SIGNALS.get(name, name))
     return "error", _clean(f"exited with code {rc} without a result" + (f": {output}" if output.strip() else ""))

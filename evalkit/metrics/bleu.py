@@ -57,10 +57,20 @@ class PairedScore:
     baseline: float
     system: float
     diff: float
-    ci_low: float
-    ci_high: float
+    ci_low: float | None
+    ci_high: float | None
     p_value: float
     n: int
+
+    @property
+    def significant(self) -> bool:
+        """The bootstrap interval of the difference excludes zero. (sacrebleu's AR p-value is reported
+        beside it, but on a handful of segments it is not trustworthy: it can print 0.001 for n = 2.)"""
+        return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 0 or self.ci_high < 0)
+
+
+def _opt(x: float | None) -> float | None:
+    return None if x is None else float(x)
 
 
 def paired_comparison(
@@ -86,7 +96,7 @@ def paired_comparison(
         diffs = _resampled_scores(metric, s_stats, idx) - _resampled_scores(metric, b_stats, idx)
         b = metric.corpus_score(list(baseline_hyps), [list(refs)]).score
         s = metric.corpus_score(list(system_hyps), [list(refs)]).score
-        lo, hi = np.percentile(diffs, [2.5, 97.5])
+        lo, hi = np.percentile(diffs, [2.5, 97.5]) if len(refs) >= 2 else (None, None)  # no interval from one segment
         p = results_by_metric[name][1].p_value
-        out.append(PairedScore(name, float(b), float(s), float(s - b), float(lo), float(hi), float(p if p is not None else 1.0), len(refs)))
+        out.append(PairedScore(name, float(b), float(s), float(s - b), _opt(lo), _opt(hi), float(p if p is not None else 1.0), len(refs)))
     return out

@@ -35,16 +35,20 @@ TABLE_COLUMNS = {
     "pairwise": ["deployment", "reference", "category", "n_ratings", "n_items", "wins", "ties", "losses",
                  "win_rate", "win_low", "win_high", "tie_rate", "tie_low", "tie_high", "loss_rate", "loss_low",
                  "loss_high", "net", "net_low", "net_high"],
-    "agreement": ["mode", "category", "alpha", "level", "n_raters", "n_units", "n_pairable_units"],
+    "agreement": ["mode", "category", "alpha", "level", "n_raters", "n_items", "n_units", "n_pairable_units"],
 }
 
 
 def ratings_frame(run_dir: Path) -> pd.DataFrame:
-    """Every imported rating, de-blinded: one row per (rater, item, deployment[, vs reference])."""
+    """Every imported rating, de-blinded: one row per (rater, item, deployment[, vs reference]).
+
+    Rows a rater left blank are stored on import but are not ratings, so they are left out here.
+    """
     rows: list[dict[str, Any]] = []
     for path in sorted(imported_dir(Path(run_dir)).glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
-        rows += [{"mode": data["mode"], **r} for r in data["rows"]]
+        rows += [{"mode": data["mode"], **r} for r in data["rows"]
+                 if r.get("score") is not None or r.get("choice") is not None]
     frame = pd.DataFrame(rows, columns=RATING_COLUMNS)
     frame["score"] = pd.to_numeric(frame["score"], errors="coerce")
     return frame
@@ -152,5 +156,6 @@ def _agreement(frame: pd.DataFrame, mode: str, column: str, domain: list[int]) -
     rows = []
     for cat, c in _by_category(frame):
         triples = list(zip(c["rater_id"], zip(c["item_id"], c["deployment"]), c[column]))
-        rows.append(as_row(agreement(triples, "ordinal", domain), mode=mode, category=cat))
+        rows.append(as_row(agreement(triples, "ordinal", domain), mode=mode, category=cat,
+                           n_items=c["item_id"].nunique()))
     return rows

@@ -159,10 +159,11 @@ def _read_xlsx(path: Path) -> list[list[str]]:
     from zipfile import BadZipFile
 
     from openpyxl import load_workbook
+    from openpyxl.utils.exceptions import InvalidFileException
 
     try:
         wb = load_workbook(path, read_only=True, data_only=True)  # data_only: never a formula, only values
-    except (BadZipFile, OSError, KeyError, ValueError) as e:
+    except (BadZipFile, InvalidFileException, OSError, KeyError, ValueError) as e:
         raise RatingSheetError(str(path), f"not a readable .xlsx file ({e})") from None
     try:
         ws = wb["ratings"] if "ratings" in wb.sheetnames else wb.worksheets[0]

@@ -237,7 +237,7 @@ class PromptsSuite(Suite):
                             rows.append(ComparisonRow(dep, ref, self.name, cat, f"{p.metric}_en-{lang}", p.system, p.baseline,
                                                       p.diff, p.ci_low, p.ci_high, p.p_value, p.n,
                                                       "paired bootstrap CI; approximate randomization p (sacrebleu)",
-                                                      p.p_value < 0.05))
+                                                      p.significant))
                     continue
                 metric = "pass" if cat == "code" else "contains"
                 a = [per_item[ref][b["item_id"]][metric] for b, _ in pairs]

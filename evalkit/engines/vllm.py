@@ -1,0 +1,391 @@
+"""vLLM engine (in-process `vllm.LLM`, V1 engine): batched generation with per-request timings, log-probabilities.
+
+vLLM starts its engine core (and, on CPU, a worker) as child processes with the `spawn` method, so the
+process that builds a `VllmEngine` must run its entry point under `if __name__ == "__main__":`
+(`python -m evalkit.worker` and pytest do).
+
+API facts this module relies on (checked against vLLM 0.32 sources, `vllm/entrypoints/llm.py`,
+`vllm/v1/engine/llm_engine.py`, `vllm/v1/sample/sampler.py`, `vllm/sampling_params.py`):
+
+- `RequestOutput.metrics` is None offline: `LLM` sets `disable_log_stats=True` unless told otherwise,
+  and only then does the output processor keep a `RequestStateStats`. Even with stats on it holds
+  `arrival_time` (wall clock), `first_token_latency` and engine-core monotonic `first_token_ts` /
+  `last_token_ts`, but no per-request finish time on the caller's side. So `generate` runs vLLM's own
+  loop (`LLMEngine.add_request` + `step()`, exactly what `LLM.generate` does inside) with
+  `RequestOutputKind.DELTA`, and timestamps each request's first token and finish as `step()` hands them
+  over: precise to one engine step, and what a caller of the engine really sees.
+- `prompt_logprobs=k` returns, per prompt position, the actual token first (with its true rank) then
+  the top-k in rank order; position 0 has none. `prompt_logprobs=0` returns only the actual token.
+  Requests with prompt logprobs skip reading the prefix cache (`skip_reading_prefix_cache`), so every
+  score is a full pass.
+- `logprob_token_ids=[...]` (at most 128 ids) returns the log-probabilities of exactly those ids at a
+  sampled position, gathered from the sampler's `raw_logprobs`: log-softmax over the full vocabulary
+  of the model's logits in float32, before any logits processor or temperature (`logprobs_mode`
+  "raw_logprobs", which we pin). That is the exact single-pass answer for `next_token_logprobs`.
+- `max_logprobs` bounds `prompt_logprobs`/`logprobs` (not `logprob_token_ids`); we set it to 100.
+- `flat_logprobs=True` returns `FlatLogprobs` (flat lists instead of one dict per position: far less
+  garbage for long sequences), and `detokenize=False` skips decoding every top-k token's text.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import vllm
+from vllm.inputs import TokensPrompt
+from vllm.logprobs import FlatLogprobs
+from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+from evalkit.config import VllmOptions
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.errors import EngineUnavailableError
+
+MAX_TOP_K = 100  # score(top_k) up to this; passed to vLLM as max_logprobs
+MAX_CANDIDATES_PER_PASS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS
+PROMPT_TOO_LONG = "prompt_too_long"  # finish_reason for a prompt that leaves no room (as the llama.cpp engine)
+_FP8_QUANT = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt")
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, model_path: str, options: VllmOptions) -> None:
+        self.options = options
+        self.model_path = str(model_path)
+        if options.quantization in _FP8_QUANT and _device_type() == "cpu":
+            raise EngineUnavailableError(
+                f"model {self.model_path}",
+                f"vLLM's CPU backend has no FP8 kernels (quantization {options.quantization!r}); "
+                "use the fp8-weight variant (FP8 rounding emulated in 16-bit) with quantization unset",
+            )
+        start = time.perf_counter()
+        self._llm = vllm.LLM(
+            model=self.model_path,
+            dtype=options.dtype,
+            quantization=options.quantization,
+            tensor_parallel_size=options.tensor_parallel_size,
+            max_model_len=options.max_model_len,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            max_num_seqs=options.max_num_seqs,
+            enforce_eager=options.enforce_eager,
+            kv_cache_dtype=options.kv_cache_dtype,
+            seed=options.seed,
+            enable_prefix_caching=True,
+            max_logprobs=MAX_TOP_K,
+            logprobs_mode="raw_logprobs",  # next_token_logprobs/score need the unprocessed log-softmax
+        )
+        self._load_s = time.perf_counter() - start
+        self._engine = self._llm.llm_engine
+        self._model_config = self._engine.model_config
+        self._tok = self._llm.get_tokenizer()
+        self._max_model_len = int(self._model_config.max_model_len)
+        self._vocab_size = int(self._model_config.get_vocab_size())
+        bos = getattr(self._tok, "bos_token_id", None)
+        self._bos: int | None = int(bos) if bos is not None else None
+        # Whether the tokenizer adds BOS is read from what it does, not from a flag: saved HF
+        # tokenizers carry it in their post-processor and the `add_bos_token` attribute can disagree.
+        probe = self._tok("a", add_special_tokens=True).input_ids
+        self._add_bos = self._bos is not None and probe[:1] == [self._bos]
+        template = getattr(self._tok, "chat_template", None)
+        self._chat_template: str | None = template if isinstance(template, str) and template else None
+        self._use_chat = self._chat_template is not None and options.chat_template == "auto"
+        self._batches = itertools.count()
+        self._closed = False
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        # split_special_tokens: text that spells a special token ("<eos>") stays text, as llama.cpp's
+        # tokenize(special=False) does; add_special_tokens adds BOS (and EOS, if this tokenizer adds one,
+        # as llama.cpp's add_special does) only when the tokenizer is set to.
+        return list(self._tok(text, add_special_tokens=add_bos, split_special_tokens=True).input_ids)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        # Special tokens are not rendered, like vLLM's own output text and llama.cpp's detokenize().
+        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        if self._use_chat and request.chat:
+            return chat_prompt_ids(self._tok, request.prompt, add_bos=self._add_bos, bos_token_id=self._bos)
+        return self.tokenize(request.prompt, add_bos=True)
+
+    def prompt_format(self, request: GenRequest) -> str:
+        return "chat" if request.chat and self._use_chat and request.prompt_token_ids is None else "completion"
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        """All requests go to vLLM at once (continuous batching); returns their results in request order.
+
+        ttft_s / total_s are measured from the moment this method was called (all requests arrive
+        together, so they include prompt rendering and any wait for a batch slot): the first token is
+        stamped when `step()` returns the request's first output, the end when it returns it finished.
+        The whole batch runs before the first result is handed out: if results were yielded while
+        the engine still ran, the caller's work between yields (writing records) would stall the step
+        loop and inflate every later request's timings.
+        """
+        called = time.perf_counter()
+        requests = list(requests)
+        batch = next(self._batches)
+        states: dict[str, _Pending] = {}
+        results: list[GenResult | None] = [None] * len(requests)
+        to_run: list[tuple[str, list[int], VllmSamplingParams]] = []
+        for i, req in enumerate(requests):
+            ids = self.prompt_token_ids(req)
+            fmt = self.prompt_format(req)
+            if not ids or len(ids) >= self._max_model_len:
+                results[i] = GenResult(
+                    key=req.key, prompt_token_ids=ids, output_text="", output_token_ids=[], prompt_format=fmt,
+                    finish_reason=PROMPT_TOO_LONG if ids else "empty_prompt", ttft_s=None,
+                    total_s=time.perf_counter() - called,
+                )
+                continue
+            params = VllmSamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=req.max_tokens or sampling.max_tokens,
+                seed=sampling.seed,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            rid = f"evalkit-{batch}-{i}"
+            states[rid] = _Pending(index=i, request=req, prompt_ids=ids, prompt_format=fmt)
+            to_run.append((rid, ids, params))
+
+        engine = self._engine
+        internal_ids: dict[str, str] = {}
+        unfinished = set()
+        try:
+            for rid, ids, params in to_run:
+                internal_ids[rid] = engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                unfinished.add(rid)
+            while unfinished:
+                outputs = engine.step()
+                now = time.perf_counter()
+                for out in outputs:
+                    st = states.get(out.request_id)
+                    if st is None:
+                        continue
+                    comp = out.outputs[0]
+                    if comp.token_ids:
+                        if st.first is None:
+                            st.first = now
+                        st.tokens.extend(comp.token_ids)
+                    if comp.text:
+                        st.text.append(comp.text)
+                    if out.finished:
+                        st.finish_reason = comp.finish_reason or "stop"
+                        st.end = now
+                        unfinished.discard(out.request_id)
+                if unfinished and not outputs and not engine.has_unfinished_requests():
+                    raise RuntimeError(f"vLLM lost {len(unfinished)} request(s) without finishing them")
+        finally:
+            if unfinished:  # an exception or an interrupt: leave nothing running in the engine
+                engine.abort_request([internal_ids[r] for r in unfinished if r in internal_ids], internal=True)
+
+        for st in states.values():
+            assert st.end is not None
+            results[st.index] = GenResult(
+                key=st.request.key,
+                prompt_token_ids=st.prompt_ids,
+                output_text="".join(st.text),
+                output_token_ids=st.tokens,
+                prompt_format=st.prompt_format,
+                finish_reason=st.finish_reason or "stop",
+                ttft_s=None if st.first is None else st.first - called,
+                total_s=st.end - called,
+            )
+        return iter([r for r in results if r is not None])
+
+    # -- likelihoods ----------------------------------------------------------------------------
+
+    def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        """Teacher-forced log-probabilities via prompt_logprobs, all sequences in one batched call."""
+        if not 0 <= top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k={top_k} is outside what this engine was started for (0..{MAX_TOP_K})")
+        seqs = [list(s) for s in sequences]
+        for s in seqs:
+            if not s:
+                raise ValueError("cannot score an empty token sequence")
+            if len(s) > self._max_model_len:
+                raise ValueError(f"sequence of {len(s)} tokens exceeds max_model_len={self._max_model_len}")
+        if not seqs:
+            return []
+        params = VllmSamplingParams(
+            temperature=0.0, max_tokens=1, prompt_logprobs=top_k, detokenize=False, flat_logprobs=True
+        )
+        outputs = self._llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], params, use_tqdm=False)
+        results = []
+        for seq, out in zip(seqs, outputs):
+            logprobs: list[float | None] = [None] * len(seq)
+            top: list[list[tuple[int, float]]] | None = [[] for _ in seq] if top_k else None
+            for pos in range(1, len(seq)):  # position 0: nothing predicts the first token
+                logprobs[pos], best = _prompt_position(out.prompt_logprobs, pos, seq[pos], top_k)
+                if top is not None:
+                    top[pos] = best
+            results.append(TokenScores(token_ids=seq, logprobs=logprobs, top=top))
+        return results
+
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
+        """Full-vocabulary log-softmax at the position after each prompt, read at `candidates`.
+
+        One pass per prompt (per 128 distinct candidates): `logprob_token_ids` gathers the exact
+        values from vLLM's raw log-softmax over the whole vocabulary. Rejected alternatives:
+        `logprobs=K` only sees the top-K (a candidate below it has no value); `allowed_token_ids`
+        renormalises over the candidates in processed modes; scoring prompt+[candidate] with
+        prompt_logprobs costs one pass per candidate. Prefix caching makes shared few-shot prefixes cheap.
+        """
+        prompts = [list(p) for p in prompts]
+        uniq = list(dict.fromkeys(int(c) for c in candidates))
+        for c in uniq:
+            if not 0 <= c < self._vocab_size:
+                raise ValueError(f"candidate token id {c} is outside the vocabulary (0..{self._vocab_size - 1})")
+        for p in prompts:
+            if not p:
+                raise ValueError("next_token_logprobs needs a non-empty prompt")
+            if len(p) >= self._max_model_len:
+                raise ValueError(f"prompt of {len(p)} tokens leaves no room in max_model_len={self._max_model_len}")
+        if not uniq:
+            return [[] for _ in prompts]
+        if not prompts:
+            return []
+        values: list[dict[int, float]] = [{} for _ in prompts]
+        for start in range(0, len(uniq), MAX_CANDIDATES_PER_PASS):
+            chunk = uniq[start : start + MAX_CANDIDATES_PER_PASS]
+            params = VllmSamplingParams(
+                temperature=0.0, max_tokens=1, logprob_token_ids=chunk, detokenize=False, flat_logprobs=True
+            )
+            outputs = self._llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            for i, out in enumerate(outputs):
+                sample_lps = out.outputs[0].logprobs
+                if not sample_lps:
+                    raise RuntimeError("vLLM returned no logprobs for logprob_token_ids")
+                if isinstance(sample_lps, FlatLogprobs):
+                    # The sampled token comes first, then the requested ids in the order asked.
+                    a, b = sample_lps.start_indices[0], sample_lps.end_indices[0]
+                    got = list(zip(sample_lps.token_ids[a + 1 : b], sample_lps.logprobs[a + 1 : b]))
+                    if [t for t, _ in got] != chunk:
+                        raise RuntimeError("vLLM returned logprob_token_ids in an unexpected order")
+                else:  # a dict per position (flat logprobs not honoured): keyed by token id
+                    got = [(t, sample_lps[0][t].logprob) for t in chunk]
+                values[i].update(got)
+        return [[values[i][int(c)] for c in candidates] for i in range(len(prompts))]
+
+    # -- description ----------------------------------------------------------------------------
+
+    def info(self) -> EngineInfo:
+        mc = self._model_config
+        cache = self._engine.vllm_config.cache_config
+        extra: dict[str, Any] = {
+            "dtype": str(mc.dtype).removeprefix("torch."),
+            "quantization": mc.quantization,
+            "tensor_parallel_size": self._engine.vllm_config.parallel_config.tensor_parallel_size,
+            "device": _device_name(),
+            "kv_cache_dtype": cache.cache_dtype,
+            "kv_cache_tokens": _kv_cache_tokens(cache),
+            "enforce_eager": mc.enforce_eager,
+            "enable_prefix_caching": bool(cache.enable_prefix_caching),
+            "gpu_memory_utilization": cache.gpu_memory_utilization,
+            "max_num_seqs": self._engine.vllm_config.scheduler_config.max_num_seqs,
+            "logprobs_mode": mc.logprobs_mode,
+            "seed": mc.seed,
+            "tokenizer_size": len(self._tok),
+        }
+        if self._chat_template is not None:
+            extra["chat_template_sha256"] = hashlib.sha256(self._chat_template.encode()).hexdigest()
+        return EngineInfo(
+            engine=self.name,
+            engine_version=vllm.__version__,
+            model_path=self.model_path,
+            add_bos=self._add_bos,
+            bos_token_id=self._bos,
+            chat_template="hf:tokenizer.chat_template" if self._use_chat else None,
+            vocab_size=self._vocab_size,
+            n_ctx=self._max_model_len,
+            load_s=self._load_s,
+            extra=extra,
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._engine.engine_core.shutdown()  # stops the engine-core and worker processes now
+        finally:
+            del self._engine, self._llm
+            gc.collect()
+
+
+@dataclass
+class _Pending:
+    index: int
+    request: GenRequest
+    prompt_ids: list[int]
+    prompt_format: str
+    tokens: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    first: float | None = None
+    end: float | None = None
+    finish_reason: str | None = None
+
+
+def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id: int | None) -> list[int]:
+    """One user turn through the tokenizer's chat template, with the generation prompt.
+
+    The rendered text is tokenized with special tokens parsed (the template writes them) and no
+    automatic specials; BOS is prepended when the model adds one and the template did not write it,
+    which is what the llama.cpp engine does with the same template.
+    """
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+    if add_bos and bos_token_id is not None and ids[:1] != [bos_token_id]:
+        ids.insert(0, bos_token_id)
+    return ids
+
+
+def _prompt_position(lps: Any, pos: int, token: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The prompt token's logprob at `pos` and the top-k there, sorted by logprob (highest first)."""
+    if isinstance(lps, FlatLogprobs):
+        # vLLM writes the prompt token first (with its true rank), then the top-k in rank order.
+        a, b = lps.start_indices[pos], lps.end_indices[pos]
+        if lps.token_ids[a] != token:
+            raise RuntimeError(f"vLLM prompt logprobs out of step at position {pos}: {lps.token_ids[a]} != {token}")
+        best = list(zip(lps.token_ids[a + 1 : b], lps.logprobs[a + 1 : b]))[:top_k]
+        return lps.logprobs[a], sorted(best, key=lambda e: -e[1])
+    d = lps[pos]  # a dict {token id: Logprob} (flat logprobs not honoured): the prompt token plus the top-k
+    best = [(t, lp.logprob) for t, lp in d.items() if lp.rank is not None and lp.rank <= top_k]
+    return d[token].logprob, sorted(best, key=lambda e: -e[1])
+
+
+def _device_type() -> str:
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def _device_name() -> str:
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type == "cpu":
+        return "cpu"
+    try:
+        return str(current_platform.get_device_name(0))
+    except Exception:  # a platform without a name query still has a type
+        return str(current_platform.device_type)
+
+
+def _kv_cache_tokens(cache: Any) -> int | None:
+    blocks = getattr(cache, "num_gpu_blocks", None)
+    size = getattr(cache, "block_size", None)
+    if blocks is None or size is None:
+        return None
+    return int(blocks) * int(size)

