@@ -270,7 +270,14 @@ def uncached(engine: Engine) -> Engine:
     return engine
 
 
-def wrap_engine(engine: Engine, deployment: Any, resolved: Mapping[str, Any], enabled: bool = True, replicate: int = 0) -> CachedEngine:
+def wrap_engine(
+    engine: Engine,
+    deployment: Any,
+    resolved: Mapping[str, Any],
+    enabled: bool = True,
+    replicate: int = 0,
+    root: Path | None = None,
+) -> CachedEngine:
     """The worker's hook: `deployment` is the config's deployment, `resolved` its manifest entry (sha256, variant)."""
     parts = key_parts_from_info(engine.info(), resolved.get("variant"), deployment.options, resolved.get("sha256"), replicate)
-    return CachedEngine(engine, parts, enabled=enabled)
+    return CachedEngine(engine, parts, enabled=enabled, root=root)

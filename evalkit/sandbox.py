@@ -14,10 +14,13 @@ Layers, strongest first (`isolation()` probes once which ones this machine suppo
   the repo, run directories and /root. In the mount namespace the world-writable directories (/tmp,
   /var/tmp, /dev/shm, /run/lock) are private tmpfs and the work dir lives on a 64 MB tmpfs: the code
   can write nowhere on the host and cannot fill the disk. It can still read world-readable files.
-- rlimits set before the code is loaded: address space, CPU time, processes (RLIMIT_NPROC is per uid,
-  so it only bites once the uid is not root), file size, open files, no core dumps.
-- a wall-clock timeout that SIGKILLs the whole process group; `python -I -S` with a minimal env.
-- defence in depth only: sockets raise inside the interpreter (bypassable by C code, hence the netns).
+- rlimits set by the harness before the code is loaded (not in preexec_fn, which is unsafe in threaded
+  parents): address space, CPU time, processes (RLIMIT_NPROC is per uid, so it only bites once the
+  uid is not root), file size (also caps captured output), open files, no core dumps.
+- a wall-clock timeout that SIGKILLs the whole process group; `python -I -S` (standard library only)
+  with a minimal env. The interpreter is the first one the sandbox uid can fully read.
+- defence in depth only: sockets raise inside the interpreter (bypassable, e.g. by re-importing
+  `_socket`; the network namespace is what really holds).
 The verdict travels on a private file descriptor, prefixed by a per-run nonce and backed by the exit
 code, so an early `os._exit(0)` or stray output is an error, never a pass.
 """
@@ -209,12 +212,18 @@ def _entry_from_prompt(prompt: str | None) -> str | None:
 
 
 def _fenced_blocks(output: str) -> list[str]:
+    """Bodies of Python (or untagged) fenced blocks, as written (not dedented)."""
     blocks = [m.group("body") for m in _FENCE.finditer(output) if m.group("lang").lower() in _PY_LANGS]
     if not blocks and not _FENCE.search(output):
-        m = _OPEN_FENCE.search(output)  # a block cut off by max_tokens
-        if m and m.group("lang").lower() in _PY_LANGS:
+        m = _OPEN_FENCE.search(output)  # a block cut off by max_tokens, if what follows looks like code
+        if m and m.group("lang").lower() in _PY_LANGS and any(_CODE_START.match(x) for x in m.group("body").splitlines()):
             blocks = [m.group("body")]
-    return [textwrap.dedent(b) for b in blocks]
+    return blocks
+
+
+def _before_fence(output: str) -> str:
+    m = re.search(r"^[ \t]*(?:```|~~~)", output, re.M)
+    return output[: m.start()] if m else output
 
 
 def _bare_code(output: str) -> str:
@@ -264,17 +273,20 @@ def extract_code(output: str, prompt: str | None = None, entry_point: str | None
     """
     entry = entry_point or _entry_from_prompt(prompt)
     blocks = _fenced_blocks(output)
-    if blocks:
-        code = next((b for b in blocks if entry and _defines(b, entry)), blocks[0])
-    elif prompt is not None and entry and not _defines(output, entry):
-        return _complete(prompt, output)  # a continuation: indentation matters, take it verbatim
-    else:
-        code = _bare_code(output)
-    if prompt is not None and entry:
-        if not _defines(code, entry):
-            return _complete(prompt, code)
-        return _prompt_imports(prompt) + code  # e.g. `from typing import List` used by annotations
-    return code
+    defining = [b for b in blocks if entry and _defines(b, entry)]
+    if prompt is None or not entry:
+        chosen = defining[0] if defining else blocks[0] if blocks else None
+        return textwrap.dedent(chosen) if chosen is not None else _bare_code(output)
+    imports = _prompt_imports(prompt)  # e.g. `from typing import List` used by the annotations
+    if defining:
+        return imports + textwrap.dedent(defining[0])
+    # a completion: the body continues the signature, often closing an imagined ``` block after it
+    head = _before_fence(output)
+    if _defines(head, entry):
+        return imports + _bare_code(head)
+    if head.strip() or not blocks:
+        return _complete(prompt, head)
+    return _complete(prompt, blocks[0])  # a fenced body-only block: keep its indentation
 
 
 # --- isolation probing ----------------------------------------------------------------------------

@@ -18,10 +18,10 @@ ITEMS_DIR = "items"
 
 
 def neutralize_cell(value: Any) -> Any:
-    """Keep spreadsheet programs from running model output as a formula (OWASP CSV injection)."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
+    """Keep spreadsheet programs from running model output as a formula (same rule as rating sheets)."""
+    from evalkit.rating.export import neutralize
+
+    return neutralize(value) if isinstance(value, str) else value
 
 
 def records_by_suite(run: RunDir, deployments: list[str]) -> dict[str, dict[str, list[dict[str, Any]]]]:

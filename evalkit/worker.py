@@ -26,8 +26,8 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
     manifest = run.manifest()
     config = Config.model_validate(manifest["config"])
     config_file = Path(manifest["config_file"])
-    deployment = config.deployment(deployment_name)
     resolved = manifest["deployments"][deployment_name]
+    deployment = config.deployment(resolved.get("base", deployment_name))  # a noise-floor rerun uses its base's spec
     suites = enabled_suites(config, config_file)
 
     done = run.done_keys(deployment_name)

@@ -50,3 +50,6 @@ def test_answer_matching() -> None:
     assert contains_answer("It is Paris.", ["paris"])
     assert contains_answer("The answer is 42", ["42"])
     assert not contains_answer("The answer is 420", ["42"])  # whole words only
+    # A final "Answer:" line is what counts: numbers in the working do not.
+    assert exact_match("3 + 4 = 7, then 7 * 2 = 14.\nAnswer: 14", ["14"])
+    assert not contains_answer("We have 7 apples and 14 pears.\nAnswer: 7", ["14"])

@@ -260,7 +260,7 @@ def test_reimport_is_idempotent_and_correction_replaces(run: Path, tmp_path: Pat
 
 def test_resaved_sheet_variants_import_the_same(run: Path, tmp_path: Path) -> None:
     """What spreadsheets do on save: no BOM, other quoting/separator, 3 -> "3.0", apostrophes dropped,
-    rows reordered, blank trailing rows, partly unrated rows."""
+    rows reordered, blank trailing rows."""
     (sheet,) = export_sheets(run, raters=1)
     reference_rows = ratings_of(run, fill(run, sheet, tmp_path / "plain.csv"))
     rows = read_csv(tmp_path / "plain.csv")
@@ -273,6 +273,16 @@ def test_resaved_sheet_variants_import_the_same(run: Path, tmp_path: Path) -> No
                         quoting=csv.QUOTE_MINIMAL, delimiter=";")
     assert not resaved.read_bytes().startswith(b"\xef\xbb\xbf")
     assert ratings_of(run, resaved) == reference_rows
+
+
+def test_unrated_rows_are_missing_not_errors(run: Path, tmp_path: Path) -> None:
+    (sheet,) = export_sheets(run, raters=1)
+    rows = read_csv(fill(run, sheet, tmp_path / "partial.csv"))
+    for r in rows[1:3]:
+        r[rows[0].index("score")] = ""
+    summary = import_sheets(run, [write_csv(tmp_path / "partial.csv", rows)])
+    assert (summary.sheets[0].rated, summary.sheets[0].rows) == (22, 24)
+    assert len(ratings_frame(run)) == 22
 
 
 def ratings_of(run: Path, sheet: Path) -> list[tuple[str, str, int]]:
@@ -390,6 +400,10 @@ def test_same_rater_id_on_two_sheets_of_one_export_rejected(run: Path, tmp_path:
         r[rows[0].index("rater_id")] = "rater-1"  # rater 2 typed rater 1's id
     with pytest.raises(RatingSheetError, match="already imported from sheet"):
         import_sheets(run, [write_csv(tmp_path / "2.csv", rows)])
+    # A new export (other seed) for the same rater slot is a correction, not a clash; old sheets stay valid.
+    (new_s1, _) = export_sheets(run, raters=2, seed=1)
+    assert import_sheets(run, [fill(run, new_s1, tmp_path / "1b.csv")]).sheets[0].status == "replaced"
+    assert len(key(run)["sheets"]) == 4
 
 
 # ---------------------------------------------------------------- agreement

@@ -259,3 +259,12 @@ def test_extract_full_function_keeps_prompt_imports():
     code = extract_code(out, prompt=prompt)
     assert code == "from typing import List\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n"
     assert run_tests(code, "assert total([2, 2]) == 4\n", "total").passed
+
+
+def test_extract_completion_that_closes_an_imagined_fence():
+    prompt = "def neg(x: int) -> int:\n    \"\"\"-x\"\"\"\n"
+    for out in ("    return -x\n```\n\nThis negates x.\n", "```\n\nIn this implementation we negate.", "```python\n    return -x\n```"):
+        code = extract_code(out, prompt=prompt)
+        assert code.startswith(prompt), out
+        ok = run_tests(code, "assert neg(3) == -3\n", "neg").passed
+        assert ok == ("return -x" in out), (out, code)

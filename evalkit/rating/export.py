@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from evalkit.errors import DataError, RunDirError
+from evalkit.errors import DataError, RatingSheetError, RunDirError
 from evalkit.resources import resource_path
 from evalkit.store import RunDir, atomic_write_text
 
@@ -175,7 +175,7 @@ def export_sheets(
 ) -> list[Path]:
     """Write one blind sheet per rater under `<run>/ratings/sheets/` and record the key; returns the sheets."""
     if raters < 1:
-        raise ValueError(f"raters must be >= 1 (got {raters})")
+        raise RatingSheetError(str(run_dir), f"need at least one rater (got {raters})")
     if fmt not in ("csv", "xlsx") or mode not in COLUMNS:
         raise ValueError(f"unknown format/mode {fmt!r}/{mode!r}")
     run = RunDir.open(Path(run_dir))
@@ -263,18 +263,19 @@ def _write_xlsx(path: Path, table: list[list[str]]) -> None:
     for cell in ws[1]:
         cell.font = Font(bold=True)
     ws.freeze_panes = "A2"
-    n = len(table)
-    if "score" in header:
-        dv = DataValidation(type="whole", operator="between", formula1=str(SCORE_MIN), formula2=str(SCORE_MAX),
-                            allow_blank=True, showErrorMessage=True, error=f"Enter a whole number {SCORE_MIN}-{SCORE_MAX}")
-        dv.add(f"{get_column_letter(header.index('score') + 1)}2:{get_column_letter(header.index('score') + 1)}{n}")
-        ws.add_data_validation(dv)
-    if "choice" in header:
-        dv = DataValidation(type="list", formula1='"' + ",".join(CHOICES) + '"', allow_blank=True,
-                            showErrorMessage=True, error="Choose A, tie or B")
-        col = get_column_letter(header.index("choice") + 1)
-        dv.add(f"{col}2:{col}{n}")
-        ws.add_data_validation(dv)
+    # Spreadsheet-side input checks (a convenience; import_ validates again whatever the program did).
+    validations = {
+        "score": DataValidation(type="whole", operator="between", formula1=str(SCORE_MIN), formula2=str(SCORE_MAX),
+                                allow_blank=True, showErrorMessage=True,
+                                error=f"Enter a whole number {SCORE_MIN}-{SCORE_MAX}"),
+        "choice": DataValidation(type="list", formula1='"' + ",".join(CHOICES) + '"', allow_blank=True,
+                                 showErrorMessage=True, error="Choose A, tie or B"),
+    }
+    for name, dv in validations.items():
+        if name in header:
+            col = get_column_letter(header.index(name) + 1)
+            dv.add(f"{col}2:{col}{len(table)}")
+            ws.add_data_validation(dv)
     buf = io.BytesIO()
     wb.save(buf)
     _atomic_write_bytes(path, buf.getvalue())

