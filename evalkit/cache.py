@@ -152,6 +152,20 @@ def _scores_from_json(d: dict[str, Any]) -> TokenScores:
     return TokenScores(token_ids=d["token_ids"], logprobs=d["logprobs"], top=top)
 
 
+_REQUEST_FIELDS_IN_PROMPT = {"key", "prompt", "chat", "prompt_token_ids", "max_tokens"}
+
+
+def _generate_payload(req: GenRequest, sampling: SamplingParams, prompt_ids: list[int]) -> dict[str, Any]:
+    """What a generation depends on: the fed tokens, every sampling field, the effective max_tokens, and
+    any other GenRequest field (e.g. a future ignore_eos) when it differs from its default."""
+    payload: dict[str, Any] = {"prompt_token_ids": list(prompt_ids), **asdict(sampling)}
+    payload["max_tokens"] = req.max_tokens or sampling.max_tokens
+    for f in fields(req):
+        if f.name not in _REQUEST_FIELDS_IN_PROMPT and getattr(req, f.name) != f.default:
+            payload[f.name] = getattr(req, f.name)
+    return payload
+
+
 class CachedEngine(Engine):
     """An Engine whose results come from the cache when the same request was run before.
 
@@ -205,15 +219,7 @@ class CachedEngine(Engine):
         misses: list[GenRequest] = []
         keys: dict[str, str] = {}
         for req in requests:
-            payload = {
-                "prompt_token_ids": self.inner.prompt_token_ids(req),
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "max_tokens": req.max_tokens or sampling.max_tokens,
-                "seed": sampling.seed,
-            }
-            extra = {f.name: getattr(req, f.name) for f in fields(req) if f.name in ("ignore_eos", "min_tokens")}
-            payload.update({k: v for k, v in extra.items() if v})  # future GenRequest fields, only when set
+            payload = _generate_payload(req, sampling, self.inner.prompt_token_ids(req))
             key = self._key("generate", payload)
             hit = self.store.get(key)
             if hit is None:

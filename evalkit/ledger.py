@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass, replace
@@ -205,57 +206,124 @@ class WeightsInfo:
     non_embedding_bytes: int = 0  # safetensors: bytes outside embedding/lm_head (for FP8 arithmetic)
 
 
-def _gguf_value(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    value = field.contents()
-    if isinstance(value, list) and value and not isinstance(value[0], str):
-        return max(value) if all(isinstance(v, (int, float)) for v in value) else value
-    return value
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY, _SMALL_ARRAY = 8, 9, 4096
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    meta: dict[str, Any]  # scalars, and arrays of at most _SMALL_ARRAY elements as lists
+    array_lengths: dict[str, int]  # every array's length (the vocabulary is one)
+    tensors: list[tuple[str, tuple[int, ...], int, int]]  # name, shape, ggml type, offset in the data section
+
+
+def read_gguf_header(path: Path) -> GgufHeader:
+    """GGUF v2/v3 metadata and tensor infos, skipping large arrays.
+
+    Written here because gguf.GGUFReader builds numpy views for every array element: 26 s for Gemma 3's
+    262,144-token vocabulary on this machine, for a ledger that needs a dozen scalars and tensor shapes.
+    """
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        pos = 0
+
+        def take(fmt: str) -> Any:
+            nonlocal pos
+            (v,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        def string() -> str:
+            nonlocal pos
+            n = take("<Q")
+            pos += n
+            return bytes(buf[pos - n : pos]).decode("utf-8", "replace")
+
+        def value(kind: int, key: str) -> Any:
+            nonlocal pos
+            if kind == _GGUF_STRING:
+                return string()
+            if kind != _GGUF_ARRAY:
+                return take(_GGUF_SCALARS[kind])
+            elem, n = take("<I"), take("<Q")
+            lengths[key] = n
+            if n <= _SMALL_ARRAY:
+                return [value(elem, key) for _ in range(n)]
+            if elem == _GGUF_STRING:
+                for _ in range(n):
+                    skip = take("<Q")  # not `pos += take(...)`: that would add to the pre-call pos
+                    pos += skip
+            else:
+                pos += n * struct.calcsize(_GGUF_SCALARS[elem])
+            return None
+
+        pos = 4
+        if bytes(buf[:4]) != b"GGUF" or take("<I") < 2:  # v1 used 32-bit lengths
+            raise ValueError(f"{path}: not a GGUF v2+ file")
+        n_tensors, n_kv = take("<Q"), take("<Q")
+        meta: dict[str, Any] = {}
+        lengths: dict[str, int] = {}
+        for _ in range(n_kv):
+            key = string()
+            meta[key] = value(take("<I"), key)
+        tensors = []
+        for _ in range(n_tensors):
+            name = string()
+            shape = tuple(take("<Q") for _ in range(take("<I")))
+            tensors.append((name, shape, take("<I"), take("<Q")))
+    return GgufHeader(meta, lengths, tensors)
+
+
+def gguf_tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    import gguf  # block sizes per ggml type: (weights per block, bytes per block)
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    return math.prod(shape) // block * size
 
 
 def gguf_weights(path: Path) -> WeightsInfo:
-    """Exact tensor bytes and the architecture from a GGUF's metadata (gguf.GGUFReader, memory-mapped)."""
+    """Exact tensor bytes and the architecture from a GGUF's metadata."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    arch = str(_gguf_value(reader, "general.architecture"))
-    g = lambda key, default=None: _gguf_value(reader, f"{arch}.{key}", default)  # noqa: E731
+    head = read_gguf_header(path)
+    meta = head.meta
+    arch = str(meta.get("general.architecture"))
+
+    def g(key: str, default: Any = None) -> Any:
+        v = meta.get(f"{arch}.{key}", default)
+        return max(v) if isinstance(v, list) and v and not isinstance(v[0], bool) else v  # per-layer arrays
+
     n_layers, hidden, heads = int(g("block_count")), int(g("embedding_length")), int(g("attention.head_count"))
     head_dim = int(g("attention.key_length", hidden // heads))
     window = g("attention.sliding_window")
-    pattern_field = reader.fields.get(f"{arch}.attention.sliding_window_pattern")
-    if pattern_field is not None and isinstance(pattern_field.contents(), list):
-        swa = tuple(bool(v) for v in pattern_field.contents())  # per-layer flags, as newer converters write
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        swa = tuple(bool(v) for v in pattern)  # per-layer flags, as newer converters write them
     else:
-        n = int(g("attention.sliding_window_pattern", SWA_PATTERN.get(arch, 0)) or 0)
+        n = int(pattern or SWA_PATTERN.get(arch, 0))
         swa = tuple((i % n) < (n - 1) for i in range(n_layers)) if n else ()
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = len(tokens.data) if tokens is not None else int(g("vocab_size", 0))
-    names = {t.name for t in reader.tensors}
     spec = ArchSpec(
-        name=str(_gguf_value(reader, "general.name", arch)),
+        name=str(meta.get("general.name", arch)),
         n_layers=n_layers,
         hidden=hidden,
         n_heads=heads,
         n_kv_heads=int(g("attention.head_count_kv", heads)),
         head_dim=head_dim,
         value_dim=int(g("attention.value_length", head_dim)),
-        vocab=vocab,
-        n_params=sum(int(t.n_elements) for t in reader.tensors),
-        tied_embeddings="output.weight" not in names,
+        vocab=head.array_lengths.get("tokenizer.ggml.tokens") or int(g("vocab_size", 0)),
+        n_params=sum(math.prod(shape) for _, shape, _, _ in head.tensors),
+        tied_embeddings=all(name != "output.weight" for name, _, _, _ in head.tensors),
         intermediate=int(g("feed_forward_length", 0)),
         context_length=int(g("context_length", 0)) or None,
         sliding_window=int(window) if window and swa else None,
         swa_layers=swa if window else (),
     )
-    file_type = _gguf_value(reader, "general.file_type")
+    file_type = meta.get("general.file_type")
     try:
         precision = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "?"
     except ValueError:
         precision = f"file_type {file_type}"
-    return WeightsInfo(spec, sum(int(t.n_bytes) for t in reader.tensors), precision)
+    weights = sum(gguf_tensor_bytes(shape, t) for _, shape, t, _ in head.tensors)
+    return WeightsInfo(spec, weights, precision)
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:

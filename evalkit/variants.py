@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
+import signal
+import struct
 import subprocess
 import sys
 import time
@@ -321,33 +324,84 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
     except ImportError:
         raise VariantError(str(path), "the gguf package is not installed (pip install 'evalkit[prepare]')") from None
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # the gguf reader raises bare ValueErrors/struct errors on corrupt files
+        kv, tensor_types = _read_gguf_header(path)
+    except (OSError, ValueError, struct.error) as e:
         raise VariantError(str(path), f"cannot read GGUF metadata: {_first_line(e)}") from None
-
-    def field(key: str, default: Any = None) -> Any:
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
-
-    file_type = field("general.file_type")
+    file_type = kv.get("general.file_type")
     try:
         file_type_name = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
     except ValueError:
         file_type_name = str(file_type)
     types: dict[str, int] = {}
-    for t in reader.tensors:
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    for t in tensor_types:
+        try:
+            name = gguf.GGMLQuantizationType(t).name
+        except ValueError:
+            name = str(t)
+        types[name] = types.get(name, 0) + 1
     return {
-        "architecture": field("general.architecture"),
-        "add_bos": bool(field("tokenizer.ggml.add_bos_token", False)),
-        "add_eos": bool(field("tokenizer.ggml.add_eos_token", False)),
-        "bos_token_id": field("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": field("tokenizer.ggml.eos_token_id"),
-        "chat_template": field("tokenizer.chat_template"),
+        "architecture": kv.get("general.architecture"),
+        "add_bos": bool(kv.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos": bool(kv.get("tokenizer.ggml.add_eos_token", False)),
+        "bos_token_id": kv.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": kv.get("tokenizer.ggml.eos_token_id"),
+        "chat_template": kv.get("tokenizer.chat_template"),
         "file_type": file_type_name,
         "tensor_types": types,
         "is_16bit": set(types) <= _16BIT_GGUF_TYPES,
     }
+
+
+# GGUF value type id -> struct format (8: string, 9: array are handled apart).
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[int]]:
+    """Scalar/string metadata and tensor type ids of a GGUF file; arrays (the vocabulary) are skipped.
+
+    Hand-rolled because gguf.GGUFReader materialises every array element as a numpy view: ~5-30 s for
+    Gemma's 262k-token vocabulary, and this runs on every `run` (manifest) as well as every prepare.
+    """
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF":
+            raise ValueError("not a GGUF file")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old")
+        pos = 24
+
+        def string(p: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", m, p)
+            return m[p + 8 : p + 8 + n].decode("utf-8", errors="replace"), p + 8 + n
+
+        def value(vtype: int, p: int, keep: bool) -> tuple[Any, int]:
+            if vtype == 8:
+                return string(p)
+            if vtype == 9:
+                etype, count = struct.unpack_from("<IQ", m, p)
+                p += 12
+                if etype in _GGUF_SCALARS:  # fixed size: jump over
+                    return None, p + count * struct.calcsize(_GGUF_SCALARS[etype])
+                for _ in range(count):
+                    _, p = value(etype, p, False)
+                return None, p
+            fmt = _GGUF_SCALARS[vtype]
+            return (struct.unpack_from(fmt, m, p)[0] if keep else None), p + struct.calcsize(fmt)
+
+        kv: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (vtype,) = struct.unpack_from("<I", m, pos)
+            kv[key], pos = value(vtype, pos + 4, True)
+        types = []
+        for _ in range(n_tensors):
+            _, pos = string(pos)
+            (n_dims,) = struct.unpack_from("<I", m, pos)
+            pos += 4 + 8 * n_dims
+            (ttype,) = struct.unpack_from("<I", m, pos)
+            types.append(ttype)
+            pos += 4 + 8
+    return kv, types
 
 
 def _require_transformers(source: str) -> tuple[Any, Any]:
@@ -488,6 +542,7 @@ def _run_llama_helper(source: str, args: list[str], *, progress: bool, stdin: st
         input=stdin,
         capture_output=True,
         text=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -496,6 +551,14 @@ def _run_llama_helper(source: str, args: list[str], *, progress: bool, stdin: st
             raise VariantError(source, "llama-cpp-python is not installed (pip install 'evalkit[llamacpp]')")
         raise VariantError(source, f"llama.cpp {args[0]} failed (exit {proc.returncode}): {tail}")
     return json.loads(lines[-1])
+
+
+def _die_with_parent() -> None:
+    # A killed prepare must not leave its quantizer running (and writing) as an orphan.
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def llama_tokenize(gguf: Path, texts: list[str], *, add_bos: bool) -> list[list[int]]:

@@ -220,7 +220,7 @@ def _fails(seed: int, dep: str, key: str, n_wrong: int, n: int, drift: float) ->
     return set(_rng(seed, dep, key).choice(n, size=min(k, n), replace=False).tolist()) if k else set()
 
 
-def _prompt_output(item: Any, wrong: bool, dep: str, index: int) -> str:
+def _prompt_output(item: Any, wrong: bool, dep: str) -> str:
     d = item.data
     if item.category == "code":
         body = d.get("canonical_solution", "")
@@ -232,7 +232,8 @@ def _prompt_output(item: Any, wrong: bool, dep: str, index: int) -> str:
         return " ".join(words[:-1]) if wrong and len(words) > 1 else (d["reference"][:-2] if wrong else d["reference"])
     answer = d["answers"][0]
     if wrong:
-        return HOSTILE[index % len(HOSTILE)] if dep == Q4 else f"I think it is 7.\nAnswer: 7 {HOSTILE[2]}"
+        # Every wrong answer carries markup, so whichever the report shows as an example is hostile.
+        return "\n".join(HOSTILE) if dep == Q4 else f"I think it is 7.\nAnswer: 7 {HOSTILE[2]}"
     return f"Let me think.\nAnswer: {answer}" if item.category == "reasoning" else answer
 
 
@@ -242,7 +243,7 @@ def _prompts_records(suite: Any, dep: str, seed: int, drift: float) -> list[dict
         items = [i for i in suite.items() if i.category == cat]
         wrong = _fails(seed, dep, "prompts", PROMPT_FAILS[dep], len(items), drift)
         for j, item in enumerate(items):
-            text = _prompt_output(item, j in wrong, dep, j)
+            text = _prompt_output(item, j in wrong, dep)
             ids = _tokens(item.data["prompt"])
             if dep == FP8 and j == 0 and cat == "qa":
                 ids = ids[:3] + [151644] + ids[3:]  # one template difference, so parity has something to show
@@ -453,6 +454,27 @@ def _rate(run_path: Path, raters: int = 2) -> None:
 
 
 # -- the run ---------------------------------------------------------------------------------------
+
+
+_BUILT: dict[tuple[Any, ...], Path] = {}
+
+
+def shared_runs(tmp_path_factory: Any, count: int = 1) -> list[Path]:
+    """`count` runs of one evaluation over time, in one directory, built once per test session.
+
+    The first is the full run the report tests use; each later one is a week later with Q4 drifting further.
+    """
+    root = _BUILT.get(("root",))
+    if root is None:
+        root = _BUILT[("root",)] = tmp_path_factory.mktemp("runs")
+    out = []
+    for i in range(count):
+        key = ("run", i)
+        if key not in _BUILT:
+            _BUILT[key] = build_run(root, run_id=f"2025030{1 + i}-120000", created=f"2025-03-0{1 + i}T12:00:00+00:00",
+                                    drift=1.0 + 0.5 * i, seed=i)
+        out.append(_BUILT[key])
+    return out
 
 
 def build_run(

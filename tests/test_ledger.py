@@ -20,11 +20,13 @@ from evalkit.ledger import (
     arch_weight_bytes,
     estimate_params,
     format_ledger,
+    gguf_tensor_bytes,
     gguf_weights,
     hf_weights,
     ledger_table,
     predict_llamacpp,
     predict_vllm,
+    read_gguf_header,
 )
 from evalkit.models import resolve_source
 
@@ -102,19 +104,25 @@ def gemma_path() -> Path:
     return resolve_source(MODEL)
 
 
+@pytest.mark.engine
 def test_gemma_weights_are_the_tensor_bytes(gemma_path: Path) -> None:
-    import gguf
+    import llama_cpp
+
+    from evalkit.engines.llamacpp import LlamaCppEngine
 
     info = gguf_weights(gemma_path)
-    reader = gguf.GGUFReader(str(gemma_path))
-    by_block = {}
-    for t in reader.tensors:  # independent of the reader's n_bytes: elements / block size x block bytes
-        block, size = gguf.GGML_QUANT_SIZES[t.tensor_type]
-        by_block[t.name] = int(t.n_elements) // block * size
-    assert info.weights_bytes == sum(by_block.values())
-    end = max(int(t.data_offset) + by_block[t.name] for t in reader.tensors)
-    assert info.weights_bytes <= end - reader.data_offset and end <= gemma_path.stat().st_size
-    assert info.precision == "Q4_K_M"
+    header = read_gguf_header(gemma_path)
+    last = max(header.tensors, key=lambda t: t[3])
+    engine = LlamaCppEngine(str(gemma_path), LlamaCppOptions(n_ctx=64))
+    try:  # llama.cpp's own loader, an independent reading of the same tensor table
+        assert info.weights_bytes == llama_cpp.llama_model_size(engine._llm.model) == 246_587_904  # 235.16 MiB
+        assert info.arch.n_params == llama_cpp.llama_model_n_params(engine._llm.model)
+    finally:
+        engine.close()
+    data_end = last[3] + gguf_tensor_bytes(last[1], last[2])  # the last tensor's end, from the data section
+    assert info.weights_bytes <= data_end <= gemma_path.stat().st_size
+    assert gemma_path.stat().st_size - info.weights_bytes < 8 * 2**20  # the rest is the header (vocabulary)
+    assert info.precision == "Q4_K_M" and header.array_lengths["tokenizer.ggml.tokens"] == info.arch.vocab == 262_144
 
 
 def test_gemma_kv_from_metadata_with_sliding_window(gemma_path: Path) -> None:
@@ -131,13 +139,15 @@ def test_gemma_kv_from_metadata_with_sliding_window(gemma_path: Path) -> None:
 
 
 RSS = """
-import resource, sys
+import sys
 from evalkit.config import LlamaCppOptions
 from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.engines.llamacpp import LlamaCppEngine
-e = LlamaCppEngine(sys.argv[1], LlamaCppOptions(n_ctx=1024))
-list(e.generate([GenRequest("a", "Say hello.")], SamplingParams(max_tokens=8)))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+from evalkit.suites.cost import ResourceSampler
+with ResourceSampler() as sampler:
+    e = LlamaCppEngine(sys.argv[1], LlamaCppOptions(n_ctx=1024))
+    list(e.generate([GenRequest("a", "Say hello.")], SamplingParams(max_tokens=8)))
+print(sampler.peak_rss)
 """
 
 
@@ -145,10 +155,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 def test_gemma_prediction_bounds_the_measured_peak(gemma_path: Path) -> None:
     config = Config.model_validate({"reference": "g", "deployments": [{"name": "g", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 1024}}]})
     (row,) = ledger_table(config, Path("config.yaml"))
+    # A fresh process (ru_maxrss would inherit the pytest parent's high-water mark across fork + exec).
     out = subprocess.run([sys.executable, "-c", RSS, str(gemma_path)], capture_output=True, text=True, check=True)
-    peak = int(out.stdout.split()[-1])  # a fresh process: nothing else's memory
+    peak = int(out.stdout.split()[-1])
     assert 0.8 * row.weights_bytes < peak <= row.per_device_bytes
-    print(f"gemma n_ctx=1024: measured peak RSS {peak / 1e6:.0f} MB, predicted {row.per_device_bytes / 1e6:.0f} MB")
+    print(f"gemma n_ctx=1024: measured peak RSS {peak / 1e6:.0f} MB, predicted at most {row.per_device_bytes / 1e6:.0f} MB")
 
 
 def _tiny_checkpoint(path: Path) -> tuple[int, int]:

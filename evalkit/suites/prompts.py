@@ -17,7 +17,7 @@ from evalkit.metrics import bleu
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 
-BATCH = 8  # records are flushed at least this often
+BATCH = 2  # records are flushed at least this often (cheap next to generation; bounds loss on a kill)
 
 
 class PromptItem(BaseModel):

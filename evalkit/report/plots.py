@@ -1,0 +1,368 @@
+"""The report's figures as PNG bytes (matplotlib, Agg canvas; no pyplot global state, no display needed).
+
+Every figure is drawn from the same frames the tables use (RunView): nothing is recomputed. Each function
+returns None or [] when its data are absent, so a run with one suite renders only that suite's plots.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from evalkit.report.tables import CATEGORIES, CATEGORY_LABEL, RunView, isnum
+
+DPI = 110
+REFERENCE_COLOR = "#444444"
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass(frozen=True)
+class Plot:
+    key: str  # also the file name (report_files/<key>.png) next to report.md
+    title: str
+    png: bytes
+    alt: str
+
+    @property
+    def b64(self) -> str:
+        return base64.b64encode(self.png).decode("ascii")
+
+
+def _figure(width: float, height: float, ncols: int = 1, nrows: int = 1) -> tuple[Figure, list[Axes]]:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})  # no version stamp: stable bytes
+    return buf.getvalue()
+
+
+def colors(view: RunView) -> dict[str, str]:
+    others = [d for d in view.deployments if d != view.reference]
+    out = {view.reference: REFERENCE_COLOR}
+    out.update({d: PALETTE[i % len(PALETTE)] for i, d in enumerate(others)})
+    return out
+
+
+def _label(view: RunView, dep: str) -> str:
+    return f"{dep} (reference)" if dep == view.reference else dep
+
+
+def _dots(ax: Axes, view: RunView, groups: Sequence[str], values: dict[str, list[tuple[float, float, float]]],
+          scale: float = 1.0, horizontal: bool = False) -> None:
+    """One point per deployment and group with its 95% interval, deployments side by side within a group."""
+    deps = [d for d in view.deployments if d in values]
+    width = 0.7 / max(1, len(deps))
+    col = colors(view)
+    for k, dep in enumerate(deps):
+        pos = np.arange(len(groups)) + (k - (len(deps) - 1) / 2) * width
+        v = np.array([x[0] for x in values[dep]], dtype=float) * scale
+        lo = np.array([x[1] for x in values[dep]], dtype=float) * scale
+        hi = np.array([x[2] for x in values[dep]], dtype=float) * scale
+        err = np.vstack([np.where(np.isfinite(lo), v - lo, 0), np.where(np.isfinite(hi), hi - v, 0)])
+        kw: dict[str, Any] = dict(fmt="o", color=col[dep], ecolor=col[dep], elinewidth=1.6, capsize=3, ms=5,
+                                  label=_label(view, dep))
+        if horizontal:
+            ax.errorbar(v, pos, xerr=err, **kw)
+        else:
+            ax.errorbar(pos, v, yerr=err, **kw)
+    ticks = np.arange(len(groups))
+    if horizontal:
+        ax.set_yticks(ticks, groups)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    else:
+        ax.set_xticks(ticks, groups)
+        ax.grid(axis="y", alpha=0.3)
+
+
+def _triple(row: Any) -> tuple[float, float, float]:
+    if row is None:
+        return (math.nan, math.nan, math.nan)
+    g = row.get
+    return (float(g("value")) if isnum(g("value")) else math.nan,
+            float(g("ci_low")) if isnum(g("ci_low")) else math.nan,
+            float(g("ci_high")) if isnum(g("ci_high")) else math.nan)
+
+
+# -- prompts -----------------------------------------------------------------------------------
+
+
+def prompts_plot(view: RunView) -> Plot | None:
+    shares = [(lab, cat, m) for lab, cat, m in (("code\npass@1", "code", "pass@1"), ("reasoning\ncorrect", "reasoning", "contains"),
+                                                 ("QA\ncorrect", "qa", "contains"))
+              if any(view.score(d, "prompts", cat, m) is not None for d in view.deployments)]
+    s = view.suite_scores("prompts")
+    mt = sorted({str(m) for m in s.metric if str(m).startswith(("chrf_en-", "bleu_en-"))}) if not s.empty else []
+    if not shares and not mt:
+        return None
+    panels = [p for p in ((shares, "share of items (%)", 100.0), ([(m.replace("_", " ").replace("chrf", "chrF")
+                                                                     .replace("bleu", "BLEU"), "translation", m) for m in mt],
+                                                                   "score (0–100)", 1.0)) if p[0]]
+    fig, axes = _figure(4.2 * len(panels) + 0.6, 3.2, ncols=len(panels))
+    for ax, (cols, ylabel, scale) in zip(axes, panels):
+        vals = {d: [_triple(view.score(d, "prompts", cat, m)) for _, cat, m in cols] for d in view.deployments}
+        _dots(ax, view, [c[0] for c in cols], vals, scale)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(-3, 103)
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.suptitle("Prompt suite: score by category with 95% intervals", fontsize=11)
+    return Plot("prompts-categories", "Prompt suite: score by category (95% intervals)", _png(fig),
+                "Dot plot of each deployment's score per prompt category with interval bars")
+
+
+# -- human ratings -----------------------------------------------------------------------------
+
+
+def human_plot(view: RunView) -> Plot | None:
+    absolute = view.human.get("absolute", pd.DataFrame())
+    pairwise = view.human.get("pairwise", pd.DataFrame())
+    if absolute.empty and pairwise.empty:
+        return None
+    n = int(not absolute.empty) + int(not pairwise.empty)
+    fig, axes = _figure(4.6 * n + 0.4, 3.2, ncols=n)
+    i = 0
+    if not absolute.empty:
+        cats = [c for c in list(CATEGORIES) + ["all"] if c in set(absolute.category)]
+        vals = {}
+        for d in view.deployments:
+            a = absolute[absolute.deployment == d].set_index("category")
+            if a.empty:
+                continue
+            vals[d] = [(a.at[c, "mean"], a.at[c, "ci_low"], a.at[c, "ci_high"]) if c in a.index else (math.nan,) * 3
+                       for c in cats]
+        _dots(axes[i], view, [CATEGORY_LABEL[c] for c in cats], vals)
+        axes[i].set_ylim(0.8, 5.2)
+        axes[i].set_ylabel("mean rating (1–5)")
+        axes[i].set_title("Mean human rating", fontsize=10)
+        axes[i].legend(fontsize=8, loc="lower left")
+        i += 1
+    if not pairwise.empty:
+        ax = axes[i]
+        p = pairwise[pairwise.category == "all"]
+        y = np.arange(len(p))
+        left = np.zeros(len(p))
+        for col, color, label in (("win_rate", "#2ca02c", "win"), ("tie_rate", "#bbbbbb", "tie"), ("loss_rate", "#d62728", "loss")):
+            v = p[col].to_numpy(float) * 100
+            ax.barh(y, v, left=left, color=color, label=label)
+            for yy, l, vv in zip(y, left, v):
+                if vv >= 8:
+                    ax.text(l + vv / 2, yy, f"{vv:.0f}%", ha="center", va="center", fontsize=8, color="white" if label != "tie" else "black")
+            left += v
+        ax.set_yticks(y, list(p.deployment))
+        ax.set_xlim(0, 100)
+        ax.set_xlabel(f"% of side-by-side ratings vs {view.reference}")
+        ax.set_title("Win / tie / loss against the reference", fontsize=10)
+        ax.legend(fontsize=8, ncols=3, loc="lower center", bbox_to_anchor=(0.5, -0.45))
+    return Plot("human-ratings", "Human ratings: means with 95% intervals; win/tie/loss", _png(fig),
+                "Mean human ratings per category with intervals, and stacked win/tie/loss bars per deployment")
+
+
+# -- perplexity --------------------------------------------------------------------------------
+
+KLD_POINTS = (("median", "kld_median"), ("p90", "kld_p90"), ("p95", "kld_p95"), ("p99", "kld_p99"), ("max", "kld_max"))
+
+
+def perplexity_plot(view: RunView) -> Plot | None:
+    items = view.items("perplexity")
+    drift = {d: [view.score(d, "perplexity", "text", m) for _, m in KLD_POINTS] for d in view.deployments if d != view.reference}
+    drift = {d: v for d, v in drift.items() if any(x is not None for x in v)}
+    if items.empty and not drift:
+        return None
+    col = colors(view)
+    n = int(bool(drift)) + int(not items.empty and "ppl" in items)
+    fig, axes = _figure(4.4 * n + 0.4, 3.2, ncols=n)
+    i = 0
+    if drift:
+        ax = axes[i]
+        for d, rows in drift.items():
+            v = [float(r["value"]) if r is not None else math.nan for r in rows]
+            ax.plot(range(len(KLD_POINTS)), v, "o-", color=col[d], label=d)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(KLD_POINTS)), [p for p, _ in KLD_POINTS])
+        ax.set_ylabel("KL(reference ‖ deployment), nats")
+        ax.set_title("KLD per token: percentiles", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        i += 1
+    if not items.empty and "ppl" in items:
+        ax = axes[i]
+        deps = [d for d in view.deployments if d in set(items.deployment)]
+        data = [items[items.deployment == d].ppl.to_numpy(float) for d in deps]
+        bp = ax.boxplot(data, widths=0.5, patch_artist=True, showfliers=False)
+        for patch, d in zip(bp["boxes"], deps):
+            patch.set_facecolor(col[d])
+            patch.set_alpha(0.35)
+        rng = np.random.default_rng(0)  # jitter only: where the points sit sideways means nothing
+        for k, (d, v) in enumerate(zip(deps, data), start=1):
+            ax.plot(k + rng.uniform(-0.12, 0.12, len(v)), v, "o", color=col[d], ms=3.5)
+        ax.set_xticks(range(1, len(deps) + 1), deps, fontsize=8)
+        ax.set_ylabel("perplexity of each chunk")
+        ax.set_title("PPL by text chunk", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    return Plot("perplexity", "Perplexity: KLD percentiles and PPL per chunk", _png(fig),
+                "KLD percentiles per deployment on a log scale, and box plots of per-chunk perplexity")
+
+
+# -- MMLU --------------------------------------------------------------------------------------
+
+
+def mmlu_plot(view: RunView) -> Plot | None:
+    s = view.suite_scores("mmlu")
+    if s.empty:
+        return None
+    subjects = sorted({str(c) for c in s[s.metric == "accuracy"].category if str(c) != "all"}) + ["all"]
+    vals = {d: [_triple(view.score(d, "mmlu", sub, "accuracy")) for sub in subjects] for d in view.deployments}
+    fig, axes = _figure(7.5, 0.32 * len(subjects) * max(1, len(view.deployments)) / 2 + 1.4)
+    ax = axes[0]
+    _dots(ax, view, [x.replace("_", " ") for x in subjects], vals, 100.0, horizontal=True)
+    ax.set_xlim(-2, 102)
+    ax.set_xlabel("accuracy (%) with Wilson 95% interval")
+    ax.axhline(len(subjects) - 1.5, color="#999999", lw=0.8)
+    ax.legend(fontsize=8, loc="lower right")
+    return Plot("mmlu-subjects", f"{view.mmlu_label} accuracy by subject (95% intervals)", _png(fig),
+                "Accuracy per subject and deployment with interval bars")
+
+
+# -- long context ------------------------------------------------------------------------------
+
+
+def _length_axis(ax: Axes, lengths: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths])
+    ax.minorticks_off()
+    ax.set_xlabel("context length (tokens)")
+    ax.grid(alpha=0.3)
+
+
+def longcontext_plots(view: RunView) -> list[Plot]:
+    s = view.suite_scores("longcontext")
+    if s.empty:
+        return []
+    col = colors(view)
+    lengths = sorted({int(str(c)[1:]) for c in s.category if str(c).startswith("L")})
+    fig, (ax1, ax2) = _figure(9.0, 3.2, ncols=2)
+    for d in view.deployments:
+        rep = [view.score(d, "longcontext", f"L{n}", "seq_rep_4") for n in lengths]
+        x = [n for n, r in zip(lengths, rep) if r is not None]
+        if x:
+            ax1.plot(x, [100 * float(r["value"]) for r in rep if r is not None], "o-", color=col[d], label=_label(view, d))
+        rec = [view.score(d, "longcontext", f"L{n}", "recall_accuracy") for n in lengths]
+        pts = [(n, _triple(r)) for n, r in zip(lengths, rec) if r is not None]
+        if pts:
+            v = np.array([p[1] for p in pts]) * 100
+            ax2.errorbar([p[0] for p in pts], v[:, 0], yerr=[v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]], fmt="o-",
+                         color=col[d], capsize=3, label=_label(view, d))
+    for ax, title, ylabel in ((ax1, "Repetition of the continuation", "seq-rep-4 (% repeated 4-grams)"),
+                              (ax2, "Pass-key recall", "recall (%) with Wilson 95% interval")):
+        _length_axis(ax, lengths)
+        ax.set_ylim(-4, 104)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+    ax1.legend(fontsize=8)
+    out = [Plot("longcontext-lengths", "Repetition and recall by context length", _png(fig),
+                "Line plots of repetition and pass-key recall against context length per deployment")]
+    heat = recall_heatmap(view)
+    return out + ([heat] if heat else [])
+
+
+def recall_heatmap(view: RunView) -> Plot | None:
+    items = view.items("longcontext")
+    if items.empty or "kind" not in items:
+        return None
+    rec = items[items.kind == "recall"]
+    if rec.empty:
+        return None
+    lengths = sorted(rec.length_target.astype(int).unique())
+    depths = sorted(rec.depth.astype(float).unique())
+    deps = [d for d in view.deployments if d in set(rec.deployment)]
+    fig, axes = _figure(2.3 * len(deps) + 0.8, 0.45 * len(depths) + 1.5, ncols=len(deps))
+    from matplotlib.colors import ListedColormap
+
+    cmap = ListedColormap(["#e06666", "#6aa84f"]).with_extremes(bad="#dddddd")
+    for ax, d in zip(axes, deps):
+        grid = np.full((len(depths), len(lengths)), np.nan)
+        mine = rec[rec.deployment == d]
+        for r in mine.itertuples():
+            if isinstance(r.skipped, str) and r.skipped:
+                continue
+            ok = str(r.correct).lower() in ("true", "1", "1.0")
+            grid[depths.index(float(r.depth)), lengths.index(int(r.length_target))] = 1.0 if ok else 0.0
+        ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            ax.text(j, i, "–" if np.isnan(v) else ("✓" if v else "✗"), ha="center", va="center", fontsize=9)
+        ax.set_xticks(range(len(lengths)), [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths], fontsize=8)
+        ax.set_yticks(range(len(depths)), [f"{x:.0%}" for x in depths], fontsize=8)
+        ax.set_title(d, fontsize=9)
+        ax.set_xlabel("length")
+    axes[0].set_ylabel("needle depth")
+    return Plot("longcontext-recall-heatmap", "Pass-key recall by length × depth (✓ found, ✗ missed, – not run)",
+                _png(fig), "Grid per deployment of recall success by context length and needle depth")
+
+
+# -- cost and memory -----------------------------------------------------------------------------
+
+
+def cost_plot(view: RunView) -> Plot | None:
+    s = view.suite_scores("cost")
+    if s.empty:
+        return None
+    levels = sorted({int(str(c)[1:]) for c in s.category if str(c).startswith("c")})
+    if not levels:
+        return None
+    col = colors(view)
+    panels = (("per_request_tokens_per_s", "tokens/s per request", 1.0), ("tokens_per_s", "tokens/s, all requests", 1.0),
+              ("ttft_median_s", "time to first token (ms)", 1000.0))
+    fig, axes = _figure(11.0, 3.1, ncols=3)
+    for ax, (metric, ylabel, scale) in zip(axes, panels):
+        for d in view.deployments:
+            rows = [(c, view.score(d, "cost", f"c{c}", metric)) for c in levels]
+            pts = [(c, float(r["value"]) * scale) for c, r in rows if r is not None]
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=col[d], label=_label(view, d))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    return Plot("cost", "Throughput and time to first token by concurrency", _png(fig),
+                "Line plots of per-request and total throughput and of time to first token against concurrency")
+
+
+def ledger_plot(view: RunView) -> Plot | None:
+    from evalkit.report.tables import _measured_peak
+
+    ledger = view.run.manifest.get("ledger") or []
+    rows = [(r["deployment"], (r.get("per_device_bytes") or 0) / 1e9, _measured_peak(view, r["deployment"]))
+            for r in ledger]
+    if not rows:
+        return None
+    fig, axes = _figure(6.0, 0.45 * len(rows) + 1.5)
+    ax = axes[0]
+    y = np.arange(len(rows))
+    ax.barh(y - 0.18, [r[1] for r in rows], height=0.34, color="#9fc5e8", label="predicted per device")
+    ax.barh(y + 0.18, [r[2][0] / 1000 if r[2] else 0 for r in rows], height=0.34, color="#3d85c6", label="measured peak")
+    budget = max((r.get("device_budget_bytes") or 0) for r in ledger) / 1e9
+    if budget:
+        ax.axvline(budget, color="#cc0000", ls="--", lw=1, label=f"device budget {budget:.0f} GB")
+    ax.set_yticks(y, [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("GB (10⁹ bytes)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return Plot("ledger", "Memory: predicted vs measured", _png(fig), "Bars of predicted and measured memory per deployment")
