@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml
 system-deps:
 	@if ! command -v soffice >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libreoffice-calc-nogui chromium >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libreoffice-calc-nogui chromium fonts-dejavu-core fonts-wqy-microhei >/dev/null; \
 	  else echo "note: install libreoffice-calc and chromium to run the sheet and browser tests (they skip otherwise)"; fi; \
 	fi
 

@@ -281,9 +281,11 @@ def wrap_engine(
     deployment: Any,
     resolved: Mapping[str, Any],
     enabled: bool = True,
-    replicate: int = 0,
+    replicate: int | None = None,
     root: Path | None = None,
 ) -> CachedEngine:
-    """The worker's hook: `deployment` is the config's deployment, `resolved` its manifest entry (sha256, variant)."""
-    parts = key_parts_from_info(engine.info(), resolved.get("variant"), deployment.options, resolved.get("sha256"), replicate)
+    """The worker's hook: `deployment` is the config's deployment, `resolved` its manifest entry
+    (sha256, variant, and `replicate` for the noise-floor rerun, whose results must not be the first run's)."""
+    rep = int(resolved.get("replicate", 0)) if replicate is None else replicate
+    parts = key_parts_from_info(engine.info(), resolved.get("variant"), deployment.options, resolved.get("sha256"), rep)
     return CachedEngine(engine, parts, enabled=enabled, root=root)

@@ -34,7 +34,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from evalkit.variants import prepare_all
 
     config, _ = load_config(args.config)
-    for name, path in prepare_all(config):
+    for name, path in prepare_all(config, force=args.force):
         print(f"{name}: {path}")
     return 0
 
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("prepare", help="make the model variants a config asks for (hf, fp8-weight, GGUF ladder)")
     p.add_argument("--config", help="YAML config (default: the embedded one)")
+    p.add_argument("--force", action="store_true", help="rebuild variants even when cached")
     p.set_defaults(func=_cmd_prepare)
 
     p = verbs.add_parser("doctor", help="what this machine can really run (devices, FP8 support, engines)")

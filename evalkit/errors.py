@@ -35,3 +35,7 @@ class EngineUnavailableError(EvalkitError):
 
 class RunDirError(EvalkitError):
     """A run directory is missing or is not an evalkit run."""
+
+
+class VariantError(EvalkitError):
+    """A model variant (hf, fp8-weight, GGUF ladder) cannot be made from its source."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -190,6 +191,11 @@ def effective_precision(requested_quantization: str | None, capability: tuple[in
             f"llama.cpp computes with the GGUF's own {q} blocks, dequantized inside its kernels {where}; "
             "nothing is converted at load",
         )
+    if _is_gguf_type(q):  # vLLM given a GGUF file
+        return Precision(
+            f"gguf-{q}",
+            f"vLLM's GGUF support (experimental) dequantizes the {q} blocks inside its kernels; compute is 16-bit",
+        )
     if q is None or q.lower() == "none":
         return Precision("not-requested", "no quantization asked: weights and compute in the checkpoint's 16-bit dtype")
     if not is_fp8(q):
@@ -200,8 +206,8 @@ def effective_precision(requested_quantization: str | None, capability: tuple[in
     if capability >= FP8_NATIVE_MIN:
         return Precision(
             "fp8-native",
-            f"compute capability {cap} has FP8 tensor cores: weights in FP8 and activations quantized to FP8 "
-            "per token (W8A8); matmuls run in FP8",
+            f"compute capability {cap} has FP8 tensor cores: weights in FP8 and activations dynamically "
+            "quantized to FP8 (W8A8); matmuls run in FP8",
         )
     if capability >= FP8_MARLIN_MIN:
         turing = (
@@ -219,9 +225,14 @@ def effective_precision(requested_quantization: str | None, capability: tuple[in
     return Precision(
         "unavailable",
         f"compute capability {cap} (e.g. Volta V100) has neither FP8 compute nor FP8 Marlin (minimum 7.5): "
-        "vLLM refuses to load with an FP8 quantization ('not supported for the current GPU'), so nothing "
-        "that ran on this card used FP8 weights",
+        "upstream vLLM refuses to load with an FP8 quantization ('not supported for the current GPU. Minimum "
+        "capability: 75'), so a run that loaded on this card did not use vLLM's FP8 weights (only forks with "
+        "their own Volta kernels, e.g. 1Cat-vLLM, differ)",
     )
+
+
+def _is_gguf_type(q: str | None) -> bool:
+    return q is not None and re.fullmatch(r"(I?Q\d\w*|TQ\d\w*|F16|BF16|F32)", q) is not None
 
 
 def _fp8_on_cpu(q: str) -> Precision:
@@ -253,7 +264,7 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
     notes: list[str] = []
     if engine == "vllm":
         used = accs[: max(1, options.tensor_parallel_size)]
-        requested = options.quantization
+        requested = options.quantization or _gguf_type(deployment)
         caps = [a.capability for a in used if a.capability is not None]
         capability = min(caps) if caps else None
         device = _describe(used) if used else "cpu"
@@ -308,17 +319,20 @@ def _describe(accs: list[Accelerator]) -> str:
 
 
 def _gguf_type(deployment: Any) -> str | None:
-    """The GGUF type a llama.cpp deployment runs: the ladder variant's, else the file's own."""
-    from evalkit.variants import LADDER
+    """The GGUF type a deployment runs (ladder variant's, else the file's own); None for an HF checkpoint."""
+    from evalkit.variants import LADDER, gguf_metadata
 
-    if deployment.model.variant in LADDER:
-        return deployment.model.variant
+    variant = deployment.model.variant
+    if variant in LADDER:
+        return variant
+    if variant is not None:
+        return None  # hf / fp8-weight: a Hugging Face checkpoint
     try:
         from evalkit.models import resolve_source
-        from evalkit.variants import gguf_metadata
 
-        return gguf_metadata(resolve_source(deployment.model.source)).get("file_type")
-    except Exception:  # a missing file is reported elsewhere, with a better message
+        path = resolve_source(deployment.model.source)
+        return gguf_metadata(path).get("file_type") if path.is_file() else None
+    except Exception:  # a missing or broken file is reported elsewhere, with a better message
         return None
 
 

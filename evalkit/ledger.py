@@ -1,7 +1,7 @@
 """The memory ledger: what each deployment will hold before anything is loaded, and whether it fits.
 
-Per deployment: weights (exact bytes from the file when it is on disk, else parameters x bits per
-weight), the KV cache at the configured context and concurrency (sliding-window layers counted the way
+Per deployment: weights (exact bytes when the file is on disk: GGUF tensor table, safetensors headers;
+else parameters x bits per weight for a known architecture), the KV cache at the configured context and concurrency (sliding-window layers counted the way
 the engine allocates them), and a stated headroom for activations and the engine's own reservations.
 Sizes are in bytes; the table prints GB = 10^9 bytes, and `hardware.gpu_memory_gb` / `ram_gb` use the
 same unit (a "16 GB" V100 shows 16.9e9 bytes to CUDA, so 16e9 is slightly conservative).
@@ -9,6 +9,9 @@ same unit (a "16 GB" V100 shows 16.9e9 bytes to CUDA, so 16e9 is slightly conser
 Assumptions (each one a constant below, so a measurement can correct it):
 - CUDA context, cuBLAS workspaces and NCCL buffers: CUDA_CONTEXT_BYTES per GPU in use.
 - Worker process runtime (interpreter, numpy, engine libraries) on CPU: RUNTIME_BYTES per engine.
+- On CPU the budget is RAM and the figures are allocations: llama.cpp's weights are memory-mapped and its
+  logits reservation is mostly never touched, so measured RSS is lower (Gemma 3 270M at n_ctx 1024:
+  395 MB peak RSS against 913 MB predicted).
 - llama.cpp compute buffer: the scheduler reserves f32 logits for a whole ubatch (n_ubatch x vocab x 4;
   514.5 MiB measured vs 512 MiB + 9 MiB predicted for Gemma 3 270M at n_ubatch 512) plus f32
   activations n_ubatch x (ffn + 4 x hidden) x 4; an output buffer of vocab x 4 bytes per sequence.
@@ -540,13 +543,17 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
     source, variant, engine = dep.model.source, dep.model.variant, dep.engine
     path = _resolve(source, config_file)
     info: WeightsInfo | None = None
+    problem = f"model {source!r} not found"
     if path is not None:
-        info = hf_weights(path) if path.is_dir() else gguf_weights(path)
+        try:
+            info = hf_weights(path) if path.is_dir() else gguf_weights(path)
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:  # a corrupt file is a row, not a crash
+            problem = f"cannot read {path}: {e}"
     arch = info.arch if info else _known_arch(source)
     if arch is None:
         zero = dict.fromkeys(("n_devices", "weights_bytes", "kv_bytes_per_token", "kv_bytes", "overhead_bytes", "need_bytes", "per_device_bytes", "device_budget_bytes"), 0)
         return LedgerRow(dep.name, engine, variant or "?", "-", hw.describe(), **zero, fits=None, max_context=None, memory_context=None,
-                         max_concurrency=None, notes=f"model {source!r} not found and its architecture is not known")
+                         max_concurrency=None, notes=f"{problem}, and its architecture is not known")
     quant = getattr(dep.options, "quantization", None)
     if variant and variant != "hf":
         precision = "FP8 weights" if variant == "fp8-weight" else variant

@@ -40,7 +40,13 @@ def _from_package(name: str) -> Path:
             f"pkg:{name}", f"package {name!r} is not installed (pip install {name}, or 'evalkit[demo]')"
         ) from None
     if hasattr(module, "assemble"):  # chunked packages write the file once into the user's cache
-        return Path(module.assemble())
+        try:
+            return Path(module.assemble())
+        except FileExistsError:  # another process is mid-write (its sha256 does not match yet): wait once
+            import time
+
+            time.sleep(3)
+            return Path(module.assemble())
     ggufs = sorted(Path(module.__file__).parent.rglob("*.gguf"))  # type: ignore[arg-type]
     if not ggufs:
         raise ModelFileError(f"pkg:{name}", "package ships no .gguf file")

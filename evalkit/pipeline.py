@@ -78,10 +78,32 @@ def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool) -
             "deployment_order": ordered_deployments(config),
             "deployments": deployments,
             "use_cache": use_cache,
+            "ledger": _ledger(config, config_file),
+            "suites": _provenance(config, config_file),
             "environment": {"machine": machine(), "accelerators": accelerators(), "libraries": library_versions()},
         }
     )
     return run
+
+
+def _ledger(config: Config, config_file: Path) -> list[dict[str, Any]]:
+    """The memory prediction, made before anything loads; the report puts measured peaks beside it."""
+    from dataclasses import asdict
+
+    from evalkit.ledger import ledger_table
+
+    try:
+        return [asdict(r) for r in ledger_table(config, config_file)]
+    except Exception as e:  # a prediction must never stop a run
+        print(f"evalkit: warning: memory ledger not computed: {e}", file=sys.stderr)
+        return []
+
+
+def _provenance(config: Config, config_file: Path) -> dict[str, Any]:
+    """Each suite's data files, hashes, seeds and signatures, as they were when the run started."""
+    from evalkit.suites import enabled_suites
+
+    return {s.name: s.describe() for s in enabled_suites(config, config_file)}
 
 
 def run_workers(run: RunDir, names: list[str]) -> dict[str, int]:

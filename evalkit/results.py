@@ -54,7 +54,10 @@ class Run:
     @cached_property
     def items(self) -> pd.DataFrame:
         """Per-item scores of every suite (one row per item and deployment)."""
-        frames = [pd.read_csv(p, encoding="utf-8-sig") for p in sorted((self.path / ITEMS_DIR).glob("*.csv"))]
+        frames = []
+        for p in sorted((self.path / ITEMS_DIR).glob("*.csv")):
+            df = pd.read_csv(p, encoding="utf-8-sig")
+            frames.append(df if "suite" in df else df.assign(suite=p.stem))
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     @cached_property

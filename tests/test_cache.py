@@ -289,3 +289,6 @@ def test_cached_llamacpp_second_call_does_not_touch_the_engine(llama: Engine, tm
     assert second == first
     assert all(getattr(r, "cached", False) for r in second[0]) and getattr(second[1][0], "cached", False)
     assert fresh.cached_keys == {"a", "b"} and fresh.stats.hits == 4 and fresh.stats.misses == 0
+    rerun = wrap_engine(llama, deployment, resolved | {"replicate": 1}, root=tmp_path)  # the noise-floor rerun
+    list(rerun.generate(reqs[:1], SamplingParams(max_tokens=6)))
+    assert calls["generate"] == 2 and rerun.stats.misses == 1

@@ -107,7 +107,7 @@ def test_fp8_weight_variant_is_described_as_emulation(gpus) -> None:
 
 def test_no_warning_for_plain_16bit(gpus) -> None:
     gpus((7, 0))
-    entry = deployment_hardware(_vllm(None))
+    entry = deployment_hardware(_vllm(None, "hf"))
     assert entry["effective_precision"] == "not-requested" and entry["warning"] is None
 
 
@@ -116,6 +116,13 @@ def test_llamacpp_deployment_reads_gguf_type_from_the_real_file(gpus) -> None:
     dep = LlamaCppDeployment.model_validate({"name": "l", "engine": "llamacpp", "model": GEMMA})
     entry = deployment_hardware(dep)
     assert entry["effective_precision"] == "gguf-Q4_K_M" and entry["device"] == "cpu" and entry["warning"] is None
+
+
+def test_vllm_on_a_gguf_file_is_described_as_gguf(gpus) -> None:
+    gpus((8, 0))
+    entry = deployment_hardware(_vllm(None, "Q2_K"))
+    assert entry["effective_precision"] == "gguf-Q2_K" and entry["warning"] is None
+    assert deployment_hardware(_vllm(None))["effective_precision"] == "gguf-Q4_K_M"  # the GGUF source itself
 
 
 def test_nvidia_smi_output_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -196,14 +196,18 @@ def test_ledger_table_and_plan_text(tmp_path: Path) -> None:
             {"name": "tiny-fp8", "engine": "vllm", "model": str(tmp_path / "m"), "options": {"quantization": "fp8", "max_model_len": 1024}},
             {"name": "qwen", "engine": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct", "options": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9}},
             {"name": "lost", "engine": "llamacpp", "model": str(tmp_path / "missing.gguf")},
+            {"name": "torn", "engine": "llamacpp", "model": str(tmp_path / "torn.gguf")},
         ],
     })
+    with resolve_source(MODEL).open("rb") as f:
+        (tmp_path / "torn.gguf").write_bytes(f.read(4096))  # a download cut short: header begun, vocabulary missing
     hw = SimpleNamespace(gpus=2, gpu_memory_gb=16, ram_gb=None)  # the proposed `hardware:` config field
     rows = {r.deployment: r for r in ledger_table(SimpleNamespace(deployments=config.deployments, hardware=hw), Path("c.yaml"))}
     assert rows["g"].weights_from == "gguf tensors" and rows["g"].fits is True and "n_gpu_layers=0" in rows["g"].notes
     assert rows["tiny-fp8"].weights_bytes == non_embedding // 2 + (total - non_embedding)
     assert rows["qwen"].weights_bytes == 15_231_233_024 and rows["qwen"].fits and "architecture-only" in rows["qwen"].notes
-    assert rows["lost"].fits is None
+    assert rows["lost"].fits is None and "not found" in rows["lost"].notes
+    assert rows["torn"].fits is None and "cannot read" in rows["torn"].notes
     text = format_ledger(list(rows.values()))
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["deployment", "engine", "precision"]

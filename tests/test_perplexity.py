@@ -153,6 +153,9 @@ def test_nll_and_topk_matches_full_log_softmax() -> None:
     assert lps == pytest.approx(expected, abs=1e-5)
     assert np.allclose(np.take_along_axis(ls, ids, 1), lps, atol=1e-5)
     assert ids[7, 0] == 11
+    tiny = (rng.standard_normal((3, 30)) * 2).astype(np.float32)  # vocab < 16 * k: the single-lane path
+    t_nll, t_ids, t_lps = nll_and_topk(tiny, [0, 1, 2], 20)
+    assert t_ids.tolist() == np.argsort(-tiny, axis=1, kind="stable")[:, :20].tolist()
 
 
 # -- suite plumbing on hand-made records (no model) --------------------------------------------
@@ -410,7 +413,9 @@ def test_topk_tail_kld_against_exact_full_vocabulary(engine: Any, ref_records: l
         assert np.all(ap <= ex + 1e-4)  # a lower bound (up to float32 noise in the exact sum)
         errs[k] = (ex.mean() - ap.mean()) / ex.mean()
     print(f"\nexact mean KLD {ex.mean():.5f}; relative underestimate k=20: {errs[20]:.2%}, k=100: {errs[100]:.2%}")
-    assert 0 <= errs[100] <= errs[20] < 0.25
+    # Measured on this text (Gemma's 262k vocabulary leaves ~18% of the mass outside the top 20):
+    # k=20 misses ~50% of the Q2_K divergence, k=100 ~25%. Guard those levels, and that more k helps.
+    assert 0 <= errs[100] < errs[20] < 0.65 and errs[100] < 0.4
 
 
 @pytest.mark.engine
@@ -420,7 +425,8 @@ def test_agrees_with_llama_perplexity(engine: Any, text_dir: Path) -> None:
         pytest.skip("set EVALKIT_LLAMA_PERPLEXITY to a built llama-perplexity binary")
     text = text_dir / "text.txt"
     proc = subprocess.run(
-        [binary, "-m", engine.model_path, "-f", str(text), "-c", str(N_CTX), "--chunks", str(CHUNKS), "-t", "2"],
+        [binary, "-m", engine.model_path, "-f", str(text), "-c", str(N_CTX), "--chunks", str(CHUNKS), "-t", "2",
+         "-fa", "off"],  # the engine runs without flash attention (llama-cpp-python's default); it moves PPL ~0.4%
         capture_output=True, text=True, timeout=300,
     )
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", proc.stdout + proc.stderr)

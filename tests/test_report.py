@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import pandas as pd
 import pytest
 
-from evalkit.report import tables as T
+from evalkit.report import cells as C
 from evalkit.report.render import TEMPLATES, context, md_table, render_report
 from evalkit.results import Run
 from fixtures_run import DEPLOYMENTS, FP8, HOSTILE, Q4, REFERENCE, build_run, shared_runs
@@ -48,14 +49,14 @@ def prompts_only_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_formats_and_marks() -> None:
-    assert T.fmt(0.61, "pct") == "61.0%"
-    assert T.fmt_diff(-0.07, -0.15, -0.02, "pct") == "−7.0 pts [−15.0, −2.0]"
-    assert T.fmt_diff(0.5, None, None, "rating") == "+0.50 (no interval)"
-    assert T.fmt(float("nan")) == "–" and T.fmt(0.0025, "ms") == "2 ms"
-    assert T.mark_for(-0.1, -0.2, -0.05, True, +1) == "worse"
-    assert T.mark_for(-0.1, -0.2, -0.05, True, -1) == "better"  # lower is better (PPL, KLD, flips)
-    assert T.mark_for(-0.1, -0.2, 0.05, False, +1) == "same"
-    assert T.mark_for(0.9, None, None, False, -1) == "na"
+    assert C.fmt(0.61, "pct") == "61.0%"
+    assert C.fmt_diff(-0.07, -0.15, -0.02, "pct") == "−7.0 pts [−15.0, −2.0]"
+    assert C.fmt_diff(0.5, None, None, "rating") == "+0.50 (no interval)"
+    assert C.fmt(float("nan")) == "–" and C.fmt(0.0025, "ms") == "2 ms"
+    assert C.mark_for(-0.1, -0.2, -0.05, True, +1) == "worse"
+    assert C.mark_for(-0.1, -0.2, -0.05, True, -1) == "better"  # lower is better (PPL, KLD, flips)
+    assert C.mark_for(-0.1, -0.2, 0.05, False, +1) == "same"
+    assert C.mark_for(0.9, None, None, False, -1) == "na"
 
 
 def test_template_never_trusts_text() -> None:
@@ -72,25 +73,26 @@ def test_verdict_traces_to_comparisons(full_run: Path) -> None:
     ctx = context(run)
     v = ctx["verdict"]
     assert [r[0].value for r in v.rows] == list(DEPLOYMENTS)
-    assert v.header[1:5] == ["code (rating 1–5)", "reasoning (rating 1–5)", "translation (rating 1–5)", "QA (rating 1–5)"]
-    for col in ("BLEU en-de", "BLEU en-zh", "PPL", "KLD", "MMLU", "MMLU flips", "HumanEval pass@1", "repetition @8K",
-                "pass-key recall"):
-        assert col in v.header
+    assert v.header[1:] == ["code rating", "reasoning rating", "translation rating", "QA rating", "BLEU en-de",
+                            "BLEU en-zh", "PPL", "KLD", "MMLU accuracy", "MMLU flips", "HumanEval pass@1",
+                            "repetition @8K", "pass-key recall"]
+    assert v.groups == [("human rating (1–5)", 4), ("BLEU", 2), ("perplexity", 2), ("MMLU", 2), ("HumanEval", 1),
+                        ("long context", 2)]
     cell = {(r[0].value, h): c for r in v.rows for h, c in zip(v.header, r)}
     comps = run.comparisons.set_index(["deployment", "suite", "category", "metric"])
     mmlu = comps.loc[(Q4, "mmlu", "all", "accuracy")]
-    assert cell[(Q4, "MMLU")].value == T.fmt(mmlu["value"], "pct")
-    assert cell[(Q4, "MMLU")].diff == T.fmt_diff(mmlu["diff"], mmlu["ci_low"], mmlu["ci_high"], "pct")
+    assert cell[(Q4, "MMLU accuracy")].value == C.fmt(mmlu["value"], "pct")
+    assert cell[(Q4, "MMLU accuracy")].diff == C.fmt_diff(mmlu["diff"], mmlu["ci_low"], mmlu["ci_high"], "pct")
     r2w = round(comps.loc[(Q4, "mmlu", "all", "flips_right_to_wrong"), "value"] * 100)
     assert cell[(Q4, "MMLU flips")].diff.startswith(f"{r2w} ✓→✗")
-    assert cell[(REFERENCE, "MMLU")].diff == "" and cell[(REFERENCE, "MMLU")].mark is None
+    assert cell[(REFERENCE, "MMLU accuracy")].diff == "" and cell[(REFERENCE, "MMLU accuracy")].mark is None
     # Q4 loops past 4K tokens in the fixture: one item per length, so no interval, and the mark says so.
     assert cell[(Q4, "repetition @8K")].mark == "na"
     assert cell[(Q4, "KLD")].mark == "worse"
     from evalkit.rating.aggregate import aggregate
 
     absolute = aggregate(full_run)["absolute"].set_index(["deployment", "category"])
-    human = cell[(Q4, "code (rating 1–5)")]
+    human = cell[(Q4, "code rating")]
     assert human.value == f"{absolute.loc[(Q4, 'code'), 'mean']:.2f}" and human.mark == "worse"  # fixture: Q4 rated lower
     sure = {s.deployment: s for s in ctx["sure"]}
     assert set(sure) == {FP8, Q4} and sure[Q4].significant > sure[FP8].significant >= 1
@@ -151,6 +153,7 @@ def test_prompts_only_run_renders(prompts_only_run: Path) -> None:
     assert [p.key for s in ctx["sections"] for p in s.plots] == ["prompts-categories"]
     assert ctx["verdict"].header == ["deployment", "code pass@1", "reasoning correct", "translation chrF en-de",
                                      "translation chrF en-zh", "QA correct", "BLEU en-de", "BLEU en-zh"]
+    assert ctx["verdict"].groups == [("prompts (automatic)", 5), ("BLEU", 2)]
     sigs = {r[0].value: r[1].value for s in ctx["sections"] for t in s.tables if t.key == "signatures" for r in t.rows}
     assert sigs["prompts · chrf en-de"].startswith("nrefs:1|")  # from the metrics when the manifest has no describe()
     assert "report.md" in {p.name for p in prompts_only_run.iterdir()}
@@ -163,10 +166,8 @@ def test_prompts_only_run_renders(prompts_only_run: Path) -> None:
 class Cdp:
     """The few DevTools protocol calls the test needs, over one browser websocket (flattened sessions)."""
 
-    def __init__(self, url: str) -> None:
-        from websockets.sync.client import connect
-
-        self.ws = connect(url, max_size=None, open_timeout=20)
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
 
@@ -202,9 +203,6 @@ class Cdp:
             except TimeoutError:
                 return
 
-    def close(self) -> None:
-        self.ws.close()
-
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -220,7 +218,6 @@ def chromium(profile: Path) -> Iterator[Cdp]:
     log = (profile.parent / "chromium.log").open("wb")
     proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    cdp = None
     try:
         port_file = profile / "DevToolsActivePort"  # Chromium writes "<port>\n<browser ws path>" once listening
         deadline = time.monotonic() + 60
@@ -229,17 +226,21 @@ def chromium(profile: Path) -> Iterator[Cdp]:
                 raise RuntimeError(f"chromium did not start: {(profile.parent / 'chromium.log').read_text()[-2000:]}")
             time.sleep(0.1)
         port, path = port_file.read_text().split()
-        cdp = Cdp(f"ws://127.0.0.1:{port}{path}")
-        yield cdp
+        connect = pytest.importorskip("websockets.sync.client", reason="websockets (dev extra) drives Chromium").connect
+
+        with connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=20) as ws:
+            yield Cdp(ws)
     finally:
-        if cdp is not None:
-            cdp.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # Its own session: the group id is the browser's pid, so this ends its renderers and nothing else.
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
         log.close()
 
 
@@ -306,6 +307,8 @@ def test_report_is_inert_in_chromium(full_run: Path, tmp_path: Path) -> None:
             images: Array.from(document.images).map(i => ({src: i.src.slice(0, 22), w: i.naturalWidth, ok: i.complete})),
             warnTop: document.querySelector('.warn').getBoundingClientRect().top,
             verdictTop: document.querySelector('#t-verdict').getBoundingClientRect().top,
+            verdictBottom: document.querySelector('#t-verdict').getBoundingClientRect().bottom,
+            verdictOverflow: (b => b.scrollWidth - b.clientWidth)(document.querySelector('#t-verdict').parentElement),
         }))()""")
         shot = cdp.call("Page.captureScreenshot", session, format="png",
                         clip={"x": 0, "y": 0, "width": SCREEN[0], "height": SCREEN[1], "scale": 1})
@@ -322,5 +325,7 @@ def test_report_is_inert_in_chromium(full_run: Path, tmp_path: Path) -> None:
         assert payload in state["text"], payload  # shown as text
     assert len(state["images"]) == 8
     assert all(i["src"] == "data:image/png;base64," and i["ok"] and i["w"] > 300 for i in state["images"])
-    assert 0 <= state["warnTop"] < state["verdictTop"] < SCREEN[1]  # warning and verdict on the first screen
+    # The warning and the whole verdict are on the first screen, without scrolling sideways.
+    assert 0 <= state["warnTop"] < state["verdictTop"] < state["verdictBottom"] < SCREEN[1]
+    assert state["verdictOverflow"] <= 0
     assert [u for u in requests(events) if not u.startswith(("file:", "data:"))] == []  # nothing from the network

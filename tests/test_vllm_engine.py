@@ -247,16 +247,37 @@ def test_next_token_logprobs_read_the_full_vocabulary(engine):
 
 
 def test_limits_are_reported_clearly(engine):
-    too_long = GenRequest(key="long", prompt="", prompt_token_ids=tuple([GEMMA_BOS] + [818] * OPTIONS.max_model_len))
+    n = OPTIONS.max_model_len
+    filler = [GEMMA_BOS] + [818] * (n - 2)  # n - 1 tokens: the longest prompt that still leaves one slot
+    too_long = GenRequest(key="long", prompt="", prompt_token_ids=tuple(filler + [818]))
+    edge = GenRequest(key="edge", prompt="", prompt_token_ids=tuple(filler))
     ok = GenRequest(key="ok", prompt=PROMPTS[0], chat=False)
-    results = {r.key: r for r in engine.generate([too_long, ok], _greedy(4))}
+    results = {r.key: r for r in engine.generate([too_long, edge, ok], _greedy(4))}
     assert results["long"].finish_reason == "prompt_too_long" and results["long"].output_token_ids == []
-    assert results["ok"].output_token_ids
+    assert results["long"].ttft_s is None
+    assert len(results["edge"].output_token_ids) == 1 and results["edge"].finish_reason == "length"
+    assert len(results["ok"].output_token_ids) == 4
+    (edge_score,) = engine.score([filler])
+    assert len(edge_score.logprobs) == n - 1 and edge_score.logprobs[-1] is not None
     with pytest.raises(ValueError, match="max_model_len"):
-        engine.score([[GEMMA_BOS] + [818] * OPTIONS.max_model_len])
+        engine.score([filler + [818]])
     with pytest.raises(ValueError, match="top_k"):
         engine.score([[GEMMA_BOS, 818]], top_k=101)
     with pytest.raises(ValueError, match="vocabulary"):
         engine.next_token_logprobs([[GEMMA_BOS, 818]], [GEMMA_VOCAB])
     assert engine.next_token_logprobs([[GEMMA_BOS, 818]], []) == [[]]
     assert engine.score([]) == [] and list(engine.generate([], _greedy())) == []
+
+
+def test_fp8_quantization_on_cpu_is_refused_before_loading(model_dir):
+    from vllm.platforms import current_platform
+
+    from evalkit.engines.vllm import VllmEngine
+    from evalkit.errors import EngineUnavailableError
+
+    if current_platform.device_type != "cpu":
+        pytest.skip("FP8 kernels exist on this device")
+    # vLLM itself would spend a full start-up (~90 s) and then fail inside its worker with
+    # "_C::static_scaled_fp8_quant() expected at most 0 argument(s)".
+    with pytest.raises(EngineUnavailableError, match="no FP8 kernels"):
+        VllmEngine(str(model_dir), OPTIONS.model_copy(update={"quantization": "fp8"}))

@@ -173,7 +173,7 @@ class VllmEngine(Engine):
         unfinished = set()
         try:
             for rid, ids, params in to_run:
-                internal_ids[rid] = engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                internal_ids[rid] = engine.add_request(rid, self._engine_input(ids), params)
                 unfinished.add(rid)
             while unfinished:
                 outputs = engine.step()
@@ -186,6 +186,8 @@ class VllmEngine(Engine):
                     if comp.token_ids:
                         if st.first is None:
                             st.first = now
+                            if out.prompt_token_ids is not None and list(out.prompt_token_ids) != st.prompt_ids:
+                                raise RuntimeError(f"vLLM ran other prompt tokens than evalkit sent for {st.request.key!r}")
                         st.tokens.extend(comp.token_ids)
                     if comp.text:
                         st.text.append(comp.text)
@@ -213,6 +215,13 @@ class VllmEngine(Engine):
             )
         return iter([r for r in results if r is not None])
 
+    def _engine_input(self, ids: list[int]) -> Any:
+        """Token ids as `LLMEngine.add_request` wants them: through the LLM's own renderer, as
+        `LLM.generate` does (raw prompts are deprecated there), or raw on versions without it."""
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        render = getattr(self._llm, "_preprocess_cmpl_one", None)
+        return render(prompt) if render is not None else prompt
+
     # -- likelihoods ----------------------------------------------------------------------------
 
     def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
@@ -223,8 +232,11 @@ class VllmEngine(Engine):
         for s in seqs:
             if not s:
                 raise ValueError("cannot score an empty token sequence")
-            if len(s) > self._max_model_len:
-                raise ValueError(f"sequence of {len(s)} tokens exceeds max_model_len={self._max_model_len}")
+            if len(s) >= self._max_model_len:  # vLLM keeps one slot for the token it must generate
+                raise ValueError(
+                    f"sequence of {len(s)} tokens does not fit: vLLM with max_model_len={self._max_model_len} "
+                    f"scores at most {self._max_model_len - 1}"
+                )
         if not seqs:
             return []
         params = VllmSamplingParams(

@@ -20,6 +20,15 @@ def metrics_for(target_lang: str) -> dict[str, BLEU | CHRF]:
     return {"bleu": BLEU(trg_lang=target_lang), "chrf": CHRF()}
 
 
+def signatures(target_lang: str) -> dict[str, str]:
+    """Reproducibility signatures of the metrics used for `target_lang`."""
+    out = {}
+    for name, metric in metrics_for(target_lang).items():
+        metric.corpus_score(["a"], [["a"]])  # sacrebleu fills nrefs into the signature on first use
+        out[name] = str(metric.get_signature())
+    return out
+
+
 @dataclass(frozen=True)
 class CorpusScore:
     metric: str

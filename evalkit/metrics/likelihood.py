@@ -262,15 +262,18 @@ def summarize_drift(drift: TokenDrift) -> DriftSummary:
 
 
 def nll_and_topk(
-    logits: np.ndarray, targets: Sequence[int], k: int, block: int = 16
+    logits: np.ndarray, targets: Sequence[int], k: int, block: int = 4, lanes: int = 16
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of raw logits (n, vocab): NLL of `targets[i]`, and the top-k ids and log-probs (descending).
 
-    Written for 262k-wide vocabularies without a full log-softmax matrix: per block of rows, one
-    max / exp / sum pass gives logsumexp (what llama-perplexity computes), and the top-k comes from a
-    threshold: the k-th largest logit of every 16th column is <= the row's k-th largest, so the
-    entries >= it (a few hundred) always contain the row's top-k. np.argpartition over whole rows is
-    ~30x slower. Rows of `logits` are not modified.
+    Written for 262k-wide vocabularies without a full log-softmax matrix (np.argpartition over whole
+    rows is ~3x slower than all of this). Per block of rows (small, to stay in cache):
+    - the row is viewed as `lanes` slices of width W; the elementwise max across slices gives W "bucket"
+      maxima (bucket j = ids j, j+W, j+2W, ...), and the row max for free;
+    - logsumexp from one subtract / exp / sum pass (what llama-perplexity computes per row);
+    - the top-k ids lie in the k buckets with the largest maxima (any id outside them has k larger
+      bucket maxima above it), so only k * lanes candidates (+ the vocab % lanes leftovers) are sorted.
+    `logits` is not modified.
     """
     x_all = np.asarray(logits)
     n, vocab = x_all.shape
@@ -279,26 +282,32 @@ def nll_and_topk(
     nll = np.empty(n, dtype=np.float64)
     ids = np.empty((n, k), dtype=np.int64)
     lps = np.empty((n, k), dtype=np.float64)
+    if vocab // lanes < max(k, 1):
+        lanes = 1  # tiny vocabularies: one lane, the buckets are the ids themselves
+    width = vocab // lanes
+    offsets = np.arange(lanes, dtype=np.int64)[None, None, :] * width
+    leftovers = np.arange(width * lanes, vocab, dtype=np.int64)
     scratch = np.empty((min(block, n), vocab), dtype=np.float32)
-    stride = 16 if vocab // 16 >= k else 1
     for b0 in range(0, n, block):
         x = x_all[b0 : b0 + block]
         rows = x.shape[0]
+        bucket_max = x[:, : width * lanes].reshape(rows, lanes, width).max(axis=1)
+        m = bucket_max.max(axis=1, keepdims=True)
+        if leftovers.size:
+            m = np.maximum(m, x[:, leftovers].max(axis=1, keepdims=True))
         s = scratch[:rows]
-        m = x.max(axis=1, keepdims=True)
         np.subtract(x, m, out=s)
         np.exp(s, out=s)
-        lse = m[:, 0].astype(np.float64) + np.log(s.sum(axis=1, dtype=np.float64))
+        lse = m[:, 0].astype(np.float64) + np.log(s.sum(axis=1).astype(np.float64))
         nll[b0 : b0 + rows] = lse - x[np.arange(rows), tg[b0 : b0 + rows]]
         if k == 0:
             continue
-        thr = np.partition(x[:, ::stride], -k, axis=1)[:, -k]
-        r, c = np.nonzero(x >= thr[:, None])
-        v = x[r, c]
-        order = np.lexsort((c, -v, r))  # by row, then logit descending, then id (deterministic ties)
-        r, c, v = r[order], c[order], v[order]
-        starts = np.searchsorted(r, np.arange(rows))
-        take = starts[:, None] + np.arange(k)[None, :]
-        ids[b0 : b0 + rows] = c[take]
-        lps[b0 : b0 + rows] = v[take].astype(np.float64) - lse[:, None]
+        best = np.argpartition(bucket_max, -k, axis=1)[:, -k:]
+        cand = (best[:, :, None] + offsets).reshape(rows, -1)
+        if leftovers.size:
+            cand = np.concatenate([cand, np.broadcast_to(leftovers, (rows, leftovers.size))], axis=1)
+        vals = np.take_along_axis(x, cand, axis=1)
+        order = np.lexsort((cand, -vals), axis=1)[:, :k]  # logit descending, then id: deterministic ties
+        ids[b0 : b0 + rows] = np.take_along_axis(cand, order, axis=1)
+        lps[b0 : b0 + rows] = np.take_along_axis(vals, order, axis=1).astype(np.float64) - lse[:, None]
     return nll, ids, lps

@@ -17,7 +17,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from evalkit.report.tables import CATEGORIES, CATEGORY_LABEL, RunView, isnum
+from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, isnum
+from evalkit.report.view import RunView, measured_peak
 
 DPI = 110
 REFERENCE_COLOR = "#444444"
@@ -47,6 +48,13 @@ def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})  # no version stamp: stable bytes
     return buf.getvalue()
+
+
+def _legend(fig: Figure, ax: Axes) -> None:
+    """One legend below the panels, so it never covers data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=8, frameon=False)
 
 
 def colors(view: RunView) -> dict[str, str]:
@@ -117,7 +125,7 @@ def prompts_plot(view: RunView) -> Plot | None:
         _dots(ax, view, [c[0] for c in cols], vals, scale)
         ax.set_ylabel(ylabel)
         ax.set_ylim(-3, 103)
-    axes[0].legend(fontsize=8, loc="lower left")
+    _legend(fig, axes[0])
     fig.suptitle("Prompt suite: score by category with 95% intervals", fontsize=11)
     return Plot("prompts-categories", "Prompt suite: score by category (95% intervals)", _png(fig),
                 "Dot plot of each deployment's score per prompt category with interval bars")
@@ -147,7 +155,7 @@ def human_plot(view: RunView) -> Plot | None:
         axes[i].set_ylim(0.8, 5.2)
         axes[i].set_ylabel("mean rating (1–5)")
         axes[i].set_title("Mean human rating", fontsize=10)
-        axes[i].legend(fontsize=8, loc="lower left")
+        _legend(fig, axes[i])
         i += 1
     if not pairwise.empty:
         ax = axes[i]
@@ -165,7 +173,8 @@ def human_plot(view: RunView) -> Plot | None:
         ax.set_xlim(0, 100)
         ax.set_xlabel(f"% of side-by-side ratings vs {view.reference}")
         ax.set_title("Win / tie / loss against the reference", fontsize=10)
-        ax.legend(fontsize=8, ncols=3, loc="lower center", bbox_to_anchor=(0.5, -0.45))
+        ax.set_ylim(len(p) - 0.5 + 0.7, -0.5)  # headroom below the last bar for the legend
+        ax.legend(fontsize=8, ncols=3, loc="lower center", frameon=False)
     return Plot("human-ratings", "Human ratings: means with 95% intervals; win/tie/loss", _png(fig),
                 "Mean human ratings per category with intervals, and stacked win/tie/loss bars per deployment")
 
@@ -195,7 +204,7 @@ def perplexity_plot(view: RunView) -> Plot | None:
         ax.set_ylabel("KL(reference ‖ deployment), nats")
         ax.set_title("KLD per token: percentiles", fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="best")
         i += 1
     if not items.empty and "ppl" in items:
         ax = axes[i]
@@ -231,7 +240,7 @@ def mmlu_plot(view: RunView) -> Plot | None:
     ax.set_xlim(-2, 102)
     ax.set_xlabel("accuracy (%) with Wilson 95% interval")
     ax.axhline(len(subjects) - 1.5, color="#999999", lw=0.8)
-    ax.legend(fontsize=8, loc="lower right")
+    _legend(fig, ax)
     return Plot("mmlu-subjects", f"{view.mmlu_label} accuracy by subject (95% intervals)", _png(fig),
                 "Accuracy per subject and deployment with interval bars")
 
@@ -254,13 +263,14 @@ def longcontext_plots(view: RunView) -> list[Plot]:
     col = colors(view)
     lengths = sorted({int(str(c)[1:]) for c in s.category if str(c).startswith("L")})
     fig, (ax1, ax2) = _figure(9.0, 3.2, ncols=2)
-    for d in view.deployments:
+    for k, d in enumerate(view.deployments):
+        dodge = 2 ** ((k - (len(view.deployments) - 1) / 2) * 0.06)  # side by side on the log axis: equal values stay visible
         rep = [view.score(d, "longcontext", f"L{n}", "seq_rep_4") for n in lengths]
-        x = [n for n, r in zip(lengths, rep) if r is not None]
+        x = [n * dodge for n, r in zip(lengths, rep) if r is not None]
         if x:
             ax1.plot(x, [100 * float(r["value"]) for r in rep if r is not None], "o-", color=col[d], label=_label(view, d))
         rec = [view.score(d, "longcontext", f"L{n}", "recall_accuracy") for n in lengths]
-        pts = [(n, _triple(r)) for n, r in zip(lengths, rec) if r is not None]
+        pts = [(n * dodge, _triple(r)) for n, r in zip(lengths, rec) if r is not None]
         if pts:
             v = np.array([p[1] for p in pts]) * 100
             ax2.errorbar([p[0] for p in pts], v[:, 0], yerr=[v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]], fmt="o-",
@@ -271,7 +281,7 @@ def longcontext_plots(view: RunView) -> list[Plot]:
         ax.set_ylim(-4, 104)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
-    ax1.legend(fontsize=8)
+    _legend(fig, ax1)
     out = [Plot("longcontext-lengths", "Repetition and recall by context length", _png(fig),
                 "Line plots of repetition and pass-key recall against context length per deployment")]
     heat = recall_heatmap(view)
@@ -339,16 +349,14 @@ def cost_plot(view: RunView) -> Plot | None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[2].set_yscale("log")
-    axes[0].legend(fontsize=8)
+    _legend(fig, axes[0])
     return Plot("cost", "Throughput and time to first token by concurrency", _png(fig),
                 "Line plots of per-request and total throughput and of time to first token against concurrency")
 
 
 def ledger_plot(view: RunView) -> Plot | None:
-    from evalkit.report.tables import _measured_peak
-
     ledger = view.run.manifest.get("ledger") or []
-    rows = [(r["deployment"], (r.get("per_device_bytes") or 0) / 1e9, _measured_peak(view, r["deployment"]))
+    rows = [(r["deployment"], (r.get("per_device_bytes") or 0) / 1e9, measured_peak(view, r["deployment"]))
             for r in ledger]
     if not rows:
         return None
@@ -364,5 +372,5 @@ def ledger_plot(view: RunView) -> Plot | None:
     ax.invert_yaxis()
     ax.set_xlabel("GB (10⁹ bytes)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    _legend(fig, ax)
     return Plot("ledger", "Memory: predicted vs measured", _png(fig), "Bars of predicted and measured memory per deployment")

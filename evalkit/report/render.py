@@ -19,7 +19,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from evalkit.report import plots as P
 from evalkit.report import tables as T
-from evalkit.report.tables import Example, RunView, Table
+from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, MARKS, Example, Table
+from evalkit.report.verdict import how_sure, verdict
+from evalkit.report.view import RunView
 from evalkit.results import Run
 from evalkit.store import RunDir, atomic_write_text
 
@@ -42,7 +44,8 @@ class Section:
 # -- sections ----------------------------------------------------------------------------------
 
 
-def _verdict_of(row: pd.Series) -> str:
+def _outcome(row: pd.Series) -> str:
+    """"pass" / "fail" from a per-item row (code: tests passed; reasoning, QA: answer found), else ""."""
     for col in ("pass", "contains", "passed", "correct"):
         if col in row and pd.notna(row[col]):
             return "pass" if str(row[col]).lower() in ("1", "1.0", "true") else "fail"
@@ -55,26 +58,27 @@ def prompt_examples(view: RunView, per_category: int = 2) -> list[Example]:
     items = view.items("prompts")
     if items.empty:
         return []
-    verdicts = {(r.item_id, r.deployment): _verdict_of(pd.Series(r._asdict())) for r in items.itertuples()}
+    # to_dict, not itertuples: a column named "pass" (a keyword) would be renamed there
+    outcomes = {(r["item_id"], r["deployment"]): _outcome(pd.Series(r)) for r in items.to_dict("records")}
     by_item: dict[str, dict[str, dict[str, Any]]] = {}
     for dep, rs in recs.items():
         for r in rs:
             by_item.setdefault(r["item_id"], {})[dep] = r
     out: list[Example] = []
-    for cat in T.CATEGORIES:
+    for cat in CATEGORIES:
         ids = sorted(i for i, per in by_item.items() if next(iter(per.values()))["category"] == cat)
 
         def disagreement(item_id: str) -> tuple[int, int, str]:
-            v = [verdicts.get((item_id, d), "") for d in view.deployments]
+            v = {d: outcomes.get((item_id, d), "") for d in view.deployments}
             texts = {(by_item[item_id].get(d) or {}).get("output_text", "").strip() for d in view.deployments}
-            ref_ok = v[0] == "pass" and "fail" in v[1:]
-            return (-int(ref_ok), -len(set(v) - {""}) - len(texts), item_id)
+            ref_ok = v[view.reference] == "pass" and "fail" in v.values()
+            return (-int(ref_ok), -len(set(v.values()) - {""}) - len(texts), item_id)
 
         for item_id in sorted(ids, key=disagreement)[:per_category]:
             per = by_item[item_id]
             first = per.get(view.reference) or next(iter(per.values()))
-            out.append(Example(f"{item_id} ({T.CATEGORY_LABEL[cat]})", _cut(first.get("prompt", "")),
-                               [(d, verdicts.get((item_id, d), ""), _cut(per[d].get("output_text", "")))
+            out.append(Example(f"{item_id} ({CATEGORY_LABEL[cat]})", _cut(first.get("prompt", "")),
+                               [(d, outcomes.get((item_id, d), ""), _cut(per[d].get("output_text", "")))
                                 for d in view.deployments if d in per]))
     return out
 
@@ -96,25 +100,29 @@ def _cut(text: Any) -> str:
     return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + f" …[{len(text) - EXAMPLE_CHARS} more characters]"
 
 
+def _some(*plots: P.Plot | None) -> list[P.Plot]:
+    return [p for p in plots if p is not None]
+
+
 def sections(view: RunView) -> list[Section]:
     out: list[Section] = []
     if view.has("prompts"):
         out.append(Section("prompts", "Prompts: code, reasoning, translation, QA",
                            "Automatic scores per category; BLEU and chrF are sacrebleu's (signatures below).",
-                           [T.prompts_table(view)], [p for p in [P.prompts_plot(view)] if p], prompt_examples(view)))
+                           [T.prompts_table(view)], _some(P.prompts_plot(view)), prompt_examples(view)))
     if view.human:
         out.append(Section("human", "Human ratings",
                            "Blind ratings imported from the rating sheets, de-blinded with the run's key.",
-                           T.human_tables(view), [p for p in [P.human_plot(view)] if p]))
+                           T.human_tables(view), _some(P.human_plot(view))))
     if view.has("perplexity"):
         out.append(Section("perplexity", "Perplexity and distribution drift", "",
-                           [T.perplexity_table(view)], [p for p in [P.perplexity_plot(view)] if p]))
+                           [T.perplexity_table(view)], _some(P.perplexity_plot(view))))
     if view.has("mmlu"):
         flipped = T.flipped_items(view, "mmlu")
         out.append(Section("mmlu", f"{view.mmlu_label}: multiple choice",
                            "" if view.mmlu_label == "MMLU" else "evalkit's built-in multiple-choice set, not MMLU.",
                            [T.mmlu_subject_table(view), T.flips_table(view, "mmlu", "all", "questions")],
-                           [p for p in [P.mmlu_plot(view)] if p], details=[flipped] if not flipped.empty else []))
+                           _some(P.mmlu_plot(view)), details=[flipped] if not flipped.empty else []))
     if view.has("longcontext"):
         out.append(Section("longcontext", "Long context: repetition and recall", "",
                            T.longcontext_tables(view), P.longcontext_plots(view), longcontext_examples(view)))
@@ -124,10 +132,10 @@ def sections(view: RunView) -> list[Section]:
                            details=[flipped] if not flipped.empty else []))
     if view.has("cost"):
         out.append(Section("cost", "Cost: speed and memory", "",
-                           T.cost_tables(view), [p for p in [P.cost_plot(view)] if p]))
+                           T.cost_tables(view), _some(P.cost_plot(view))))
     if view.run.manifest.get("ledger"):
-        out.append(Section("ledger", "Memory ledger", "What `evalkit plan` predicted before loading, beside what was measured.",
-                           [T.ledger_table(view)], [p for p in [P.ledger_plot(view)] if p]))
+        out.append(Section("ledger", "Memory ledger", "What “evalkit plan” predicted before loading, beside what was measured.",
+                           [T.ledger_table(view)], _some(P.ledger_plot(view))))
     out.append(Section("hardware", "What the hardware really ran", "", [T.hardware_table(view)] + T.parity_tables(view)))
     out.append(Section("environment", "Environment and signatures", "",
                        [T.environment_table(view), T.engines_table(view), T.signatures_table(view)]))
@@ -139,11 +147,11 @@ def sections(view: RunView) -> list[Section]:
 
 def context(run: Run) -> dict[str, Any]:
     view = RunView(run)
-    verdict = T.verdict(view)
+    table = verdict(view)
     m = run.manifest
     return {
-        "run": run, "manifest": m, "verdict": verdict, "sure": T.how_sure(view, verdict), "warnings": T.warnings(view),
-        "marks": T.MARKS, "sections": [s for s in sections(view) if s.tables or s.plots or s.examples or s.details],
+        "run": run, "manifest": m, "verdict": table, "sure": how_sure(view, table), "warnings": T.warnings(view),
+        "marks": MARKS, "sections": [s for s in sections(view) if s.tables or s.plots or s.examples or s.details],
         "suites": [k for k, v in ((m.get("config") or {}).get("suites") or {}).items() if v is not None],
     }
 
@@ -194,8 +202,8 @@ def render_markdown(ctx: dict[str, Any]) -> str:
             lines += [f"### Example: {_md_cell(ex.title)}", ""]
             if ex.prompt:
                 lines += ["Prompt:", ""] + _fence(ex.prompt) + [""]
-            for dep, verdict, text in ex.outputs:
-                lines += [f"**{dep}**" + (f" ({verdict})" if verdict else "") + ":", ""] + _fence(text) + [""]
+            for dep, outcome, text in ex.outputs:
+                lines += [f"**{dep}**" + (f" ({outcome})" if outcome else "") + ":", ""] + _fence(text) + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 

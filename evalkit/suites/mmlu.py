@@ -68,7 +68,8 @@ def load_mc_data(source: str, config_file: Path) -> McData:
         return _load_hf()
     root = resolve_data_path(source, config_file)
     if not root.is_dir():
-        raise DataError(f"suites.mmlu.source: {source}", "not a directory (expected MMLU's CSV layout or an HF parquet/JSONL export)")
+        raise DataError(f"suites.mmlu.source: {source}",
+                        "not a directory (expected MMLU's CSV layout or an HF parquet/JSONL export)")
     for base in (root, root / "data"):
         if (base / "test").is_dir():
             return _load_csv_layout(base)
@@ -99,7 +100,8 @@ def _read_csv_split(folder: Path, split: str) -> dict[str, list[Question]]:
                     where = f"{path}:{reader.line_num}"
                     if len(row) != 6:
                         raise DataError(where, f"expected 6 columns (question,A,B,C,D,answer), got {len(row)}")
-                    rows.append(Question(subject, len(rows), row[0], tuple(row[1:5]), _answer_index(row[5], where)))  # type: ignore[arg-type]
+                    choices = (row[1], row[2], row[3], row[4])
+                    rows.append(Question(subject, len(rows), row[0], choices, _answer_index(row[5], where)))
         except (OSError, UnicodeDecodeError, csv.Error) as e:
             raise DataError(str(path), f"cannot read: {e}") from None
         out[subject] = rows
@@ -145,7 +147,7 @@ def _read_export_file(path: Path) -> list[dict[str, Any]]:
 
             frame = pd.read_parquet(path)
         except ImportError:
-            raise DataError(str(path), "reading parquet needs pyarrow (pip install pyarrow), or export the data as JSONL") from None
+            raise DataError(str(path), "reading parquet needs pyarrow (pip install pyarrow); or export as JSONL") from None
         except Exception as e:  # pyarrow raises its own types for corrupt files
             raise DataError(str(path), f"cannot read parquet: {e}") from None
         return [dict(r, _where=f"{path}:row {i + 1}") for i, r in enumerate(frame.to_dict("records"))]
@@ -194,7 +196,8 @@ def _load_hf() -> McData:
     try:
         ds = datasets.load_dataset("cais/mmlu", "all")
     except Exception as e:  # offline shows up as ConnectionError, OSError or hub-specific errors
-        raise DataError("suites.mmlu.source: hf", f"cannot load cais/mmlu ({type(e).__name__}; offline?); {LOCAL_HINT}") from None
+        problem = f"cannot load cais/mmlu ({type(e).__name__}; offline?); {LOCAL_HINT}"
+        raise DataError("suites.mmlu.source: hf", problem) from None
     test = [dict(r, _where=f"cais/mmlu test row {i + 1}") for i, r in enumerate(ds["test"])]
     dev = [dict(r, _where=f"cais/mmlu dev row {i + 1}") for i, r in enumerate(ds["dev"])]
     return McData(_questions(test), _questions(dev), "hf:cais/mmlu/all", "MMLU")

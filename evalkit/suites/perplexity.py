@@ -355,8 +355,10 @@ class _Pair:
         q, b = self.nll()
         n = int(q.size)
         p = paired_perplexity(q, b)
-        z = p.ln_ratio / p.ln_ratio_se if p.ln_ratio_se > 0 else math.inf * np.sign(p.ln_ratio)
-        p_value = float(2 * stats.norm.sf(abs(z))) if math.isfinite(z) else (0.0 if p.ln_ratio else 1.0)
+        if p.ln_ratio_se > 0:
+            p_value = float(2 * stats.norm.sf(abs(p.ln_ratio / p.ln_ratio_se)))
+        else:  # identical per-token NLL differences: no noise to test against
+            p_value = 1.0 if p.ln_ratio == 0 else 0.0
         lo, hi = p.diff - Z95 * p.diff_se, p.diff + Z95 * p.diff_se
         ppl_q, ppl_b = math.exp(q.mean()), math.exp(b.mean())
         rows = [ComparisonRow(

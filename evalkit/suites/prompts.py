@@ -221,7 +221,7 @@ class PromptsSuite(Suite):
         return rows
 
     def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
-        from evalkit.metrics.stats import paired_bootstrap_diff
+        from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff
 
         ref = ctx.reference
         if ref not in records:
@@ -252,9 +252,13 @@ class PromptsSuite(Suite):
                 a = [per_item[ref][b["item_id"]][metric] for b, _ in pairs]
                 b = [per_item[dep][d["item_id"]][metric] for _, d in pairs]
                 res = paired_bootstrap_diff(b, a)  # deployment minus reference
+                # Pass/fail outcomes: significance from McNemar's exact test on the flips (a bootstrap
+                # interval of two items can look "certain"); the interval is still reported.
+                flips = mcnemar_flips([x > 0 for x in a], [x > 0 for x in b])
                 rows.append(ComparisonRow(dep, ref, self.name, cat, "pass@1" if metric == "pass" else metric,
-                                          sum(b) / len(b), sum(a) / len(a), res.diff, res.ci_low, res.ci_high, None,
-                                          len(pairs), res.method, excludes_zero(res)))
+                                          sum(b) / len(b), sum(a) / len(a), res.diff, res.ci_low, res.ci_high,
+                                          flips.p_value, len(pairs), f"{res.method}; exact McNemar p",
+                                          flips.p_value < 0.05))
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
@@ -279,16 +283,8 @@ class PromptsSuite(Suite):
             "path": str(path),
             "files": {f.name: sha256_of(f) for f in files},
             "categories": list(self.settings.categories),
-            "bleu_signatures": {
-                lang: {name: str(m.get_signature()) for name, m in bleu.metrics_for(lang).items()}
-                for lang in ("zh", "de")
-            },
+            "bleu_signatures": {lang: bleu.signatures(lang) for lang in ("zh", "de")},
         }
-
-
-def excludes_zero(res: Any) -> bool:
-    """A paired difference is distinguishable from noise when its 95% interval excludes zero."""
-    return res.ci_low is not None and (res.ci_low > 0 or res.ci_high < 0)
 
 
 def _by_lang(recs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

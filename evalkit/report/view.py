@@ -1,0 +1,147 @@
+"""The run as the report reads it: lookups over a Run's frames, suite provenance, measured memory."""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from evalkit.report.cells import Cell, cell, metric_spec
+from evalkit.results import Run
+
+
+class RunView:
+    """Lookups over a Run's frames; every method returns None / empty when the data are absent."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.reference = run.reference
+        self.deployments = run.deployments
+        self.scores = run.scores
+        self.comps = run.comparisons
+        self._items: dict[str, pd.DataFrame] = {}
+
+    def has(self, suite: str) -> bool:
+        return (not self.scores.empty and bool((self.scores.suite == suite).any())) or not self.items(suite).empty
+
+    def score(self, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
+        return _row(self.scores, dep, suite, category, metric)
+
+    def comp(self, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
+        return _row(self.comps, dep, suite, category, metric) if dep != self.reference else None
+
+    def cell(self, dep: str, suite: str, category: str, metric: str, comp_metric: str | None = None) -> Cell:
+        spec = metric_spec(metric)
+        return cell(self.score(dep, suite, category, metric), self.comp(dep, suite, category, comp_metric or metric),
+                    spec, dep == self.reference)
+
+    def suite_scores(self, suite: str) -> pd.DataFrame:
+        return self.scores[self.scores.suite == suite] if not self.scores.empty else self.scores
+
+    def suite_comps(self, suite: str) -> pd.DataFrame:
+        return self.comps[self.comps.suite == suite] if not self.comps.empty else self.comps
+
+    def items(self, suite: str) -> pd.DataFrame:
+        """items/<suite>.csv (Run.items concatenates suites without saying which row came from which)."""
+        if suite not in self._items:
+            path = self.run.path / "items" / f"{suite}.csv"
+            empty = not path.exists() or path.stat().st_size == 0
+            self._items[suite] = pd.DataFrame() if empty else pd.read_csv(path, encoding="utf-8-sig")
+        return self._items[suite]
+
+    def records(self, suite: str) -> dict[str, list[dict[str, Any]]]:
+        """Raw records of one suite per deployment (model output unescaped: render escapes it)."""
+        return {d: [r for r in self.run.run_dir.records(d) if r.get("suite") == suite] for d in self.deployments}
+
+    @cached_property
+    def human(self) -> dict[str, pd.DataFrame]:
+        """aggregate() tables when ratings were imported, else {}."""
+        if self.run.ratings.empty:
+            return {}
+        from evalkit.rating.aggregate import aggregate
+
+        return aggregate(self.run.path)
+
+    @cached_property
+    def suite_info(self) -> dict[str, dict[str, Any]]:
+        """Each suite's describe(): from the manifest when the pipeline stored it, else asked now."""
+        stored = self.run.manifest.get("suites")
+        if isinstance(stored, dict):
+            return stored
+        return describe_suites(self.run)
+
+    @cached_property
+    def mmlu_label(self) -> str:
+        """evalkit's built-in set must not be called MMLU (evalkit.suites.mmlu.BUILTIN_LABEL)."""
+        label = self.suite_info.get("mmlu", {}).get("dataset")
+        if label:
+            return "MMLU" if label == "MMLU" else "MC"
+        source = ((self.run.manifest.get("config") or {}).get("suites") or {}).get("mmlu", {}) or {}
+        return "MC" if source.get("source") == "builtin" else "MMLU"
+
+
+def _row(df: pd.DataFrame, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
+    if df.empty:
+        return None
+    m = df[(df.deployment == dep) & (df.suite == suite) & (df.category.astype(str) == category) & (df.metric == metric)]
+    return None if m.empty else m.iloc[0]
+
+
+def describe_suites(run: Run) -> dict[str, dict[str, Any]]:
+    """describe() of every enabled suite, each guarded: provenance must never stop a report.
+
+    Suites whose data would be fetched from the network (MMLU from the hub) are not asked.
+    """
+    from evalkit.config import Config
+    from evalkit.suites import enabled_suites
+
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        config = Config.model_validate(run.manifest["config"])
+        suites = enabled_suites(config, Path(run.manifest["config_file"]))
+    except Exception as e:  # an old or hand-edited manifest: say so instead of failing the report
+        return {"*": {"error": f"{type(e).__name__}: {e}"}}
+    for suite in suites:
+        if suite.name == "mmlu" and getattr(suite.settings, "source", "") == "hf":
+            out[suite.name] = {"source": "hf", "note": "not described offline (data on the hub)"}
+            continue
+        try:
+            out[suite.name] = suite.describe()
+        except Exception as e:
+            out[suite.name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def bleu_signatures(view: RunView) -> dict[str, dict[str, str]]:
+    """sacrebleu signatures per target language: describe()'s when it gave them, else from the metrics used."""
+    info = view.suite_info.get("prompts", {}).get("bleu_signatures")
+    if isinstance(info, dict) and info:
+        return info
+    langs = sorted({m.split("_en-")[1] for m in view.suite_scores("prompts").get("metric", pd.Series(dtype=str))
+                    if "_en-" in str(m)})
+    if not langs:
+        return {}
+    from evalkit.metrics.bleu import metrics_for
+
+    out: dict[str, dict[str, str]] = {}
+    for lang in langs:
+        sigs = {}
+        for name, metric in metrics_for(lang).items():
+            metric.corpus_score(["a"], [["a"]])  # sacrebleu fills the reference count in on first use
+            sigs[name] = str(metric.get_signature())
+        out[lang] = sigs
+    return out
+
+
+def measured_peak(view: RunView, dep: str) -> tuple[float, str] | None:
+    """Highest memory the cost suite saw: per GPU when GPUs were sampled, else the process tree's RSS (MB)."""
+    s = view.suite_scores("cost")
+    if s.empty:
+        return None
+    mine = s[s.deployment == dep]
+    for metric, where in (("peak_gpu_mem_mb", "busiest GPU"), ("peak_rss_mb", "RAM, process tree")):
+        v = mine[mine.metric == metric].value
+        if not v.empty:
+            return float(v.max()), where
+    return None
