@@ -137,8 +137,17 @@ class Sampling(_Strict):
     seed: int = 0
 
 
+class Hardware(_Strict):
+    """Devices the deployments must fit on (`evalkit plan`); omitted: this machine (NVML GPUs, else RAM)."""
+
+    gpus: int = Field(default=0, ge=0)  # 0: CPU only, RAM is the budget
+    gpu_memory_gb: float | None = Field(default=None, gt=0)  # per GPU, 10^9 bytes
+    ram_gb: float | None = Field(default=None, gt=0)
+
+
 class Config(_Strict):
     reference: str
+    hardware: Hardware | None = None
     deployments: list[Deployment] = Field(min_length=1)
     suites: Suites = Suites()
     sampling: Sampling = Sampling()

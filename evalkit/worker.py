@@ -7,6 +7,7 @@ OS when the process exits, before the next deployment loads.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,11 +39,9 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
     engine = load_engine(deployment.engine, resolved["path"], deployment.options, deployment_name)
     if manifest.get("use_cache", True):
         engine = _with_cache(engine, deployment, resolved)
-    info = engine.info()
-    atomic_write_text(
-        run.path / "engines" / f"{deployment_name}.json",
-        json.dumps({"deployment": deployment_name, **info.__dict__}, indent=2, default=str) + "\n",
-    )
+    engine_file = run.path / "engines" / f"{deployment_name}.json"
+    described = {"deployment": deployment_name, "worker_pid": os.getpid(), **engine.info().__dict__}
+    atomic_write_text(engine_file, json.dumps(described, indent=2, default=str) + "\n")
     sampling = SamplingParams(**config.sampling.model_dump())
     with run.writer(deployment_name) as writer:
         for suite in suites:
@@ -62,6 +61,10 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
             suite.run(engine, items, sampling, emit)
             bar.close()
             print(f"{deployment_name} · {suite.name}: {len(items)} items in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    stats = getattr(engine, "stats", None)  # CachedEngine: how much engine work the cache saved
+    if stats is not None:
+        described.update(cache_hits=stats.hits, cache_misses=stats.misses)
+        atomic_write_text(engine_file, json.dumps(described, indent=2, default=str) + "\n")
     engine.close()
 
 

@@ -23,6 +23,7 @@ class GenRequest:
     chat: bool = True
     max_tokens: int | None = None  # overrides SamplingParams.max_tokens for this request
     prompt_token_ids: tuple[int, ...] | None = None  # exact tokens; bypasses templating when given
+    ignore_eos: bool = False  # generate up to max_tokens past end-of-generation (the cost suite's fixed lengths)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ class LlamaCppEngine(Engine):
                 ):
                     if ttft is None:
                         ttft = time.perf_counter() - arrival
-                    if llama_cpp.llama_vocab_is_eog(self._llm._model.vocab, tok):
+                    if not req.ignore_eos and llama_cpp.llama_vocab_is_eog(self._llm._model.vocab, tok):
                         finish = "stop"
                         break
                     out.append(tok)
@@ -169,14 +169,44 @@ class LlamaCppEngine(Engine):
         """Full-vocabulary log-probabilities per position (for KL-divergence); see `_forward_logprobs`."""
         return self._forward_logprobs(tokens)
 
+    _REUSE_ALIGN = 64  # reuse point rounded down so every row keeps the batch layout a fresh pass gives it
+
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
-        out = []
-        for prompt in prompts:
-            last = None
-            for _, rows in self._forward_logprobs(prompt):
-                last = rows[-1]
-            assert last is not None
-            out.append([float(last[c]) for c in candidates])
+        """Last-position log-softmax read at `candidates`.
+
+        Consecutive prompts sharing a prefix (few-shot blocks) reuse its KV cache, and only the last position's
+        logits are computed. Batches are cut at absolute n_batch boundaries and the reuse point is a multiple of
+        64, so results are bit-identical to a fresh pass (ggml's CPU kernels depend on the batch shape).
+        """
+        llm = self._llm
+        n_vocab = llm.n_vocab()
+        out: list[list[float]] = []
+        cached: list[int] = []
+        llm.reset()
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        for prompt in map(list, prompts):
+            if len(prompt) > self.options.n_ctx:
+                raise ValueError(f"sequence of {len(prompt)} tokens exceeds n_ctx={self.options.n_ctx}")
+            keep = 0
+            for a, b in zip(cached, prompt):
+                if a != b:
+                    break
+                keep += 1
+            keep = min(keep, len(prompt) - 1)  # decode at least one token to get logits
+            keep -= keep % self._REUSE_ALIGN
+            if not llm._ctx.kv_cache_seq_rm(-1, keep, -1):  # some caches (small SWA) cannot drop a tail
+                llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+                keep = 0
+            start = keep
+            while start < len(prompt):
+                end = min(len(prompt), (start // llm.n_batch + 1) * llm.n_batch)
+                llm._batch.set_batch(batch=prompt[start:end], n_past=start, logits_all=False)
+                llm._ctx.decode(llm._batch)
+                start = end
+            cached = prompt
+            row = log_softmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(1, n_vocab)))[0]
+            out.append([float(row[c]) for c in candidates])
+        llm.reset()  # generate() keeps its own prefix bookkeeping
         return out
 
     # -- description ----------------------------------------------------------------------------

