@@ -97,6 +97,8 @@ def main() -> None:
     print(f"evalkit          PPL {e_ppl:.4f} ± {e_se:.4f}   wall {e_wall:.2f} s")
     print(f"relative PPL difference {100 * (e_ppl - t_ppl) / t_ppl:+.4f}%   (target within ±0.1%)")
     print(f"wall time ratio evalkit / llama-perplexity {e_wall / t_wall:.2f}x   (target <= 1.2x)")
+    if args.rounds > 1:
+        print("rounds (llama-perplexity s, evalkit s): " + ", ".join(f"({a[2]:.1f}, {b[2]:.1f})" for a, b in zip(theirs, ours)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+"""Tokenizer-only stand-ins: the same token ids as an engine's `tokenize` / `prompt_token_ids`, without
+loading the model.
+
+The engine-result cache keys every request by its exact prompt token ids, so a re-run must tokenize before
+it knows whether it needs the engine at all. A stand-in does that cheaply (llama.cpp: the GGUF's vocabulary
+only, well under a second; vLLM: the checkpoint's Hugging Face tokenizer, no vLLM start-up) and is an
+`Engine` whose model calls raise: the lazy engine in `evalkit.cache` loads the real engine for those.
+
+vLLM's chat-template rule (`chat_prompt_ids`) is taken from `evalkit/engines/vllm.py` itself, compiled from
+its source, so there is one definition and `import vllm` (seconds) is not paid for tokenizing.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+
+PACKAGE = {"llamacpp": "llama-cpp-python", "vllm": "vllm"}
+
+
+def engine_package_version(engine: str) -> str | None:
+    """The installed engine package's version, read from its metadata (no import)."""
+    try:
+        return version(PACKAGE[engine])
+    except Exception:  # not installed / unknown engine
+        return None
+
+
+class _TokenizerOnly(Engine):
+    def info(self) -> EngineInfo:
+        raise NotImplementedError("a tokenizer-only stand-in has no engine description")
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        raise NotImplementedError("a tokenizer-only stand-in cannot generate")
+
+    def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        raise NotImplementedError("a tokenizer-only stand-in cannot score")
+
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
+        raise NotImplementedError("a tokenizer-only stand-in cannot score")
+
+
+def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
+    """LlamaCppEngine's tokenization on a vocabulary-only load (tokenize/prompt_token_ids are its own methods)."""
+    import llama_cpp
+
+    from evalkit.engines.llamacpp import LlamaCppEngine
+
+    class LlamaCppTokenizer(_TokenizerOnly, LlamaCppEngine):
+        name = "llamacpp"
+
+        def __init__(self) -> None:  # mirrors LlamaCppEngine.__init__'s tokenizer set-up
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            self.options = options
+            self.model_path = str(model_path)
+            self._llm = llama_cpp.Llama(model_path=self.model_path, vocab_only=True, verbose=False)
+            meta = self._llm.metadata
+            self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
+            self._bos = self._llm.token_bos() if self._llm.token_bos() >= 0 else None
+            template = meta.get("tokenizer.chat_template")
+            self._chat = None
+            if template and options.chat_template == "auto":
+                vocab = self._llm._model
+                self._chat = Jinja2ChatFormatter(
+                    template=template,
+                    eos_token=vocab.token_get_text(self._llm.token_eos()),
+                    bos_token=vocab.token_get_text(self._llm.token_bos()) if self._bos is not None else "",
+                )
+
+        def close(self) -> None:
+            self._llm.close()
+
+    return LlamaCppTokenizer()
+
+
+def vllm_chat_prompt_ids() -> Callable[..., list[int]]:
+    """`evalkit.engines.vllm.chat_prompt_ids`, compiled from that module's source without importing vllm."""
+    spec = importlib.util.find_spec("evalkit.engines.vllm")
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "chat_prompt_ids")
+    module = ast.Module(body=[ast.ImportFrom(module="__future__", names=[ast.alias("annotations")], level=0), node], type_ignores=[])
+    namespace: dict[str, Any] = {"Any": Any}
+    exec(compile(ast.fix_missing_locations(module), spec.origin, "exec"), namespace)
+    return namespace["chat_prompt_ids"]
+
+
+class VllmTokenizer(_TokenizerOnly):
+    """VllmEngine's tokenization with the checkpoint's HF tokenizer (what `LLM.get_tokenizer()` loads)."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, options: Any) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_path = str(model_path)
+        self._tok = AutoTokenizer.from_pretrained(self.model_path)
+        self._chat_prompt_ids = vllm_chat_prompt_ids()
+        bos = getattr(self._tok, "bos_token_id", None)
+        self._bos: int | None = int(bos) if bos is not None else None
+        probe = self._tok("a", add_special_tokens=True).input_ids  # as VllmEngine: BOS read from behaviour
+        self._add_bos = self._bos is not None and probe[:1] == [self._bos]
+        template = getattr(self._tok, "chat_template", None)
+        self._chat_template = template if isinstance(template, str) and template else None
+        self._use_chat = self._chat_template is not None and options.chat_template == "auto"
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        return list(self._tok(text, add_special_tokens=add_bos, split_special_tokens=True).input_ids)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        if self._use_chat and request.chat:
+            return self._chat_prompt_ids(self._tok, request.prompt, add_bos=self._add_bos, bos_token_id=self._bos)
+        return self.tokenize(request.prompt, add_bos=True)
+
+    def prompt_format(self, request: GenRequest) -> str:
+        return "chat" if request.chat and self._use_chat and request.prompt_token_ids is None else "completion"
+
+
+def load_tokenizer(engine: str, model_path: str, options: Any) -> Engine:
+    """The tokenizer-only stand-in for `engine` on `model_path`."""
+    if engine == "llamacpp":
+        return llamacpp_tokenizer(model_path, options)
+    if engine == "vllm":
+        return VllmTokenizer(model_path, options)
+    raise ValueError(f"no tokenizer stand-in for engine {engine!r}")
