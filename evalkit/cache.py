@@ -7,17 +7,32 @@ next_token_logprobs(candidates)). One JSON file per entry, sharded by the key's 
 written atomically (temp file + fsync + rename): a process killed mid-write leaves at most a stray temp
 file, which is never read. An unreadable or mismatching entry is a miss and is overwritten.
 
-Timing-sensitive work (the cost suite) must not be served from here: it calls `uncached(engine)`.
+Timing-sensitive work (the cost suite) must not be served from here as engine calls: it calls
+`uncached(engine)`. It may store whole measurements (`CachedEngine.measurement` / `store_measurement`),
+which it marks as such when reused (see evalkit/suites/cost.py); only the worker's engine enables that.
+
+A re-run starts no engine for what is cached (`open_engine`, the worker's entry point): the engine's
+description (`EngineInfo`, which feeds the key) is stored on first load under the deployment's identity
+(model content hash, path, variant, engine package version, all options, host), tokenization results are
+memoised under the same identity, and a `LazyEngine` loads a tokenizer-only stand-in
+(evalkit/engines/tokenizer.py) on the first tokenization miss and the real engine on the first result
+miss. An identity the stored description does not match (e.g. a GPU swapped under the same host name) is
+caught when the real engine loads: the description is refreshed and later keys use it.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import os
+import platform
+import sys
 from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from evalkit.engines import load_engine
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.models import cache_dir, fingerprint
 from evalkit.store import atomic_write_text
@@ -174,7 +189,15 @@ class CachedEngine(Engine):
     `cached_keys` lists the GenRequest keys of the last generate() call that were hits.
     """
 
-    def __init__(self, inner: Engine, key_parts: Mapping[str, Any], enabled: bool = True, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        inner: Engine,
+        key_parts: Mapping[str, Any],
+        enabled: bool = True,
+        root: Path | None = None,
+        tokenizer_parts: Mapping[str, Any] | None = None,
+        measurements: bool = False,
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self.key_parts = dict(key_parts)
@@ -182,6 +205,9 @@ class CachedEngine(Engine):
         self.store = ResultCache(root)
         self.stats = CacheStats()
         self.cached_keys: set[str] = set()
+        # Tokenization is memoised only when told what the tokenizer depends on (`engine_identity`).
+        self.tokenizer_parts = dict(tokenizer_parts) if tokenizer_parts is not None else None
+        self.measurements = measurements  # whether whole measurements (the cost suite's) may be stored
 
     def __getattr__(self, attr: str) -> Any:
         # Engine-specific extras (e.g. llama.cpp's full_logprobs) pass through, uncached.
@@ -197,14 +223,40 @@ class CachedEngine(Engine):
     def info(self) -> EngineInfo:
         return self.inner.info()
 
+    def _memo(self, kind: str, payload: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+        if not self.enabled or self.tokenizer_parts is None:
+            return compute()
+        key = entry_key(self.tokenizer_parts, kind, payload)
+        hit = self.store.get(key)
+        if hit is not None:
+            return hit
+        value = compute()
+        self.store.put(key, value)
+        return value
+
     def tokenize(self, text: str, add_bos: bool) -> list[int]:
-        return self.inner.tokenize(text, add_bos)
+        return self._memo("tokenize", {"text": text, "add_bos": add_bos}, lambda: list(self.inner.tokenize(text, add_bos)))
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self.inner.detokenize(token_ids)
+        return self._memo("detokenize", {"token_ids": list(token_ids)}, lambda: self.inner.detokenize(token_ids))
 
     def prompt_token_ids(self, request: GenRequest) -> list[int]:
-        return self.inner.prompt_token_ids(request)
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        payload = {"prompt": request.prompt, "chat": request.chat}
+        return self._memo("prompt_token_ids", payload, lambda: list(self.inner.prompt_token_ids(request)))
+
+    # -- whole measurements (the cost suite) ------------------------------------------------------
+
+    def measurement(self, kind: str, payload: Mapping[str, Any]) -> Any | None:
+        """A stored measurement for this deployment (None: absent, or measurements not enabled)."""
+        if not (self.enabled and self.measurements):
+            return None
+        return self.store.get(self._key(kind, payload))
+
+    def store_measurement(self, kind: str, payload: Mapping[str, Any], value: Any) -> None:
+        if self.enabled and self.measurements:
+            self.store.put(self._key(kind, payload), value)
 
     def close(self) -> None:
         self.inner.close()
@@ -219,7 +271,7 @@ class CachedEngine(Engine):
         misses: list[GenRequest] = []
         keys: dict[str, str] = {}
         for req in requests:
-            payload = _generate_payload(req, sampling, self.inner.prompt_token_ids(req))
+            payload = _generate_payload(req, sampling, self.prompt_token_ids(req))
             key = self._key("generate", payload)
             hit = self.store.get(key)
             if hit is None:
@@ -267,13 +319,225 @@ class CachedEngine(Engine):
                 out[i] = res
         return [r for r in out if r is not None]  # every slot is filled by now
 
+    def score_span(self, tokens: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+        """The perplexity suite's per-chunk scoring (it asks for `score_span` when an engine has one), cached.
+
+        A miss runs exactly what the suite runs on an unwrapped engine (`score_chunk` on the real engine:
+        llama.cpp's fast path, or a sliced `score`), so cached and uncached runs give the same numbers.
+        """
+        from evalkit.suites.perplexity import score_chunk
+
+        def compute() -> tuple[list[float], list[list[list[float]]]]:
+            return score_chunk(loaded(self.inner), list(tokens), first, top_k)
+
+        if not self.enabled:
+            return compute()
+        key = self._key("score_span", {"token_ids": list(tokens), "first": first, "top_k": top_k})
+        hit = self.store.get(key)
+        if hit is not None:
+            self.stats.hits += 1
+            return hit[0], hit[1]
+        self.stats.misses += 1
+        nll, top = compute()
+        self.store.put(key, [nll, top])
+        return nll, top
+
 
 
 def uncached(engine: Engine) -> Engine:
-    """The engine underneath any cache wrapper: for work whose timings are the point."""
+    """The engine underneath any cache wrapper: for work whose timings are the point (a `LazyEngine`
+    underneath loads the real engine on its first model call)."""
     while isinstance(engine, CachedEngine):
         engine = engine.inner
     return engine
+
+
+def loaded(engine: Engine) -> Engine:
+    """The real engine underneath cache and lazy wrappers, loading it if it was not yet."""
+    engine = uncached(engine)
+    return engine.real() if isinstance(engine, LazyEngine) else engine
+
+
+class LazyEngine(Engine):
+    """An engine that loads only when a model call needs it.
+
+    Until then `info()` is the stored description (`extra["info_from_cache"]` is True: its `load_s` is from
+    the run that stored it) and tokenization goes to a tokenizer-only stand-in, itself loaded on first use.
+    Once the real engine is loaded, every call goes to it. `loads` counts real-engine loads.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        load: Callable[[], Engine],
+        info: EngineInfo,
+        tokenizer: Callable[[], Engine] | None = None,
+        engine: Engine | None = None,
+        on_load: Callable[[Engine], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._load = load
+        self._info = info
+        self._tokenizer_factory = tokenizer
+        self._tok: Engine | None = None
+        self.engine = engine
+        self.on_load = on_load
+        self.loads = 0
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.engine is not None
+
+    def real(self) -> Engine:
+        if self.engine is None:
+            if self._tok is not None:  # the stand-in's memory goes before the model's arrives
+                self._tok.close()
+                self._tok = None
+            self.engine = self._load()
+            self.loads += 1
+            if self.on_load is not None:
+                self.on_load(self.engine)
+        return self.engine
+
+    def _tokenizer(self) -> Engine:
+        if self.engine is not None:
+            return self.engine
+        if self._tokenizer_factory is None:
+            return self.real()
+        if self._tok is None:
+            self._tok = self._tokenizer_factory()
+        return self._tok
+
+    def __getattr__(self, attr: str) -> Any:
+        # Engine-specific extras (e.g. llama.cpp's full_logprobs) need the real engine.
+        if attr.startswith("__") or attr in {"engine", "_load", "_tok", "_tokenizer_factory", "_info", "on_load"}:
+            raise AttributeError(attr)
+        return getattr(self.real(), attr)
+
+    def info(self) -> EngineInfo:
+        return self.engine.info() if self.engine is not None else self._info
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        return self._tokenizer().tokenize(text, add_bos)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer().detokenize(token_ids)
+
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        return self._tokenizer().prompt_token_ids(request)
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        return self.real().generate(requests, sampling)
+
+    def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        return self.real().score(sequences, top_k)
+
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
+        return self.real().next_token_logprobs(prompts, candidates)
+
+    def close(self) -> None:
+        if self._tok is not None:
+            self._tok.close()
+            self._tok = None
+        if self.engine is not None:
+            self.engine.close()
+
+
+def engine_identity(engine: str, resolved: Mapping[str, Any], options: Any) -> dict[str, Any]:
+    """What a deployment's engine description and tokenization depend on, known without loading anything:
+    model content and path, variant, engine package version, every option, and this host."""
+    from evalkit.engines.tokenizer import engine_package_version
+
+    values = options.model_dump(mode="json") if hasattr(options, "model_dump") else dict(options or {})
+    return {
+        "format": FORMAT,
+        "engine": engine,
+        "engine_package_version": engine_package_version(engine),
+        "model_sha256": resolved.get("sha256"),
+        "model_path": str(resolved.get("path")),
+        "variant": resolved.get("variant"),
+        "options": values,
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def _info_to_json(info: EngineInfo) -> dict[str, Any]:
+    out = asdict(info)
+    out["extra"] = {k: v for k, v in out["extra"].items() if k not in {"info_from_cache", "info_stored_at"}}
+    out["extra"]["info_stored_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return out
+
+
+def _info_from_json(d: Mapping[str, Any]) -> EngineInfo:
+    names = {f.name for f in fields(EngineInfo)}
+    info = EngineInfo(**{k: v for k, v in d.items() if k in names})
+    info.extra["info_from_cache"] = True  # load_s is the stored run's start-up, not this run's
+    return info
+
+
+def open_engine(
+    deployment: Any,
+    resolved: Mapping[str, Any],
+    deployment_name: str,
+    root: Path | None = None,
+    replicate: int | None = None,
+) -> CachedEngine:
+    """The worker's cached engine, loading nothing while everything it is asked for is cached.
+
+    First time for this deployment identity: the engine loads now and its description is stored. Later:
+    the stored description keys the cache, a tokenizer stand-in serves tokenization misses, and the engine
+    loads on the first result miss. `replicate` (default: resolved["replicate"]) keys the noise-floor rerun.
+    """
+    store = ResultCache(root)
+    identity = engine_identity(deployment.engine, resolved, deployment.options)
+    info_key = entry_key(identity, "engine_info", {})
+    rep = int(resolved.get("replicate", 0)) if replicate is None else replicate
+    path = str(resolved["path"])
+
+    def load() -> Engine:
+        return load_engine(deployment.engine, path, deployment.options, deployment_name)
+
+    def tokenizer() -> Engine:
+        from evalkit.engines.tokenizer import load_tokenizer
+
+        return load_tokenizer(deployment.engine, path, deployment.options)
+
+    def parts_of(info: EngineInfo) -> dict[str, Any]:
+        return key_parts_from_info(info, resolved.get("variant"), deployment.options, resolved.get("sha256"), rep)
+
+    stored = store.get(info_key)
+    info = None
+    if stored is not None:
+        try:
+            info = _info_from_json(stored)
+        except TypeError:  # a description written by another EngineInfo layout: a miss
+            info = None
+    if info is None:
+        real = load()
+        info = real.info()
+        store.put(info_key, _info_to_json(info))
+        lazy = LazyEngine(deployment.engine, load, info, tokenizer, engine=real)
+        lazy.loads = 1
+    else:
+        lazy = LazyEngine(deployment.engine, load, info, tokenizer)
+    cached = CachedEngine(lazy, parts_of(info), root=root, tokenizer_parts=identity, measurements=True)
+
+    def on_load(real: Engine) -> None:
+        fresh = real.info()
+        store.put(info_key, _info_to_json(fresh))
+        parts = parts_of(fresh)
+        if parts != cached.key_parts:
+            print(
+                f"evalkit: warning: {deployment_name}: the stored engine description did not match the loaded "
+                "engine; it is refreshed and further results are keyed by the loaded engine",
+                file=sys.stderr,
+            )
+            cached.key_parts = parts
+
+    lazy.on_load = on_load
+    return cached
 
 
 def wrap_engine(

@@ -111,11 +111,24 @@ def run_workers(run: RunDir, names: list[str]) -> dict[str, int]:
     codes: dict[str, int] = {}
     for name in names:
         print(f"evalkit: running deployment {name}", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, "-m", "evalkit.worker", str(run.path), name], env=os.environ.copy())
+        env = os.environ.copy()
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the terminal for evalkit's progress bars
+        proc = subprocess.run([sys.executable, "-m", "evalkit.worker", str(run.path), name], env=env)
         codes[name] = proc.returncode
         if proc.returncode != 0:
             print(f"evalkit: deployment {name} failed (exit {proc.returncode}); its finished items are kept", file=sys.stderr)
     return codes
+
+
+def pending_items(run: RunDir, name: str) -> int:
+    """How many items of a deployment have no record yet (0: it finished, whatever its exit code)."""
+    from evalkit.scoring import score_context
+    from evalkit.store import record_key
+    from evalkit.suites import enabled_suites
+
+    ctx, config = score_context(run)
+    done = run.done_keys(name)
+    return sum(1 for s in enabled_suites(config, ctx.config_file) for i in s.items() if record_key(s.name, i.item_id) not in done)
 
 
 def warn_hardware(run: RunDir) -> None:
@@ -141,7 +154,7 @@ def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: 
 
     score_run(run_dir)
     render_report(run_dir)
-    failed = [n for n, c in codes.items() if c != 0]
+    failed = [n for n, c in codes.items() if c != 0 and pending_items(run_dir, n)]
     if failed:
         raise EvalkitError(str(run_dir.path), f"deployment(s) {', '.join(failed)} did not finish; rerun with --resume {run_dir.path}")
     return run_dir

@@ -1,4 +1,5 @@
-"""One deployment's work, in its own process: load the engine once, run every suite's pending items.
+"""One deployment's work, in its own process: load the engine once (only if a request misses the
+engine-result cache), run every suite's pending items.
 
 Run as `python -m evalkit.worker RUN_DIR DEPLOYMENT`. A crash or out-of-memory here loses only this
 deployment's unfinished items (finished ones are already on disk), and the memory goes back to the
@@ -36,9 +37,11 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
     if not any(pending.values()):
         return
 
-    engine = load_engine(deployment.engine, resolved["path"], deployment.options, deployment_name)
     if manifest.get("use_cache", True):
-        engine = _with_cache(engine, deployment, resolved)
+        # Loads the engine only when a request misses the cache (the first time, at once).
+        engine = _open_cached(deployment, resolved, deployment_name)
+    else:
+        engine = load_engine(deployment.engine, resolved["path"], deployment.options, deployment_name)
     engine_file = run.path / "engines" / f"{deployment_name}.json"
     described = {"deployment": deployment_name, "worker_pid": os.getpid(), **engine.info().__dict__}
     atomic_write_text(engine_file, json.dumps(described, indent=2, default=str) + "\n")
@@ -63,17 +66,22 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
             print(f"{deployment_name} · {suite.name}: {len(items)} items in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     stats = getattr(engine, "stats", None)  # CachedEngine: how much engine work the cache saved
     if stats is not None:
+        from evalkit.cache import LazyEngine, uncached
+
+        lazy = uncached(engine)
+        # The real engine's description when it was loaded during this run (its load_s is this run's).
+        described.update({"deployment": deployment_name, "worker_pid": os.getpid(), **engine.info().__dict__})
         described.update(cache_hits=stats.hits, cache_misses=stats.misses)
+        if isinstance(lazy, LazyEngine):
+            described["engine_loaded"] = lazy.is_loaded
         atomic_write_text(engine_file, json.dumps(described, indent=2, default=str) + "\n")
     engine.close()
 
 
-def _with_cache(engine, deployment, resolved):  # type: ignore[no-untyped-def]
-    try:
-        from evalkit.cache import wrap_engine
-    except ImportError:
-        return engine
-    return wrap_engine(engine, deployment, resolved)
+def _open_cached(deployment, resolved, deployment_name):  # type: ignore[no-untyped-def]
+    from evalkit.cache import open_engine
+
+    return open_engine(deployment, resolved, deployment_name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,4 +98,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: vLLM's C++ threads can abort() during it ("terminate called without an
+    # active exception") after all records are safely on disk. The process exit returns the memory anyway.
+    os._exit(code)
