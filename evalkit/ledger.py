@@ -555,7 +555,12 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
         return LedgerRow(dep.name, engine, variant or "?", "-", hw.describe(), **zero, fits=None, max_context=None, memory_context=None,
                          max_concurrency=None, notes=f"{problem}, and its architecture is not known")
     quant = getattr(dep.options, "quantization", None)
-    if variant and variant != "hf":
+    if variant in ("hf", "fp8-weight"):
+        # Both variants are 16-bit checkpoints (fp8-weight only rounds values through FP8; storage stays 16-bit).
+        precision = "BF16 (FP8-rounded values)" if variant == "fp8-weight" else "BF16"
+        per = 4 if str(getattr(dep.options, "dtype", "auto")) in ("float32", "float") else 2
+        weights, weights_from = arch.n_params * per, "parameters x dtype (16-bit variant)"
+    elif variant:
         precision = "FP8 weights" if variant == "fp8-weight" else variant
         from_file = info is not None and info.precision.upper().replace("MOSTLY_", "") == variant.upper()
         weights = info.weights_bytes if from_file else arch_weight_bytes(arch, "FP8" if variant == "fp8-weight" else variant)
