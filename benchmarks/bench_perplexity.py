@@ -13,12 +13,14 @@ Flash attention: evalkit's engine runs without it (llama-cpp-python's default); 
 Wall times are end to end: llama-perplexity's process (load, tokenize, all chunks); evalkit's engine load,
 `PerplexitySuite.run` (records with top-k, k = --top-k) and scoring from the records. Same thread count;
 llama-perplexity keeps its defaults otherwise (batch 2048 = 4 chunks per decode at n_ctx 512). With
---rounds > 1 the two alternate and the fastest round of each is reported.
+--rounds > 1 the two alternate and the fastest round of each is reported (on a shared machine the
+fastest round is the least disturbed one). CPU time (user + sys) is printed too: it moves less with load.
 """
 from __future__ import annotations
 
 import argparse
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -35,8 +37,9 @@ from evalkit.suites.perplexity import PerplexitySuite
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 
 
-def llama_perplexity(binary: str, model: Path, text: Path, n_ctx: int, threads: int, fa: str) -> tuple[float, float, float]:
-    """(PPL, ±, wall seconds) from one llama-perplexity process."""
+def llama_perplexity(binary: str, model: Path, text: Path, n_ctx: int, threads: int, fa: str) -> tuple[float, float, float, float]:
+    """(PPL, ±, wall seconds, CPU seconds) from one llama-perplexity process."""
+    cpu0 = _children_cpu()
     start = time.perf_counter()
     proc = subprocess.run([binary, "-m", str(model), "-f", str(text), "-c", str(n_ctx), "-t", str(threads), "-fa", fa],
                           capture_output=True, text=True)
@@ -44,11 +47,17 @@ def llama_perplexity(binary: str, model: Path, text: Path, n_ctx: int, threads: 
     m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", proc.stdout + proc.stderr)
     if proc.returncode != 0 or not m:
         sys.exit(f"llama-perplexity failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return float(m.group(1)), float(m.group(2)), wall
+    return float(m.group(1)), float(m.group(2)), wall, _children_cpu() - cpu0
 
 
-def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k: int) -> tuple[float, float, float, int]:
-    """(PPL, ±, wall seconds, chunks) from engine load + suite run + scoring."""
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k: int) -> tuple[float, float, float, float, int]:
+    """(PPL, ±, wall seconds, CPU seconds, chunks) from engine load + suite run + scoring."""
+    cpu0 = time.process_time()
     start = time.perf_counter()
     engine = LlamaCppEngine(str(model), LlamaCppOptions(n_ctx=n_ctx, n_threads=threads, n_batch=n_ctx))
     suite = PerplexitySuite(PplSettings(text=str(text), n_ctx=n_ctx, max_chunks=None, top_k=top_k), None, text)
@@ -59,7 +68,7 @@ def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k:
     ppl = next(s for s in suite.score({"g": records}, ctx) if s.metric == "ppl")
     wall = time.perf_counter() - start
     se = (ppl.ci_high - ppl.value) / 1.959963984540054 if ppl.ci_high is not None else float("nan")
-    return ppl.value, se, wall, sum(1 for r in records if "nll" in r)
+    return ppl.value, se, wall, time.process_time() - cpu0, sum(1 for r in records if "nll" in r)
 
 
 def main() -> None:
@@ -89,14 +98,15 @@ def main() -> None:
             theirs.append(llama_perplexity(args.llama_perplexity, model, text, args.n_ctx, args.threads, args.llama_fa))
             ours.append(evalkit_perplexity(model, text, args.n_ctx, args.threads, args.top_k))
 
-    t_ppl, t_se, t_wall = min(theirs, key=lambda r: r[2])
-    e_ppl, e_se, e_wall, chunks = min(ours, key=lambda r: r[2])
+    t_ppl, t_se, t_wall, t_cpu = min(theirs, key=lambda r: r[2])
+    e_ppl, e_se, e_wall, e_cpu, chunks = min(ours, key=lambda r: r[2])
     print(f"model {model.name}; text {args.text.name}, first {len(cut.encode('utf-8'))} bytes; n_ctx {args.n_ctx}; "
           f"{chunks} chunks; {args.threads} threads; top-k {args.top_k}; llama-perplexity -fa {args.llama_fa}")
-    print(f"llama-perplexity PPL {t_ppl:.4f} ± {t_se:.4f}   wall {t_wall:.2f} s")
-    print(f"evalkit          PPL {e_ppl:.4f} ± {e_se:.4f}   wall {e_wall:.2f} s")
+    print(f"llama-perplexity PPL {t_ppl:.4f} ± {t_se:.4f}   wall {t_wall:.2f} s   CPU {t_cpu:.2f} s")
+    print(f"evalkit          PPL {e_ppl:.4f} ± {e_se:.4f}   wall {e_wall:.2f} s   CPU {e_cpu:.2f} s")
     print(f"relative PPL difference {100 * (e_ppl - t_ppl) / t_ppl:+.4f}%   (target within ±0.1%)")
-    print(f"wall time ratio evalkit / llama-perplexity {e_wall / t_wall:.2f}x   (target <= 1.2x)")
+    print(f"wall time ratio evalkit / llama-perplexity {e_wall / t_wall:.2f}x   (target <= 1.2x); "
+          f"CPU time ratio {e_cpu / t_cpu:.2f}x")
     if args.rounds > 1:
         print("rounds (llama-perplexity s, evalkit s): " + ", ".join(f"({a[2]:.1f}, {b[2]:.1f})" for a, b in zip(theirs, ours)))
 

@@ -467,7 +467,7 @@ def _info_to_json(info: EngineInfo) -> dict[str, Any]:
     out = asdict(info)
     out["extra"] = {k: v for k, v in out["extra"].items() if k not in {"info_from_cache", "info_stored_at"}}
     out["extra"]["info_stored_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return out
+    return json.loads(json.dumps(out, default=str))  # whatever an engine puts in `extra`, as JSON
 
 
 def _info_from_json(d: Mapping[str, Any]) -> EngineInfo:

@@ -169,8 +169,24 @@ def test_vllm_stand_in_tokenizes_as_the_engine() -> None:
     engine._bos = engine._tok.bos_token_id
     engine._add_bos = engine._bos is not None and engine._tok("a", add_special_tokens=True).input_ids[:1] == [engine._bos]
     engine._use_chat = bool(getattr(engine._tok, "chat_template", None))
-    assert engine._use_chat  # the Gemma checkpoint has a chat template: the chat path is exercised
     stand_in = VllmTokenizer(path, VllmOptions())
+    assert stand_in._use_chat == engine._use_chat
+    _compare_vllm(engine, stand_in)
+    # The checkpoint (from a GGUF without one) has no chat template: give both the same one, so the
+    # chat path (chat_prompt_ids, BOS rule) is compared too.
+    for tok in (engine._tok, stand_in._tok):
+        tok.chat_template = GEMMA_TEMPLATE
+    engine._use_chat = stand_in._use_chat = True
+    _compare_vllm(engine, stand_in)
+
+
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>user\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def _compare_vllm(engine: Any, stand_in: Any) -> None:
     for text in TEXTS:
         for bos in (True, False):
             assert stand_in.tokenize(text, bos) == engine.tokenize(text, bos)
@@ -180,3 +196,40 @@ def test_vllm_stand_in_tokenizes_as_the_engine() -> None:
         assert stand_in.prompt_format(req) == engine.prompt_format(req)
     ids = engine.tokenize(TEXTS[1], True)
     assert stand_in.detokenize(ids) == engine.detokenize(ids)
+
+
+def test_open_engine_with_a_stand_in_engine_loads_only_on_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same contract without a real model (fast): description stored once, hits need no engine."""
+    from test_cache import CountingEngine
+
+    import evalkit.engines.tokenizer
+
+    made: list[str] = []
+    tokenizers: list[str] = []
+
+    def fake_load(engine: str, model_path: str, options: Any, deployment: str) -> Engine:
+        made.append(deployment)
+        return CountingEngine()
+
+    def fake_tokenizer(engine: str, model_path: str, options: Any) -> Engine:
+        tokenizers.append(model_path)
+        return CountingEngine()
+
+    monkeypatch.setattr(evalkit.cache, "load_engine", fake_load)
+    monkeypatch.setattr(evalkit.engines.tokenizer, "load_tokenizer", fake_tokenizer)
+    deployment = LlamaCppDeployment(name="g", engine="llamacpp", model="x.gguf", options=LlamaCppOptions(n_ctx=64))
+    resolved = {"sha256": "b" * 64, "variant": None, "path": "/nonexistent/x.gguf"}
+    reqs = [GenRequest("a", "hello", chat=False), GenRequest("b", "world")]
+
+    def run(engine: Any) -> Any:
+        out = sorted(engine.generate(reqs, SamplingParams(max_tokens=3)), key=lambda r: r.key)
+        return [(r.key, r.output_token_ids) for r in out], engine.score([[1, 2, 3]]), engine.tokenize("abc", True)
+
+    first = run(open_engine(deployment, resolved, "g", root=tmp_path))
+    assert made == ["g"] and tokenizers == []
+    again = open_engine(deployment, resolved, "g", root=tmp_path)
+    assert run(again) == first and made == ["g"] and tokenizers == []
+    assert again.info().extra["info_from_cache"] is True and again.stats.misses == 0
+    assert again.tokenize("new text", False) == list(b"new text") and tokenizers == ["/nonexistent/x.gguf"] and made == ["g"]
+    other = open_engine(deployment, {**resolved, "sha256": "c" * 64}, "g", root=tmp_path)  # other model content
+    assert made == ["g", "g"] and other.stats.hits == 0
