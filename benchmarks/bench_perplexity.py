@@ -37,12 +37,12 @@ from evalkit.suites.perplexity import PerplexitySuite
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 
 
-def llama_perplexity(binary: str, model: Path, text: Path, n_ctx: int, threads: int, fa: str) -> tuple[float, float, float, float]:
+def llama_perplexity(binary: str, model: Path, text: Path, n_ctx: int, threads: int, fa: str, batch: int | None) -> tuple[float, float, float, float]:
     """(PPL, ±, wall seconds, CPU seconds) from one llama-perplexity process."""
     cpu0 = _children_cpu()
     start = time.perf_counter()
-    proc = subprocess.run([binary, "-m", str(model), "-f", str(text), "-c", str(n_ctx), "-t", str(threads), "-fa", fa],
-                          capture_output=True, text=True)
+    cmd = [binary, "-m", str(model), "-f", str(text), "-c", str(n_ctx), "-t", str(threads), "-fa", fa]
+    proc = subprocess.run(cmd + (["-b", str(batch)] if batch else []), capture_output=True, text=True)
     wall = time.perf_counter() - start
     m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", proc.stdout + proc.stderr)
     if proc.returncode != 0 or not m:
@@ -81,6 +81,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--llama-batch", type=int, default=None,
+                    help="llama-perplexity's -b (default 2048: n_batch/n_ctx chunks per decode; n_ctx = one chunk per decode, as evalkit)")
     ap.add_argument("--llama-fa", choices=["off", "on", "auto"], default="off",
                     help="llama-perplexity's -fa; 'off' matches evalkit's engine (llama-cpp-python runs without "
                          "flash attention), llama-perplexity's own default 'auto' turns it on for CPU")
@@ -95,13 +97,13 @@ def main() -> None:
         text.write_bytes(cut.encode("utf-8"))
         theirs, ours = [], []
         for _ in range(args.rounds):
-            theirs.append(llama_perplexity(args.llama_perplexity, model, text, args.n_ctx, args.threads, args.llama_fa))
+            theirs.append(llama_perplexity(args.llama_perplexity, model, text, args.n_ctx, args.threads, args.llama_fa, args.llama_batch))
             ours.append(evalkit_perplexity(model, text, args.n_ctx, args.threads, args.top_k))
 
     t_ppl, t_se, t_wall, t_cpu = min(theirs, key=lambda r: r[2])
     e_ppl, e_se, e_wall, e_cpu, chunks = min(ours, key=lambda r: r[2])
     print(f"model {model.name}; text {args.text.name}, first {len(cut.encode('utf-8'))} bytes; n_ctx {args.n_ctx}; "
-          f"{chunks} chunks; {args.threads} threads; top-k {args.top_k}; llama-perplexity -fa {args.llama_fa}")
+          f"{chunks} chunks; {args.threads} threads; top-k {args.top_k}; llama-perplexity -fa {args.llama_fa} -b {args.llama_batch or 'default'}")
     print(f"llama-perplexity PPL {t_ppl:.4f} ± {t_se:.4f}   wall {t_wall:.2f} s   CPU {t_cpu:.2f} s")
     print(f"evalkit          PPL {e_ppl:.4f} ± {e_se:.4f}   wall {e_wall:.2f} s   CPU {e_cpu:.2f} s")
     print(f"relative PPL difference {100 * (e_ppl - t_ppl) / t_ppl:+.4f}%   (target within ±0.1%)")

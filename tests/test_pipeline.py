@@ -31,6 +31,7 @@ deployments:
 suites:
   prompts: {{path: {REPO / 'prompts'}, categories: [code, reasoning, translation, qa], limit_per_category: 2}}
 sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 24, seed: 0}}
+noise_floor: true
 """
 N_ITEMS = 8
 
@@ -65,7 +66,8 @@ def finished_run(config_file: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_run_directory_contents(finished_run: Path) -> None:
     manifest = json.loads((finished_run / "manifest.json").read_text())
     assert manifest["reference"] == "gemma"
-    for name in ("gemma", "smollm"):
+    assert manifest["deployment_order"] == ["gemma", "gemma.rerun", "smollm"]
+    for name in ("gemma", "gemma.rerun", "smollm"):
         dep = manifest["deployments"][name]
         assert len(dep["sha256"]) == 64 and dep["size_bytes"] > 10_000_000
         recs = list(read_jsonl(finished_run / "records" / f"{name}.jsonl"))
@@ -114,12 +116,25 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(config_file: 
     resumed = _evalkit("run", "--resume", str(run_dir))
     _, stderr = resumed.communicate(timeout=1200)
     assert resumed.returncode == 0, stderr[-3000:]
-    for name in ("gemma", "smollm"):
+    for name in ("gemma", "gemma.rerun", "smollm"):
         lines = (run_dir / "records" / f"{name}.jsonl").read_bytes().splitlines()
         keys = [record_key(json.loads(l)["suite"], json.loads(l)["item_id"]) for l in lines]
         assert len(keys) == len(set(keys)) == N_ITEMS  # none lost, none twice, the torn line gone
     assert done_before >= 2
     assert (run_dir / "scores.csv").read_text() == (finished_run / "scores.csv").read_text()
+
+
+def test_noise_floor_rerun_of_the_reference_is_compared_like_a_deployment(finished_run: Path) -> None:
+    import pandas as pd
+
+    comps = pd.read_csv(finished_run / "comparisons.csv")
+    rerun = comps[comps.deployment == "gemma.rerun"]
+    assert not rerun.empty and set(rerun.reference) == {"gemma"}
+    # Same engine, same weights, temperature 0, uncached: llama.cpp on CPU repeats itself exactly.
+    assert (rerun["diff"].abs() < 1e-9).all()
+    gemma = {json.loads(l)["item_id"]: json.loads(l)["output_token_ids"] for l in (finished_run / "records" / "gemma.jsonl").read_text().splitlines()}
+    again = {json.loads(l)["item_id"]: json.loads(l)["output_token_ids"] for l in (finished_run / "records" / "gemma.rerun.jsonl").read_text().splitlines()}
+    assert gemma == again
 
 
 def test_report_rescores_without_loading_a_model(finished_run: Path) -> None:

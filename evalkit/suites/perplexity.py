@@ -245,7 +245,7 @@ def score_chunk(engine: Engine, chunk: list[int], first: int, top_k: int) -> tup
 
 def _llamacpp_score_span(engine: Any, tokens: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
     """llama.cpp fast path: ask the context for logits only at rows first-1 .. n-2 (as llama-perplexity
-    asks only for rows >= n_ctx/2), then logsumexp + gather + threshold top-k (`nll_and_topk`) instead of
+    asks only for rows >= n_ctx/2), then logsumexp + gather + bucketed top-k (`nll_and_topk`) instead of
     a full log-softmax and argpartition per row. Uses the engine's llama_cpp.Llama directly; belongs in
     LlamaCppEngine.score_span (see the report), after which this function goes.
     """
