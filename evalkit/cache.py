@@ -50,6 +50,7 @@ NUMERICS_OPTIONS: dict[str, tuple[str, ...]] = {
         "n_batch",  # also used as n_ubatch: the matmul batch shape, can change the last bits
         "n_gpu_layers",  # GPU kernels round differently from CPU ones
         "tensor_split",  # which device computes which layer
+        "flash_attn",  # a different attention kernel: different rounding
         # n_threads is left out: ggml's CPU matmuls give each output to one thread (no split-K sums).
     ),
     "vllm": (

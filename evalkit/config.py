@@ -39,6 +39,7 @@ class LlamaCppOptions(_Strict):
     tensor_split: list[float] | None = None
     n_threads: int | None = None
     n_batch: int = 512
+    flash_attn: bool = False  # llama-perplexity defaults to on for CPU; it changes the numbers slightly
     chat_template: Literal["auto", "none"] = "auto"
 
 

@@ -39,6 +39,7 @@ class LlamaCppEngine(Engine):
                 n_threads=options.n_threads,
                 n_batch=options.n_batch,
                 n_ubatch=options.n_batch,
+                flash_attn=options.flash_attn,
                 logits_all=False,  # scoring reads logits per batch itself; logits_all would cost n_ctx x vocab floats
                 verbose=False,
             )
