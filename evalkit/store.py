@@ -62,19 +62,23 @@ def record_key(suite: str, item_id: str) -> str:
     return f"{suite}/{item_id}"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file and rename, so readers never see half a file."""
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory, fsync, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -14,16 +14,14 @@ import csv
 import hashlib
 import io
 import json
-import os
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from evalkit.errors import DataError, RatingSheetError, RunDirError
 from evalkit.resources import resource_path
-from evalkit.store import RunDir, atomic_write_text
+from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text
 
 Mode = Literal["absolute", "pairwise"]
 Fmt = Literal["csv", "xlsx"]
@@ -278,19 +276,4 @@ def _write_xlsx(path: Path, table: list[list[str]]) -> None:
             ws.add_data_validation(dv)
     buf = io.BytesIO()
     wb.save(buf)
-    _atomic_write_bytes(path, buf.getvalue())
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Binary twin of store.atomic_write_text (temp file in the same directory, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, buf.getvalue())

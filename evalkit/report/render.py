@@ -8,8 +8,6 @@ model output sits in fenced code blocks so Markdown viewers do not interpret it 
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, MARKS, Example, Tab
 from evalkit.report.verdict import how_sure, verdict
 from evalkit.report.view import RunView
 from evalkit.results import Run
-from evalkit.store import RunDir, atomic_write_text
+from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text
 
 TEMPLATES = Path(__file__).parent / "templates"
 FILES_DIR = "report_files"
@@ -210,19 +208,6 @@ def render_markdown(ctx: dict[str, Any]) -> str:
 # -- writing -----------------------------------------------------------------------------------
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Temp file and rename, like store.atomic_write_text: readers never see half a PNG."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def environment() -> Environment:
     # autoescape for every template (not only by extension): model text can never reach HTML unescaped
     return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True),
@@ -238,7 +223,7 @@ def render_report(run_dir: RunDir | Path | str) -> Path:
     files = run.path / FILES_DIR
     plots = [p for s in ctx["sections"] for p in s.plots]
     for p in plots:
-        _write_bytes(files / f"{p.key}.png", p.png)
+        atomic_write_bytes(files / f"{p.key}.png", p.png)
     for stale in files.glob("*.png") if files.exists() else []:
         if stale.stem not in {p.key for p in plots}:
             stale.unlink()  # a plot whose data are gone must not linger beside report.md
