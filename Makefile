@@ -24,7 +24,8 @@ quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_llamacpp.py
 	$(PY) benchmarks/bench_vllm.py
-	$(PY) benchmarks/bench_perplexity.py
+	@if [ -n "$(LLAMA_PERPLEXITY)" ]; then $(PY) benchmarks/bench_perplexity.py --llama-perplexity "$(LLAMA_PERPLEXITY)"; \
+	else echo "bench_perplexity skipped: make bench LLAMA_PERPLEXITY=/path/to/llama-perplexity"; fi
 	$(PY) benchmarks/bench_cache.py
 
 install: $(STAMP)
