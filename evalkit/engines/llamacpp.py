@@ -46,12 +46,16 @@ class LlamaCppEngine(Engine):
         except ValueError as e:  # llama-cpp-python raises ValueError for files it cannot load
             raise ModelFileError(self.model_path, f"llama.cpp could not load the model ({e})") from None
         self._load_s = time.perf_counter() - start
+        self._init_tokenizer()
+
+    def _init_tokenizer(self) -> None:
+        """BOS and chat template from the GGUF's metadata (also used by the vocabulary-only stand-in)."""
         meta = self._llm.metadata
         self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
         self._bos = self._llm.token_bos() if self._llm.token_bos() >= 0 else None
         template = meta.get("tokenizer.chat_template")
         self._chat: Jinja2ChatFormatter | None = None
-        if template and options.chat_template == "auto":
+        if template and self.options.chat_template == "auto":
             vocab = self._llm._model
             self._chat = Jinja2ChatFormatter(
                 template=template,

@@ -6,16 +6,13 @@ it knows whether it needs the engine at all. A stand-in does that cheaply (llama
 only, well under a second; vLLM: the checkpoint's Hugging Face tokenizer, no vLLM start-up) and is an
 `Engine` whose model calls raise: the lazy engine in `evalkit.cache` loads the real engine for those.
 
-vLLM's chat-template rule (`chat_prompt_ids`) is taken from `evalkit/engines/vllm.py` itself, compiled from
-its source, so there is one definition and `import vllm` (seconds) is not paid for tokenizing.
+vLLM's chat-template rule (`chat_prompt_ids`) is defined here, with no vLLM import, and `VllmEngine` uses the
+same function, so there is one definition and `import vllm` (seconds) is not paid for tokenizing.
 """
 from __future__ import annotations
 
-import ast
-import importlib.util
 from importlib.metadata import version
-from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 
@@ -53,24 +50,11 @@ def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
     class LlamaCppTokenizer(_TokenizerOnly, LlamaCppEngine):
         name = "llamacpp"
 
-        def __init__(self) -> None:  # mirrors LlamaCppEngine.__init__'s tokenizer set-up
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
+        def __init__(self) -> None:
             self.options = options
             self.model_path = str(model_path)
             self._llm = llama_cpp.Llama(model_path=self.model_path, vocab_only=True, verbose=False)
-            meta = self._llm.metadata
-            self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
-            self._bos = self._llm.token_bos() if self._llm.token_bos() >= 0 else None
-            template = meta.get("tokenizer.chat_template")
-            self._chat = None
-            if template and options.chat_template == "auto":
-                vocab = self._llm._model
-                self._chat = Jinja2ChatFormatter(
-                    template=template,
-                    eos_token=vocab.token_get_text(self._llm.token_eos()),
-                    bos_token=vocab.token_get_text(self._llm.token_bos()) if self._bos is not None else "",
-                )
+            self._init_tokenizer()
 
         def close(self) -> None:
             self._llm.close()
@@ -78,16 +62,20 @@ def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
     return LlamaCppTokenizer()
 
 
-def vllm_chat_prompt_ids() -> Callable[..., list[int]]:
-    """`evalkit.engines.vllm.chat_prompt_ids`, compiled from that module's source without importing vllm."""
-    spec = importlib.util.find_spec("evalkit.engines.vllm")
-    assert spec is not None and spec.origin is not None
-    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "chat_prompt_ids")
-    module = ast.Module(body=[ast.ImportFrom(module="__future__", names=[ast.alias("annotations")], level=0), node], type_ignores=[])
-    namespace: dict[str, Any] = {"Any": Any}
-    exec(compile(ast.fix_missing_locations(module), spec.origin, "exec"), namespace)
-    return namespace["chat_prompt_ids"]
+def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id: int | None) -> list[int]:
+    """One user turn through the tokenizer's chat template, with the generation prompt.
+
+    The rendered text is tokenized with special tokens parsed (the template writes them) and no
+    automatic specials; BOS is prepended when the model adds one and the template did not write it,
+    which is what the llama.cpp engine does with the same template.
+    """
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+    if add_bos and bos_token_id is not None and ids[:1] != [bos_token_id]:
+        ids.insert(0, bos_token_id)
+    return ids
 
 
 class VllmTokenizer(_TokenizerOnly):
@@ -100,7 +88,6 @@ class VllmTokenizer(_TokenizerOnly):
 
         self.model_path = str(model_path)
         self._tok = AutoTokenizer.from_pretrained(self.model_path)
-        self._chat_prompt_ids = vllm_chat_prompt_ids()
         bos = getattr(self._tok, "bos_token_id", None)
         self._bos: int | None = int(bos) if bos is not None else None
         probe = self._tok("a", add_special_tokens=True).input_ids  # as VllmEngine: BOS read from behaviour
@@ -119,7 +106,7 @@ class VllmTokenizer(_TokenizerOnly):
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
         if self._use_chat and request.chat:
-            return self._chat_prompt_ids(self._tok, request.prompt, add_bos=self._add_bos, bos_token_id=self._bos)
+            return chat_prompt_ids(self._tok, request.prompt, add_bos=self._add_bos, bos_token_id=self._bos)
         return self.tokenize(request.prompt, add_bos=True)
 
     def prompt_format(self, request: GenRequest) -> str:

@@ -45,6 +45,7 @@ from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
 from evalkit.config import VllmOptions
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.tokenizer import chat_prompt_ids  # shared with the tokenizer-only stand-in
 from evalkit.errors import EngineUnavailableError
 
 MAX_TOP_K = 100  # score(top_k) up to this; passed to vLLM as max_logprobs
@@ -364,22 +365,6 @@ class _Pending:
     end: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-
-
-def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id: int | None) -> list[int]:
-    """One user turn through the tokenizer's chat template, with the generation prompt.
-
-    The rendered text is tokenized with special tokens parsed (the template writes them) and no
-    automatic specials; BOS is prepended when the model adds one and the template did not write it,
-    which is what the llama.cpp engine does with the same template.
-    """
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
-    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
-    if add_bos and bos_token_id is not None and ids[:1] != [bos_token_id]:
-        ids.insert(0, bos_token_id)
-    return ids
 
 
 def _prompt_position(lps: Any, pos: int, token: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
