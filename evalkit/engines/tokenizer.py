@@ -78,7 +78,39 @@ def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id:
     return ids
 
 
-class VllmTokenizer(_TokenizerOnly):
+class HfTokens:
+    """Tokenization through a Hugging Face tokenizer, as vLLM does it: shared by VllmEngine and its stand-in.
+
+    Needs `_tok`, `_bos`, `_add_bos` and `_use_chat` on the instance.
+    """
+
+    _tok: Any
+    _bos: int | None
+    _add_bos: bool
+    _use_chat: bool
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        # split_special_tokens: text that spells a special token ("<eos>") stays text, as llama.cpp's
+        # tokenize(special=False) does; add_special_tokens adds BOS (and EOS, if this tokenizer adds one,
+        # as llama.cpp's add_special does) only when the tokenizer is set to.
+        return list(self._tok(text, add_special_tokens=add_bos, split_special_tokens=True).input_ids)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        # Special tokens are not rendered, like vLLM's own output text and llama.cpp's detokenize().
+        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        if self._use_chat and request.chat:
+            return chat_prompt_ids(self._tok, request.prompt, add_bos=self._add_bos, bos_token_id=self._bos)
+        return self.tokenize(request.prompt, add_bos=True)
+
+    def prompt_format(self, request: GenRequest) -> str:
+        return "chat" if request.chat and self._use_chat and request.prompt_token_ids is None else "completion"
+
+
+class VllmTokenizer(HfTokens, _TokenizerOnly):
     """VllmEngine's tokenization with the checkpoint's HF tokenizer (what `LLM.get_tokenizer()` loads)."""
 
     name = "vllm"
@@ -95,22 +127,6 @@ class VllmTokenizer(_TokenizerOnly):
         template = getattr(self._tok, "chat_template", None)
         self._chat_template = template if isinstance(template, str) and template else None
         self._use_chat = self._chat_template is not None and options.chat_template == "auto"
-
-    def tokenize(self, text: str, add_bos: bool) -> list[int]:
-        return list(self._tok(text, add_special_tokens=add_bos, split_special_tokens=True).input_ids)
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self._tok.decode(list(token_ids), skip_special_tokens=True)
-
-    def prompt_token_ids(self, request: GenRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
-        if self._use_chat and request.chat:
-            return chat_prompt_ids(self._tok, request.prompt, add_bos=self._add_bos, bos_token_id=self._bos)
-        return self.tokenize(request.prompt, add_bos=True)
-
-    def prompt_format(self, request: GenRequest) -> str:
-        return "chat" if request.chat and self._use_chat and request.prompt_token_ids is None else "completion"
 
 
 def load_tokenizer(engine: str, model_path: str, options: Any) -> Engine:

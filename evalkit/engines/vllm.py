@@ -45,7 +45,7 @@ from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
 from evalkit.config import VllmOptions
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
-from evalkit.engines.tokenizer import chat_prompt_ids  # shared with the tokenizer-only stand-in
+from evalkit.engines.tokenizer import HfTokens, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
 from evalkit.errors import EngineUnavailableError
 
 MAX_TOP_K = 100  # score(top_k) up to this; passed to vLLM as max_logprobs
@@ -54,7 +54,7 @@ PROMPT_TOO_LONG = "prompt_too_long"  # finish_reason for a prompt that leaves no
 _FP8_QUANT = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt")
 
 
-class VllmEngine(Engine):
+class VllmEngine(HfTokens, Engine):
     name = "vllm"
 
     def __init__(self, model_path: str, options: VllmOptions) -> None:
@@ -110,27 +110,7 @@ class VllmEngine(Engine):
             logprobs_mode="raw_logprobs",  # next_token_logprobs/score need the unprocessed log-softmax
         )
 
-    # -- tokens ---------------------------------------------------------------------------------
-
-    def tokenize(self, text: str, add_bos: bool) -> list[int]:
-        # split_special_tokens: text that spells a special token ("<eos>") stays text, as llama.cpp's
-        # tokenize(special=False) does; add_special_tokens adds BOS (and EOS, if this tokenizer adds one,
-        # as llama.cpp's add_special does) only when the tokenizer is set to.
-        return list(self._tok(text, add_special_tokens=add_bos, split_special_tokens=True).input_ids)
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        # Special tokens are not rendered, like vLLM's own output text and llama.cpp's detokenize().
-        return self._tok.decode(list(token_ids), skip_special_tokens=True)
-
-    def prompt_token_ids(self, request: GenRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
-        if self._use_chat and request.chat:
-            return chat_prompt_ids(self._tok, request.prompt, add_bos=self._add_bos, bos_token_id=self._bos)
-        return self.tokenize(request.prompt, add_bos=True)
-
-    def prompt_format(self, request: GenRequest) -> str:
-        return "chat" if request.chat and self._use_chat and request.prompt_token_ids is None else "completion"
+    # tokenize / detokenize / prompt_token_ids / prompt_format come from HfTokens (shared with the stand-in)
 
     # -- generation -----------------------------------------------------------------------------
 
