@@ -14,7 +14,7 @@ from typing import Callable
 
 import llama_cpp
 
-from evalkit.config import LlamaCppOptions
+from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.engines.llamacpp import LlamaCppEngine
 from evalkit.models import resolve_source

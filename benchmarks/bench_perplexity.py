@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from evalkit.config import LlamaCppOptions
+from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.config import PerplexitySuite as PplSettings
 from evalkit.engines.llamacpp import LlamaCppEngine
 from evalkit.models import resolve_source

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm import SamplingParams as RawSampling
 
-    from evalkit.config import VllmOptions
+    from evalkit.engines.vllm import VllmOptions
     from evalkit.engines.base import GenRequest, SamplingParams
     from evalkit.engines.vllm import VllmEngine
 

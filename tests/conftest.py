@@ -44,7 +44,7 @@ def smollm_gguf() -> Path:
 def gemma_engine(gemma_gguf: Path):  # type: ignore[no-untyped-def]
     """One llama.cpp Gemma engine for the whole session (n_ctx 2048)."""
     pytest.importorskip("llama_cpp")
-    from evalkit.config import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.engines.llamacpp import LlamaCppEngine
 
     engine = LlamaCppEngine(str(gemma_gguf), LlamaCppOptions(n_ctx=2048))

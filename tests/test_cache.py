@@ -14,7 +14,9 @@ from typing import Any, Iterator, Sequence
 import pytest
 
 from evalkit.cache import CachedEngine, ResultCache, key_parts_for, key_parts_from_info, uncached, wrap_engine
-from evalkit.config import LlamaCppDeployment, LlamaCppOptions, VllmOptions
+from evalkit.config import Deployment
+from evalkit.engines.llamacpp import LlamaCppOptions
+from evalkit.engines.vllm import VllmOptions
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.models import fingerprint
 
@@ -272,7 +274,7 @@ def test_cached_llamacpp_second_call_does_not_touch_the_engine(llama: Engine, tm
 
         monkeypatch.setattr(llama, name, counted)
     path = Path(llama.info().model_path)
-    deployment = LlamaCppDeployment(name="g", engine="llamacpp", model=str(path), options=LlamaCppOptions(n_ctx=256))
+    deployment = Deployment(name="g", engine="llamacpp", model=str(path), options=LlamaCppOptions(n_ctx=256))
     resolved = {"sha256": fingerprint(path).sha256, "variant": None, "path": str(path)}
     reqs = [GenRequest("a", "Name a colour."), GenRequest("b", "Count to three.", chat=False)]
     ids = llama.tokenize("The cat sat on the mat.", add_bos=True)

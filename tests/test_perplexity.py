@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from evalkit.config import LlamaCppOptions
+from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.config import PerplexitySuite as PplSettings
 from evalkit.errors import DataError
 from evalkit.metrics.likelihood import (

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.config import VllmOptions
+from evalkit.engines.vllm import VllmOptions
 from evalkit.engines import load_engine
 from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.errors import EvalkitError

