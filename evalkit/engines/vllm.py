@@ -466,7 +466,7 @@ def _resources(options: Any) -> UnitResources:
 
     tp = max(1, options.tensor_parallel_size)
     gpus = float(tp) if detect_accelerators() else 0.0
-    return UnitResources(num_cpus=1.0 if gpus else 2.0, num_gpus=gpus, bundles=tp)
+    return UnitResources(num_cpus=1.0, num_gpus=gpus, bundles=tp)
 
 
 SPEC = EngineSpec(
