@@ -135,6 +135,17 @@ class Sampling(_Strict):
     seed: int = 0
 
 
+class StatsSettings(_Strict):
+    """One statistical policy for every paired comparison (evalkit.metrics.stats).
+
+    A difference is "significant" when its (1 - alpha) interval excludes 0, whatever the method.
+    """
+
+    alpha: float = Field(default=0.05, gt=0.0, lt=0.5)
+    bootstrap_samples: int = Field(default=2000, ge=100, le=100_000)
+    seed: int = 0
+
+
 class Hardware(_Strict):
     """Devices the deployments must fit on (`evalkit plan`); omitted: this machine (NVML GPUs, else RAM)."""
 
@@ -149,6 +160,7 @@ class Config(_Strict):
     deployments: list[Deployment] = Field(min_length=1)
     suites: Suites = Suites()
     sampling: Sampling = Sampling()
+    stats: StatsSettings = StatsSettings()
     noise_floor: bool = False  # run the reference twice to measure the engine's own variation
 
     @model_validator(mode="after")

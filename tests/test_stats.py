@@ -6,7 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff, wilson_ci
+from scipy import stats as sps
+
+from evalkit.config import StatsSettings
+from evalkit.metrics.stats import (
+    compare_pass_fail, corpus_paired_bootstrap, excludes_zero, mcnemar_flips, mcnemar_interval, paired_bootstrap_diff,
+    wilson_ci, z_value,
+)
 
 
 def _wilson_by_formula(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -74,3 +80,94 @@ def test_paired_bootstrap_degenerate_cases() -> None:
     assert one.diff == pytest.approx(0.5) and one.ci_low is None and one.n == 1
     with pytest.raises(ValueError):
         paired_bootstrap_diff([1.0, 2.0], [1.0])
+
+
+def test_wilson_uses_alpha() -> None:
+    # 90% interval: z = 1.6448536 (normal table), by the formula.
+    lo, hi = wilson_ci(7, 20, alpha=0.10)
+    exp_lo, exp_hi = _wilson_by_formula(7, 20, z=1.6448536269514722)
+    assert (lo, hi) == (pytest.approx(exp_lo, abs=1e-9), pytest.approx(exp_hi, abs=1e-9))
+
+
+def test_z_value_from_normal_table() -> None:
+    assert z_value(0.05) == pytest.approx(1.959963984540054)
+    assert z_value(0.10) == pytest.approx(1.6448536269514722)
+    assert z_value(0.01) == pytest.approx(2.5758293035489004)
+
+
+def test_significance_rule_is_interval_excludes_zero() -> None:
+    assert excludes_zero(0.01, 0.2) and excludes_zero(-0.3, -0.001)
+    assert not excludes_zero(-0.1, 0.2) and not excludes_zero(0.0, 0.3) and not excludes_zero(0.0, 0.0)
+    assert not excludes_zero(None, 0.2) and not excludes_zero(float("nan"), -1.0)
+
+
+def test_mcnemar_p_by_hand_one_sided_flips() -> None:
+    # 5 right->wrong, 0 wrong->right: two-sided sign test 2 * (1/2)^5 = 0.0625 (not below 0.05).
+    f = mcnemar_flips([True] * 5 + [False] * 3, [False] * 5 + [False] * 3)
+    assert f.p_value == pytest.approx(0.0625)
+    # 9 vs 1: 2 * (1 + 10) / 2^10 = 0.021484375.
+    g = mcnemar_flips([True] * 9 + [False] * 1 + [True] * 5, [False] * 9 + [True] * 1 + [True] * 5)
+    assert g.p_value == pytest.approx(22 / 1024)
+
+
+def _clopper_pearson(x: int, m: int, alpha: float) -> tuple[float, float]:
+    """Textbook Clopper-Pearson bounds from beta quantiles."""
+    lo = 0.0 if x == 0 else sps.beta.ppf(alpha / 2, x, m - x + 1)
+    hi = 1.0 if x == m else sps.beta.ppf(1 - alpha / 2, x + 1, m - x)
+    return float(lo), float(hi)
+
+
+def test_mcnemar_interval_is_clopper_pearson_on_discordant_pairs() -> None:
+    # 12 items, 6 right->wrong, 1 wrong->right: m = 7 discordant, difference = (1 - 6) / 12.
+    f = mcnemar_flips([True] * 10 + [False] * 2, [True] * 4 + [False] * 6 + [True, False])
+    lo, hi = mcnemar_interval(f, 0.05)
+    cp_lo, cp_hi = _clopper_pearson(1, 7, 0.05)
+    assert lo == pytest.approx(7 / 12 * (2 * cp_lo - 1)) and hi == pytest.approx(7 / 12 * (2 * cp_hi - 1))
+    assert lo < -5 / 12 < hi
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.10])
+def test_pass_fail_interval_agrees_with_exact_mcnemar(alpha: float) -> None:
+    """Over every flip table with up to 12 discordant pairs: the interval excludes 0 iff McNemar p < alpha."""
+    settings = StatsSettings(alpha=alpha, bootstrap_samples=200)
+    for r2w in range(0, 13):
+        for w2r in range(0, 13 - r2w):
+            ref = [True] * r2w + [False] * w2r + [True] * 10 + [False] * 4
+            dep = [False] * r2w + [True] * w2r + [True] * 10 + [False] * 4
+            res = compare_pass_fail(dep, ref, settings)
+            assert res.diff == pytest.approx((w2r - r2w) / len(ref))
+            assert res.significant == (res.p_value < alpha), (r2w, w2r, res.p_value, res.ci_low, res.ci_high)
+
+
+def test_pass_fail_small_sample_not_called_significant() -> None:
+    # 8 questions, 3 right->wrong: McNemar p = 2 / 2^3 = 0.25; the paired bootstrap alone would exclude 0.
+    res = compare_pass_fail([False] * 3 + [True] * 5, [True] * 8)
+    assert res.p_value == pytest.approx(0.25)
+    assert not res.significant
+    assert res.bootstrap.ci_high is not None and res.bootstrap.ci_high < 0
+    shares = {name: (k, lo, hi) for name, k, lo, hi in res.flip_shares()}
+    assert shares["flips_right_to_wrong"][0] == 3 and shares["flips_wrong_to_right"][0] == 0
+    exp = _wilson_by_formula(3, 8)
+    assert shares["flip_rate"][1:] == (pytest.approx(exp[0]), pytest.approx(exp[1]))
+
+
+def test_corpus_paired_bootstrap_matches_normal_theory_for_a_mean() -> None:
+    """A corpus 'metric' that is a plain mean (stats = [x, 1]): the paired bootstrap interval and p
+    must agree with the paired normal-theory interval and z-test at n = 400."""
+    rng = np.random.default_rng(7)
+    ref = rng.normal(10.0, 2.0, 400)
+    dep = ref - 0.2 + rng.normal(0.0, 1.0, 400)
+    d = dep - ref
+    se = d.std(ddof=1) / math.sqrt(d.size)
+
+    def score(summed: np.ndarray) -> float:
+        return float(summed[0] / summed[1])
+
+    res = corpus_paired_bootstrap(np.c_[dep, np.ones(400)], np.c_[ref, np.ones(400)], score,
+                                  StatsSettings(bootstrap_samples=4000, seed=1))
+    assert res.diff == pytest.approx(d.mean())
+    assert res.ci_low == pytest.approx(d.mean() - 1.96 * se, abs=0.25 * se)
+    assert res.ci_high == pytest.approx(d.mean() + 1.96 * se, abs=0.25 * se)
+    p_normal = 2 * sps.norm.sf(abs(d.mean()) / se)
+    assert res.p_value == pytest.approx(p_normal, abs=0.01)
+    assert res.significant == (p_normal < 0.05)

@@ -1,18 +1,19 @@
 """BLEU and chrF through sacrebleu, with signatures, bootstrap intervals and paired tests.
 
 The resampling reuses sacrebleu's own sufficient statistics so every resampled score is exactly what
-sacrebleu would print for that subset (the same machinery as sacrebleu's --paired-bs).
+sacrebleu would print for that subset (the same machinery as sacrebleu's --paired-bs). The resampling and
+the significance rule are evalkit.metrics.stats's, shared with every other suite.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
-from sacrebleu.significance import PairedTest
 
-N_BOOTSTRAP = 1000
+from evalkit.config import StatsSettings
+from evalkit.metrics.stats import corpus_bootstrap_ci, corpus_paired_bootstrap, excludes_zero
 
 
 def metrics_for(target_lang: str) -> dict[str, BLEU | CHRF]:
@@ -33,30 +34,30 @@ def signatures(target_lang: str) -> dict[str, str]:
 class CorpusScore:
     metric: str
     score: float
-    ci_low: float
-    ci_high: float
+    ci_low: float | None
+    ci_high: float | None
     n: int
     signature: str
 
 
-def _resampled_scores(metric: BLEU | CHRF, stats: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return np.array([metric._compute_score_from_stats(list(stats[i].sum(axis=0))).score for i in idx])
+def _item_stats(metric: BLEU | CHRF, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+    """Per-segment sufficient statistics (n-gram matches, lengths): sums of them give corpus scores."""
+    return np.array(metric._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=float)
 
 
-def _bootstrap_indices(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(N_BOOTSTRAP, n))
+def _scorer(metric: BLEU | CHRF) -> Callable[[np.ndarray], float]:
+    # sacrebleu's own score-from-statistics: every resampled score is what sacrebleu prints for that subset.
+    return lambda summed: float(metric._compute_score_from_stats([int(round(x)) for x in summed]).score)
 
 
-def corpus_scores(hyps: Sequence[str], refs: Sequence[str], target_lang: str, seed: int = 12345) -> list[CorpusScore]:
-    """Corpus BLEU and chrF of one system with a 95% bootstrap interval over segments."""
+def corpus_scores(hyps: Sequence[str], refs: Sequence[str], target_lang: str,
+                  settings: StatsSettings | None = None) -> list[CorpusScore]:
+    """Corpus BLEU and chrF of one system with a (1 - alpha) bootstrap interval over segments."""
     out = []
-    idx = _bootstrap_indices(len(hyps), seed)
     for name, metric in metrics_for(target_lang).items():
         score = metric.corpus_score(list(hyps), [list(refs)])
-        stats = np.array(metric._extract_corpus_statistics(list(hyps), [list(refs)]))
-        boots = _resampled_scores(metric, stats, idx)
-        lo, hi = np.percentile(boots, [2.5, 97.5])
-        out.append(CorpusScore(name, float(score.score), float(lo), float(hi), len(hyps), str(metric.get_signature())))
+        lo, hi = corpus_bootstrap_ci(_item_stats(metric, hyps, refs), _scorer(metric), settings)
+        out.append(CorpusScore(name, float(score.score), lo, hi, len(hyps), str(metric.get_signature())))
     return out
 
 
@@ -68,44 +69,24 @@ class PairedScore:
     diff: float
     ci_low: float | None
     ci_high: float | None
-    p_value: float
+    p_value: float | None
     n: int
+    method: str
 
     @property
     def significant(self) -> bool:
-        """The bootstrap interval of the difference excludes zero. (sacrebleu's AR p-value is reported
-        beside it, but on a handful of segments it is not trustworthy: it can print 0.001 for n = 2.)"""
-        return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 0 or self.ci_high < 0)
+        return excludes_zero(self.ci_low, self.ci_high)
 
 
-def _opt(x: float | None) -> float | None:
-    return None if x is None else float(x)
-
-
-def paired_comparison(
-    baseline_hyps: Sequence[str], system_hyps: Sequence[str], refs: Sequence[str], target_lang: str, seed: int = 12345
-) -> list[PairedScore]:
-    """System minus baseline on the same segments: paired bootstrap CI of the difference, and
-    sacrebleu's paired approximate-randomization p-value."""
+def paired_comparison(baseline_hyps: Sequence[str], system_hyps: Sequence[str], refs: Sequence[str],
+                      target_lang: str, settings: StatsSettings | None = None) -> list[PairedScore]:
+    """System minus baseline on the same segments: paired item bootstrap (evalkit.metrics.stats)."""
     out = []
-    idx = _bootstrap_indices(len(refs), seed)
-    metrics = metrics_for(target_lang)
-    ar = PairedTest(
-        [("baseline", list(baseline_hyps)), ("system", list(system_hyps))],
-        metrics=metrics,
-        references=[list(refs)],
-        test_type="ar",
-        n_samples=N_BOOTSTRAP,
-    )
-    _, results = ar()
-    results_by_metric = dict(zip(metrics, list(results.values())[1:]))  # keys are display names (BLEU, chrF2)
-    for name, metric in metrics.items():
-        b_stats = np.array(metric._extract_corpus_statistics(list(baseline_hyps), [list(refs)]))
-        s_stats = np.array(metric._extract_corpus_statistics(list(system_hyps), [list(refs)]))
-        diffs = _resampled_scores(metric, s_stats, idx) - _resampled_scores(metric, b_stats, idx)
-        b = metric.corpus_score(list(baseline_hyps), [list(refs)]).score
-        s = metric.corpus_score(list(system_hyps), [list(refs)]).score
-        lo, hi = np.percentile(diffs, [2.5, 97.5]) if len(refs) >= 2 else (None, None)  # no interval from one segment
-        p = results_by_metric[name][1].p_value
-        out.append(PairedScore(name, float(b), float(s), float(s - b), _opt(lo), _opt(hi), float(p if p is not None else 1.0), len(refs)))
+    for name, metric in metrics_for(target_lang).items():
+        res = corpus_paired_bootstrap(_item_stats(metric, system_hyps, refs), _item_stats(metric, baseline_hyps, refs),
+                                      _scorer(metric), settings)
+        # sacrebleu's corpus_score is the reference value; the statistics route must agree with it.
+        b = float(metric.corpus_score(list(baseline_hyps), [list(refs)]).score)
+        s = float(metric.corpus_score(list(system_hyps), [list(refs)]).score)
+        out.append(PairedScore(name, b, s, s - b, res.ci_low, res.ci_high, res.p_value, res.n, res.method))
     return out

@@ -6,24 +6,19 @@ independent observations, so every bootstrap draws whole items (with all their r
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from scipy import stats
 
-from evalkit.config import CATEGORIES
+from evalkit.config import CATEGORIES, StatsSettings
 from evalkit.metrics.agreement import agreement, as_row
-from evalkit.metrics.stats import CONFIDENCE, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.stats import clustered_mean, paired_bootstrap_diff, wilson_ci
 from evalkit.rating.export import SCORE_MAX, SCORE_MIN
 from evalkit.rating.import_ import imported_dir
 from evalkit.store import RunDir
 
 ALL = "all"
-N_RESAMPLES = 9999
-SEED = 0
 OUTCOME_VALUE = {"loss": -1, "tie": 0, "win": 1}
 RATING_COLUMNS = ["rater_id", "mode", "item_id", "category", "deployment", "reference", "score", "choice",
                   "preferred", "outcome", "comment", "sheet_id", "row_id"]
@@ -56,15 +51,17 @@ def ratings_frame(run_dir: Path) -> pd.DataFrame:
 
 def aggregate(run_dir: Path) -> dict[str, pd.DataFrame]:
     """Tables keyed "absolute", "absolute_vs_reference", "pairwise", "agreement" (empty when no ratings)."""
-    reference = str(RunDir.open(Path(run_dir)).manifest()["reference"])
+    manifest = RunDir.open(Path(run_dir)).manifest()
+    reference = str(manifest["reference"])
+    st = StatsSettings.model_validate(manifest.get("config", {}).get("stats") or {})
     frame = ratings_frame(run_dir)
     absolute = frame[(frame["mode"] == "absolute") & frame["score"].notna()]
     pairwise = frame[(frame["mode"] == "pairwise") & frame["outcome"].notna()].copy()
     pairwise["value"] = pairwise["outcome"].map(OUTCOME_VALUE)
     tables = {
-        "absolute": _absolute(absolute),
-        "absolute_vs_reference": _versus_reference(absolute, reference),
-        "pairwise": _pairwise(pairwise, reference),
+        "absolute": _absolute(absolute, st),
+        "absolute_vs_reference": _versus_reference(absolute, reference, st),
+        "pairwise": _pairwise(pairwise, reference, st),
         "agreement": pd.DataFrame(
             _agreement(absolute, "absolute", "score", list(range(SCORE_MIN, SCORE_MAX + 1)))
             + _agreement(pairwise, "pairwise", "value", [-1, 0, 1])
@@ -80,41 +77,25 @@ def _by_category(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(c, frame[frame["category"] == c]) for c in cats] + ([(ALL, frame)] if len(frame) else [])
 
 
-def _item_cluster_mean(frame: pd.DataFrame, column: str) -> tuple[float, float, float, str]:
+def _item_cluster_mean(frame: pd.DataFrame, column: str, st: StatsSettings) -> tuple[float, float, float, str]:
     """Mean of all values with a bootstrap CI that resamples whole items (ratings cluster by item)."""
     per_item = frame.groupby("item_id")[column].agg(["sum", "count"])
-    sums, counts = per_item["sum"].to_numpy(float), per_item["count"].to_numpy(float)
-    mean = float(sums.sum() / counts.sum())
-    if len(sums) < 2:
-        return mean, math.nan, math.nan, "mean only (n_items < 2)"
-    if np.allclose(sums / counts, mean):
-        return mean, mean, mean, "exact (every item has the same mean)"
-
-    def ratio(idx: np.ndarray, axis: int = -1) -> np.ndarray:
-        idx = idx.astype(int)
-        return sums[idx].sum(axis=axis) / counts[idx].sum(axis=axis)
-
-    for method in ("BCa", "percentile"):  # BCa first; percentile when BCa cannot form an interval
-        res = stats.bootstrap((np.arange(len(sums)),), ratio, vectorized=True, n_resamples=N_RESAMPLES,
-                              confidence_level=CONFIDENCE, method=method, rng=np.random.default_rng(SEED))
-        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(low) and math.isfinite(high):
-            return mean, low, high, f"item bootstrap ({method}, {N_RESAMPLES} resamples)"
-    return mean, math.nan, math.nan, "no CI (bootstrap failed)"
+    m = clustered_mean(per_item["sum"].to_numpy(float), per_item["count"].to_numpy(float), st)
+    return m.mean, m.ci_low, m.ci_high, m.method
 
 
-def _absolute(frame: pd.DataFrame) -> pd.DataFrame:
+def _absolute(frame: pd.DataFrame, st: StatsSettings) -> pd.DataFrame:
     rows = []
     for dep, d in frame.groupby("deployment", sort=True):
         for cat, c in _by_category(d):
-            mean, low, high, method = _item_cluster_mean(c, "score")
+            mean, low, high, method = _item_cluster_mean(c, "score", st)
             rows.append({"deployment": dep, "category": cat, "mean": mean, "ci_low": low, "ci_high": high,
                          "n_ratings": len(c), "n_items": c["item_id"].nunique(),
                          "n_raters": c["rater_id"].nunique(), "method": method})
     return pd.DataFrame(rows)
 
 
-def _versus_reference(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
+def _versus_reference(frame: pd.DataFrame, reference: str, st: StatsSettings) -> pd.DataFrame:
     """Deployment minus reference, paired by item; each side first averaged over its raters."""
     item_means = frame.groupby(["deployment", "category", "item_id"])["score"].mean()
     rows = []
@@ -125,7 +106,7 @@ def _versus_reference(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
         mine = item_means.xs(dep, level="deployment")
         paired = pd.concat({"dep": mine, "ref": ref}, axis=1, join="inner").reset_index()
         for cat, c in _by_category(paired):
-            diff = paired_bootstrap_diff(c["dep"].to_numpy(), c["ref"].to_numpy(), seed=SEED)
+            diff = paired_bootstrap_diff(c["dep"].to_numpy(), c["ref"].to_numpy(), st)
             rows.append({"deployment": dep, "reference": reference, "category": cat,
                          "value": float(c["dep"].mean()), "reference_value": float(c["ref"].mean()),
                          "diff": diff.diff, "ci_low": diff.ci_low, "ci_high": diff.ci_high, "n_items": diff.n,
@@ -133,7 +114,7 @@ def _versus_reference(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _pairwise(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
+def _pairwise(frame: pd.DataFrame, reference: str, st: StatsSettings) -> pd.DataFrame:
     rows = []
     for dep, d in frame.groupby("deployment", sort=True):
         for cat, c in _by_category(d):
@@ -144,9 +125,9 @@ def _pairwise(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
             for outcome, count_col in (("win", "wins"), ("tie", "ties"), ("loss", "losses")):
                 k = int(counts.get(outcome, 0))
                 # Wilson per rating (ignores rater clustering); the item-bootstrapped `net` CI does not.
-                low, high = wilson_ci(k, n)
+                low, high = wilson_ci(k, n, st.alpha)
                 row.update({count_col: k, f"{outcome}_rate": k / n, f"{outcome}_low": low, f"{outcome}_high": high})
-            row["net"], row["net_low"], row["net_high"], _ = _item_cluster_mean(c, "value")
+            row["net"], row["net_low"], row["net_high"], _ = _item_cluster_mean(c, "value", st)
             rows.append(row)
     return pd.DataFrame(rows)
 

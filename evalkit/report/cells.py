@@ -16,7 +16,7 @@ MARKS: dict[str, tuple[str, str]] = {  # mark -> (symbol, legend)
     "better": ("▲", "better than the reference, distinguishable from noise (95%)"),
     "worse": ("▼", "worse than the reference, distinguishable from noise (95%)"),
     "changed": ("◆", "different from the reference, distinguishable from noise (95%)"),
-    "same": ("≈", "not distinguishable from noise (the 95% interval includes 0, or the exact test's p ≥ 0.05)"),
+    "same": ("≈", "not distinguishable from noise (the 95% interval of the difference includes 0)"),
     "na": ("○", "no interval (too few items to say)"),
 }
 MINUS = "\u2212"

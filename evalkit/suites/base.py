@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from evalkit.config import StatsSettings
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.store import ComparisonRow, ScoreRow
 
@@ -33,6 +34,11 @@ class ScoreContext:
     config: Any  # evalkit.config.Config
     config_file: Path
     manifest: dict[str, Any]
+
+    @property
+    def stats(self) -> StatsSettings:
+        """The run's statistical policy (alpha, bootstrap samples, seed); defaults for older runs."""
+        return getattr(self.config, "stats", None) or StatsSettings()
 
 
 class Suite(ABC):

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
 from evalkit.errors import DataError
-from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.compare import pass_fail_rows
+from evalkit.metrics.stats import wilson_ci
 from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
@@ -163,7 +164,7 @@ class HumanEvalSuite(Suite):
             if not n:
                 continue
             k = sum(r.passed for r in by_item.values())
-            lo, hi = wilson_ci(k, n)
+            lo, hi = wilson_ci(k, n, ctx.stats.alpha)
             rows.append(ScoreRow(dep, self.name, "code", "pass@1", k / n, lo, hi, n))
         return rows
 
@@ -180,17 +181,8 @@ class HumanEvalSuite(Suite):
                 continue
             dep_ok = [by_item[i].passed for i in ids]
             ref_ok = [ref_by[i].passed for i in ids]
-            n = len(ids)
-            flips = mcnemar_flips(ref_ok, dep_ok)
-            acc = paired_bootstrap_diff([float(x) for x in dep_ok], [float(x) for x in ref_ok])
-            sig = flips.p_value < 0.05
-            rows.append(ComparisonRow(dep, ref, self.name, "code", "pass@1", sum(dep_ok) / n, sum(ref_ok) / n, acc.diff,
-                                      acc.ci_low, acc.ci_high, flips.p_value, n, f"CI: {acc.method}; p: McNemar exact", sig))
-            for metric, k in (("flip_rate", flips.flipped), ("flips_right_to_wrong", flips.right_to_wrong),
-                              ("flips_wrong_to_right", flips.wrong_to_right)):
-                lo, hi = wilson_ci(k, n)
-                rows.append(ComparisonRow(dep, ref, self.name, "code", metric, k / n, 0.0, k / n, lo, hi, flips.p_value, n,
-                                          "share of tasks; CI: Wilson 95%; p: McNemar exact (flip asymmetry)", sig))
+            rows += pass_fail_rows(dep, ref, self.name, "code", "pass@1", dep_ok, ref_ok, ctx.stats,
+                                   flips=True, unit="tasks")
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:

@@ -22,7 +22,9 @@ from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.repetition import distinct_n, seq_rep_n, words
-from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff, wilson_ci
+from evalkit.config import StatsSettings
+from evalkit.metrics.compare import continuous_row, pass_fail_rows
+from evalkit.metrics.stats import wilson_ci
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 
@@ -179,8 +181,8 @@ class LongContextSuite(Suite):
                 for r in (r for r in of_len if r["kind"] == "rep" and "skipped" not in r):
                     for metric, value in rep_scores(r["output_text"]).items():
                         rows.append(ScoreRow(dep, self.name, cat, metric, value, n=1))
-                rows.extend(_recall_row(dep, self.name, cat, of_len))
-            rows.extend(_recall_row(dep, self.name, "all", recs))
+                rows.extend(_recall_row(dep, self.name, cat, of_len, ctx.stats.alpha))
+            rows.extend(_recall_row(dep, self.name, "all", recs, ctx.stats.alpha))
         return rows
 
     def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
@@ -199,9 +201,12 @@ class LongContextSuite(Suite):
                     vals = [(rep_scores(a["output_text"])[metric], rep_scores(b["output_text"])[metric]) for a, b in rep]
                     vals = [(x, y) for x, y in vals if not (math.isnan(x) or math.isnan(y))]
                     if vals:
-                        rows.append(_paired_row(dep, ref, self.name, cat, metric, [y for _, y in vals], [x for x, _ in vals]))
-                rows.extend(_recall_compare(dep, ref, self.name, cat, [(a, b) for a, b in pairs if b["category"] == cat]))
-            rows.extend(_recall_compare(dep, ref, self.name, "all", pairs))
+                        # one item per length -> a difference with n = 1 and no interval
+                        rows.append(continuous_row(dep, ref, self.name, cat, metric, [y for _, y in vals],
+                                                   [x for x, _ in vals], ctx.stats))
+                rows.extend(_recall_compare(dep, ref, self.name, cat, [(a, b) for a, b in pairs if b["category"] == cat],
+                                            ctx.stats))
+            rows.extend(_recall_compare(dep, ref, self.name, "all", pairs, ctx.stats))
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
@@ -242,28 +247,17 @@ def _lengths(recs: Any) -> list[str]:
     return sorted({r["category"] for r in recs}, key=lambda c: int(c[1:]))
 
 
-def _recall_row(dep: str, suite: str, cat: str, recs: list[dict[str, Any]]) -> list[ScoreRow]:
+def _recall_row(dep: str, suite: str, cat: str, recs: list[dict[str, Any]], alpha: float) -> list[ScoreRow]:
     done = [r for r in recs if r["kind"] == "recall" and "skipped" not in r]
     if not done:
         return []
     k, n = sum(bool(r["correct"]) for r in done), len(done)
-    lo, hi = wilson_ci(k, n)
+    lo, hi = wilson_ci(k, n, alpha)
     return [ScoreRow(dep, suite, cat, "recall_accuracy", k / n, lo, hi, n)]
 
 
-def _paired_row(dep: str, ref: str, suite: str, cat: str, metric: str, d: list[float], r: list[float]) -> ComparisonRow:
-    res = paired_bootstrap_diff(d, r)  # one item per length -> difference with n=1 and no CI
-    return ComparisonRow(dep, ref, suite, cat, metric, float(np.mean(d)), float(np.mean(r)), res.diff,
-                         res.ci_low, res.ci_high, None, res.n, res.method, res.excludes_zero)
-
-
-def _recall_compare(dep: str, ref: str, suite: str, cat: str, pairs: list[tuple[dict, dict]]) -> list[ComparisonRow]:
+def _recall_compare(dep: str, ref: str, suite: str, cat: str, pairs: list[tuple[dict, dict]],
+                    settings: StatsSettings) -> list[ComparisonRow]:
     pairs = [(a, b) for a, b in pairs if b["kind"] == "recall"]
-    if not pairs:
-        return []
-    r_ok = [bool(a["correct"]) for a, _ in pairs]
-    d_ok = [bool(b["correct"]) for _, b in pairs]
-    res = paired_bootstrap_diff([float(x) for x in d_ok], [float(x) for x in r_ok])
-    p = mcnemar_flips(r_ok, d_ok).p_value
-    return [ComparisonRow(dep, ref, suite, cat, "recall_accuracy", float(np.mean(d_ok)), float(np.mean(r_ok)), res.diff,
-                          res.ci_low, res.ci_high, p, res.n, f"CI: {res.method}; p: McNemar exact", p < 0.05)]
+    return pass_fail_rows(dep, ref, suite, cat, "recall_accuracy", [bool(b["correct"]) for _, b in pairs],
+                          [bool(a["correct"]) for a, _ in pairs], settings)

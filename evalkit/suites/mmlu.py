@@ -25,7 +25,8 @@ import numpy as np
 from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
-from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.compare import pass_fail_rows
+from evalkit.metrics.stats import wilson_ci
 from evalkit.resources import resource_path
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
@@ -364,7 +365,7 @@ class MmluSuite(Suite):
             for cat in _categories(recs):
                 sel = [r for r in recs if _in(cat, r)]
                 k, n = sum(bool(r["correct"]) for r in sel), len(sel)
-                lo, hi = wilson_ci(k, n)
+                lo, hi = wilson_ci(k, n, ctx.stats.alpha)
                 rows.append(ScoreRow(dep, self.name, cat, "accuracy", k / n, lo, hi, n))
             fell_back = sum(r.get("method") == "four-continuations" for r in recs)
             if fell_back:  # visible in the report: letters were not single tokens for this tokenizer
@@ -385,23 +386,8 @@ class MmluSuite(Suite):
                 sel = [(a, b) for a, b in paired if _in(cat, b)]
                 ref_ok = [bool(a["correct"]) for a, _ in sel]
                 dep_ok = [bool(b["correct"]) for _, b in sel]
-                rows.extend(self._compare_rows(dep, ref, cat, ref_ok, dep_ok))
-        return rows
-
-    def _compare_rows(self, dep: str, ref: str, cat: str, ref_ok: list[bool], dep_ok: list[bool]) -> list[ComparisonRow]:
-        n = len(ref_ok)
-        flips = mcnemar_flips(ref_ok, dep_ok)
-        acc = paired_bootstrap_diff([float(x) for x in dep_ok], [float(x) for x in ref_ok])
-        sig = flips.p_value < 0.05
-        rows = [ComparisonRow(dep, ref, self.name, cat, "accuracy", sum(dep_ok) / n, sum(ref_ok) / n, acc.diff,
-                              acc.ci_low, acc.ci_high, flips.p_value, n,
-                              f"CI: {acc.method}; p: McNemar exact", sig)]
-        # Flip shares: reference itself has none, so value == diff. p is McNemar's (asymmetry of the flips).
-        for metric, k in (("flip_rate", flips.flipped), ("flips_right_to_wrong", flips.right_to_wrong),
-                          ("flips_wrong_to_right", flips.wrong_to_right)):
-            lo, hi = wilson_ci(k, n)
-            rows.append(ComparisonRow(dep, ref, self.name, cat, metric, k / n, 0.0, k / n, lo, hi, flips.p_value, n,
-                                      "share of questions; CI: Wilson 95%; p: McNemar exact (flip asymmetry)", sig))
+                rows += pass_fail_rows(dep, ref, self.name, cat, "accuracy", dep_ok, ref_ok, ctx.stats,
+                                       flips=True, unit="questions")
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:

@@ -30,7 +30,6 @@ from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.likelihood import (
-    Z95,
     nll_and_topk,
     DriftSummary,
     PplStats,
@@ -39,6 +38,7 @@ from evalkit.metrics.likelihood import (
     summarize_drift,
     token_drift,
 )
+from evalkit.metrics.stats import excludes_zero, z_value
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 
@@ -159,11 +159,11 @@ class PerplexitySuite(Suite):
         chunks = {dep: _chunks(recs) for dep, recs in records.items()}
         for dep in _ordered(chunks, ctx):
             st = _ppl(chunks[dep].values())
-            rows += _ppl_rows(dep, self.name, st)
+            rows += _ppl_rows(dep, self.name, st, ctx.stats.alpha)
             pair = _pair(chunks.get(ctx.reference, {}), chunks[dep]) if dep != ctx.reference else None
             if pair is None or pair.drift is None:
                 continue
-            rows += _drift_rows(dep, self.name, pair.drift, pair.ratio_rows())
+            rows += _drift_rows(dep, self.name, pair.drift, pair.ratio_rows(), ctx.stats.alpha)
         return rows
 
     def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
@@ -176,7 +176,7 @@ class PerplexitySuite(Suite):
             if dep == ctx.reference:
                 continue
             pair = _pair(ref_chunks, chunks[dep])
-            rows += pair.comparison_rows(dep, ctx.reference, self.name)
+            rows += pair.comparison_rows(dep, ctx.reference, self.name, ctx.stats.alpha)
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
@@ -305,9 +305,11 @@ def _ppl(records: Any) -> PplStats:
     return perplexity_stats(nll, sum(int(r["n_bytes"]) for r in recs))
 
 
-def _ppl_rows(dep: str, suite: str, st: PplStats) -> list[ScoreRow]:
+def _ppl_rows(dep: str, suite: str, st: PplStats, alpha: float) -> list[ScoreRow]:
+    z = z_value(alpha)
+
     def row(metric: str, value: float, se: float | None) -> ScoreRow:
-        lo, hi = (value - Z95 * se, value + Z95 * se) if se is not None and math.isfinite(se) else (None, None)
+        lo, hi = (value - z * se, value + z * se) if se is not None and math.isfinite(se) else (None, None)
         return ScoreRow(dep, suite, CATEGORY, metric, value, lo, hi, st.n_tokens)
 
     return [
@@ -319,9 +321,11 @@ def _ppl_rows(dep: str, suite: str, st: PplStats) -> list[ScoreRow]:
     ]
 
 
-def _drift_rows(dep: str, suite: str, d: DriftSummary, extra: list[tuple[str, float, float | None]]) -> list[ScoreRow]:
+def _drift_rows(dep: str, suite: str, d: DriftSummary, extra: list[tuple[str, float, float | None]],
+                alpha: float) -> list[ScoreRow]:
     n = d.n_tokens
-    ci = lambda v, se: (v - Z95 * se, v + Z95 * se) if math.isfinite(se) else (None, None)  # noqa: E731
+    z = z_value(alpha)
+    ci = lambda v, se: (v - z * se, v + z * se) if math.isfinite(se) else (None, None)  # noqa: E731
     rows = [
         ScoreRow(dep, suite, CATEGORY, "kld_mean", d.kld_mean, *ci(d.kld_mean, d.kld_se), n),
         ScoreRow(dep, suite, CATEGORY, "kld_median", d.kld_median, None, None, n),
@@ -356,9 +360,11 @@ class _Pair:
         p = paired_perplexity(*self.nll())
         return [("ppl_ratio", p.ratio, p.ratio_se), ("ln_ppl_ratio", p.ln_ratio, p.ln_ratio_se)]
 
-    def comparison_rows(self, dep: str, ref: str, suite: str) -> list[ComparisonRow]:
+    def comparison_rows(self, dep: str, ref: str, suite: str, alpha: float) -> list[ComparisonRow]:
+        # Significance, as everywhere: the (1 - alpha) interval of the difference excludes 0.
+        z = z_value(alpha)
         if self.reason is not None:
-            return self._unpaired_rows(dep, ref, suite)
+            return self._unpaired_rows(dep, ref, suite, z)
         q, b = self.nll()
         n = int(q.size)
         p = paired_perplexity(q, b)
@@ -366,12 +372,12 @@ class _Pair:
             p_value = float(2 * stats.norm.sf(abs(p.ln_ratio / p.ln_ratio_se)))
         else:  # identical per-token NLL differences: no noise to test against
             p_value = 1.0 if p.ln_ratio == 0 else 0.0
-        lo, hi = p.diff - Z95 * p.diff_se, p.diff + Z95 * p.diff_se
+        lo, hi = p.diff - z * p.diff_se, p.diff + z * p.diff_se
         ppl_q, ppl_b = math.exp(q.mean()), math.exp(b.mean())
         rows = [ComparisonRow(
             dep, ref, suite, CATEGORY, "ppl", ppl_q, ppl_b, p.diff, lo, hi, p_value, n,
-            f"paired over {n} tokens: PPL(Q)-PPL(ref) ± 1.96 SE with the NLL covariance (llama-perplexity); "
-            f"p: z-test of ln(PPL ratio)", p_value < 0.05,
+            f"paired over {n} tokens: PPL(Q)-PPL(ref) ± z SE with the NLL covariance (llama-perplexity); "
+            f"p: z-test of ln(PPL ratio)", excludes_zero(lo, hi),
         )]
         n_bytes = sum(int(r["n_bytes"]) for r in self.ref)
         d = q - b
@@ -381,16 +387,17 @@ class _Pair:
         ref_bpb = _ppl(self.ref).bits_per_byte
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "bits_per_byte", dep_bpb, ref_bpb, bpb_diff,
-            bpb_diff - Z95 * bpb_se, bpb_diff + Z95 * bpb_se, p_value, n,
-            f"paired over {n} tokens: SE of per-token NLL differences; p as for ppl", p_value < 0.05,
+            bpb_diff - z * bpb_se, bpb_diff + z * bpb_se, p_value, n,
+            f"paired over {n} tokens: SE of per-token NLL differences; p as for ppl",
+            excludes_zero(bpb_diff - z * bpb_se, bpb_diff + z * bpb_se),
         ))
         assert self.drift is not None
         k = self.drift
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "kld", k.kld_mean, 0.0, k.kld_mean,
-            k.kld_mean - Z95 * k.kld_se, k.kld_mean + Z95 * k.kld_se, None, k.n_tokens,
-            f"mean KL(ref||dep) over {k.n_tokens} tokens ± 1.96 SE over tokens; top-{self.top_k}+tail "
-            "approximation (lower bound)", bool(k.kld_mean - Z95 * k.kld_se > 0),
+            k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se, None, k.n_tokens,
+            f"mean KL(ref||dep) over {k.n_tokens} tokens ± z SE over tokens; top-{self.top_k}+tail "
+            "approximation (lower bound)", excludes_zero(k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se),
         ))
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "top1_agreement", k.same_top, 1.0, k.same_top - 1.0,
@@ -399,7 +406,7 @@ class _Pair:
         ))
         return rows
 
-    def _unpaired_rows(self, dep: str, ref: str, suite: str) -> list[ComparisonRow]:
+    def _unpaired_rows(self, dep: str, ref: str, suite: str, z: float) -> list[ComparisonRow]:
         nan = math.nan
         rows = [ComparisonRow(dep, ref, suite, CATEGORY, "kld", nan, 0.0, nan, None, None, None, 0,
                               f"not computed: {self.reason}", False)]
@@ -411,9 +418,9 @@ class _Pair:
         p_value = float(2 * stats.norm.sf(abs(diff / se))) if se > 0 else nan
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "bits_per_byte", a.bits_per_byte, b.bits_per_byte, diff,
-            diff - Z95 * se, diff + Z95 * se, p_value, a.n_tokens + b.n_tokens,
-            f"unpaired ({self.reason}): ± 1.96 sqrt(SE_dep² + SE_ref²); PPL not compared across tokenizations",
-            bool(p_value < 0.05),
+            diff - z * se, diff + z * se, p_value, a.n_tokens + b.n_tokens,
+            f"unpaired ({self.reason}): ± z sqrt(SE_dep² + SE_ref²); PPL not compared across tokenizations",
+            excludes_zero(diff - z * se, diff + z * se),
         ))
         return rows
 

@@ -196,6 +196,7 @@ class PromptsSuite(Suite):
     def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
         from evalkit.metrics.stats import wilson_ci
 
+        alpha = ctx.stats.alpha
         per_item = self._per_item(records)
         rows: list[ScoreRow] = []
         for dep, recs in records.items():
@@ -207,13 +208,13 @@ class PromptsSuite(Suite):
                     for lang, group in _by_lang(cat_recs).items():
                         hyps = [r["output_text"].strip() for r in group]
                         refs = [r["reference"] for r in group]
-                        for s in bleu.corpus_scores(hyps, refs, lang):
+                        for s in bleu.corpus_scores(hyps, refs, lang, ctx.stats):
                             rows.append(ScoreRow(dep, self.name, cat, f"{s.metric}_en-{lang}", s.score, s.ci_low, s.ci_high, s.n))
                     continue
                 for metric in ("pass",) if cat == "code" else ("exact_match", "contains"):
                     values = [per_item[dep][r["item_id"]][metric] for r in cat_recs]
                     k, n = int(sum(values)), len(values)
-                    lo, hi = wilson_ci(k, n)
+                    lo, hi = wilson_ci(k, n, alpha)
                     rows.append(ScoreRow(dep, self.name, cat, "pass@1" if metric == "pass" else metric, k / n, lo, hi, n))
             rows.append(
                 ScoreRow(dep, self.name, "all", "output_tokens_mean", sum(r["n_output_tokens"] for r in recs) / len(recs), n=len(recs))
@@ -221,7 +222,7 @@ class PromptsSuite(Suite):
         return rows
 
     def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
-        from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff
+        from evalkit.metrics.compare import pass_fail_rows
 
         ref = ctx.reference
         if ref not in records:
@@ -242,23 +243,16 @@ class PromptsSuite(Suite):
                         base = [ref_recs[i]["output_text"].strip() for i in ids]
                         sys_ = [r["output_text"].strip() for r in group]
                         refs = [r["reference"] for r in group]
-                        for p in bleu.paired_comparison(base, sys_, refs, lang):
+                        for p in bleu.paired_comparison(base, sys_, refs, lang, ctx.stats):
                             rows.append(ComparisonRow(dep, ref, self.name, cat, f"{p.metric}_en-{lang}", p.system, p.baseline,
-                                                      p.diff, p.ci_low, p.ci_high, p.p_value, p.n,
-                                                      "paired bootstrap CI; approximate randomization p (sacrebleu)",
+                                                      p.diff, p.ci_low, p.ci_high, p.p_value, p.n, p.method,
                                                       p.significant))
                     continue
                 metric = "pass" if cat == "code" else "contains"
-                a = [per_item[ref][b["item_id"]][metric] for b, _ in pairs]
-                b = [per_item[dep][d["item_id"]][metric] for _, d in pairs]
-                res = paired_bootstrap_diff(b, a)  # deployment minus reference
-                # Pass/fail outcomes: significance from McNemar's exact test on the flips (a bootstrap
-                # interval of two items can look "certain"); the interval is still reported.
-                flips = mcnemar_flips([x > 0 for x in a], [x > 0 for x in b])
-                rows.append(ComparisonRow(dep, ref, self.name, cat, "pass@1" if metric == "pass" else metric,
-                                          sum(b) / len(b), sum(a) / len(a), res.diff, res.ci_low, res.ci_high,
-                                          flips.p_value, len(pairs), f"{res.method}; exact McNemar p",
-                                          flips.p_value < 0.05))
+                ref_ok = [per_item[ref][b["item_id"]][metric] > 0 for b, _ in pairs]
+                dep_ok = [per_item[dep][d["item_id"]][metric] > 0 for _, d in pairs]
+                rows += pass_fail_rows(dep, ref, self.name, cat, "pass@1" if metric == "pass" else metric,
+                                       dep_ok, ref_ok, ctx.stats)
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:

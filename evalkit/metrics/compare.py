@@ -1,0 +1,48 @@
+"""Comparison rows (deployment minus reference) built from evalkit.metrics.stats, for every suite.
+
+Suites collect the paired per-item values; these builders turn them into `ComparisonRow`s with one
+method text and one significance rule, so a pass/fail metric reads the same in MMLU, HumanEval, the
+prompt suite and long-context recall.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from evalkit.config import StatsSettings
+from evalkit.metrics.stats import compare_pass_fail, paired_bootstrap_diff
+from evalkit.store import ComparisonRow
+
+
+def pass_fail_rows(deployment: str, reference: str, suite: str, category: str, metric: str,
+                   deployment_ok: Sequence[bool], reference_ok: Sequence[bool], settings: StatsSettings,
+                   flips: bool = False, unit: str = "items") -> list[ComparisonRow]:
+    """The share-correct difference; with `flips`, also flip_rate and both flip directions (Wilson CIs).
+
+    Flip rows: the reference has none, so value == diff; their `significant` is the paired difference's
+    (a flip count on its own is not a difference from the reference, the asymmetry of flips is).
+    """
+    res = compare_pass_fail(deployment_ok, reference_ok, settings)
+    if res.n == 0:
+        return []
+    rows = [ComparisonRow(deployment, reference, suite, category, metric, res.value, res.reference_value, res.diff,
+                          res.ci_low, res.ci_high, res.p_value, res.n, res.method, res.significant)]
+    if flips:
+        level = f"{100 * (1 - settings.alpha):g}%"
+        for name, k, lo, hi in res.flip_shares():
+            rows.append(ComparisonRow(deployment, reference, suite, category, name, k / res.n, 0.0, k / res.n, lo, hi,
+                                      res.p_value, res.n,
+                                      f"share of {unit}; CI: Wilson {level}; p: McNemar exact (flip asymmetry)",
+                                      res.significant))
+    return rows
+
+
+def continuous_row(deployment: str, reference: str, suite: str, category: str, metric: str,
+                   deployment_values: Sequence[float], reference_values: Sequence[float],
+                   settings: StatsSettings) -> ComparisonRow:
+    """Paired bootstrap of the mean per-item difference (no p-value: the interval decides)."""
+    res = paired_bootstrap_diff(deployment_values, reference_values, settings)
+    return ComparisonRow(deployment, reference, suite, category, metric, float(np.mean(deployment_values)),
+                         float(np.mean(reference_values)), res.diff, res.ci_low, res.ci_high, None, res.n, res.method,
+                         res.excludes_zero)

@@ -1,0 +1,155 @@
+"""Every metric evalkit emits, declared once: unit, direction, kind, display format and paired test.
+
+The report, verdict and plots read these declarations (never a metric's name) to decide which way is
+better and how to show a number; tests fail on a metric that a suite emits but nobody declared.
+
+Names ending in "*" declare a family whose members differ only by a suffix (e.g. "bleu_en-*" covers
+"bleu_en-zh" and "bleu_en-de"); an exact declaration wins over a family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Direction = Literal["higher", "lower", "none"]
+Kind = Literal["rate", "continuous", "count"]
+PairedTest = Literal["mcnemar", "paired_bootstrap", "corpus_bootstrap", "none"]
+# Display formats understood by evalkit.report.cells: pct (a share shown in %), score (0-100 points),
+# rating (1-5 scale), num (magnitude-dependent digits), kld (two significant digits), ms (seconds shown
+# in ms), s (seconds), mb (MB, GB above 1000), count (integer).
+Fmt = Literal["pct", "score", "rating", "num", "kld", "ms", "s", "mb", "count"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    suite: str
+    name: str
+    unit: str
+    direction: Direction
+    kind: Kind
+    fmt: Fmt
+    paired_test: PairedTest
+    description: str = ""
+
+    @property
+    def better(self) -> int:
+        """+1 when higher is better, -1 when lower is, 0 when neither."""
+        return {"higher": 1, "lower": -1, "none": 0}[self.direction]
+
+
+def _m(suite: str, name: str, unit: str, direction: Direction, kind: Kind, fmt: Fmt, test: PairedTest,
+       description: str = "") -> MetricSpec:
+    return MetricSpec(suite, name, unit, direction, kind, fmt, test, description)
+
+
+_FLIPS = [
+    ("flip_rate", "lower", "share of items whose correctness changed against the reference"),
+    ("flips_right_to_wrong", "lower", "share of items the reference got right and the deployment wrong"),
+    ("flips_wrong_to_right", "higher", "share of items the reference got wrong and the deployment right"),
+]
+
+_DECLARED: list[MetricSpec] = [
+    # -- prompts ---------------------------------------------------------------------------------
+    _m("prompts", "pass@1", "share", "higher", "rate", "pct", "mcnemar", "code items whose tests pass"),
+    _m("prompts", "exact_match", "share", "higher", "rate", "pct", "mcnemar", "normalized final answer equals a gold answer"),
+    _m("prompts", "contains", "share", "higher", "rate", "pct", "mcnemar", "a gold answer appears in the final answer"),
+    _m("prompts", "bleu_en-*", "BLEU points", "higher", "continuous", "score", "corpus_bootstrap", "corpus BLEU (sacrebleu)"),
+    _m("prompts", "chrf_en-*", "chrF points", "higher", "continuous", "score", "corpus_bootstrap", "corpus chrF (sacrebleu)"),
+    _m("prompts", "output_tokens_mean", "tokens", "none", "continuous", "num", "none", "mean generated tokens per item"),
+    # -- perplexity ------------------------------------------------------------------------------
+    _m("perplexity", "ppl", "perplexity", "lower", "continuous", "num", "paired_bootstrap", "exp(mean NLL) over scored tokens"),
+    _m("perplexity", "nll_mean", "nats/token", "lower", "continuous", "num", "none"),
+    _m("perplexity", "bits_per_byte", "bits/byte", "lower", "continuous", "num", "paired_bootstrap"),
+    _m("perplexity", "n_tokens", "tokens", "none", "count", "count", "none"),
+    _m("perplexity", "n_bytes", "bytes", "none", "count", "count", "none"),
+    _m("perplexity", "kld", "nats/token", "lower", "continuous", "kld", "none", "mean KL(ref||dep); its value is the difference"),
+    _m("perplexity", "kld_mean", "nats/token", "lower", "continuous", "kld", "none"),
+    _m("perplexity", "kld_median", "nats/token", "lower", "continuous", "kld", "none"),
+    _m("perplexity", "kld_p90", "nats/token", "lower", "continuous", "kld", "none"),
+    _m("perplexity", "kld_p95", "nats/token", "lower", "continuous", "kld", "none"),
+    _m("perplexity", "kld_p99", "nats/token", "lower", "continuous", "kld", "none"),
+    _m("perplexity", "kld_max", "nats/token", "lower", "continuous", "kld", "none"),
+    _m("perplexity", "top1_agreement", "share", "higher", "rate", "pct", "none", "both argmaxes agree"),
+    _m("perplexity", "delta_p_mean", "probability", "none", "continuous", "num", "none", "p_dep - p_ref of the correct token"),
+    _m("perplexity", "delta_p_rms", "probability", "lower", "continuous", "kld", "none"),
+    _m("perplexity", "ppl_ratio", "ratio", "lower", "continuous", "num", "none", "PPL(dep) / PPL(ref)"),
+    _m("perplexity", "ln_ppl_ratio", "nats/token", "lower", "continuous", "num", "none"),
+    # -- mmlu ------------------------------------------------------------------------------------
+    _m("mmlu", "accuracy", "share", "higher", "rate", "pct", "mcnemar"),
+    *[_m("mmlu", n, "share", d, "rate", "pct", "mcnemar", t) for n, d, t in _FLIPS],  # type: ignore[arg-type]
+    _m("mmlu", "four_continuation_items", "items", "none", "count", "count", "none",
+       "questions scored by four continuations (letters not single tokens)"),
+    # -- longcontext -----------------------------------------------------------------------------
+    _m("longcontext", "recall_accuracy", "share", "higher", "rate", "pct", "mcnemar", "pass key recalled"),
+    _m("longcontext", "seq_rep_2", "share", "lower", "continuous", "pct", "paired_bootstrap", "repeated word 2-grams"),
+    _m("longcontext", "seq_rep_3", "share", "lower", "continuous", "pct", "paired_bootstrap", "repeated word 3-grams"),
+    _m("longcontext", "seq_rep_4", "share", "lower", "continuous", "pct", "paired_bootstrap", "repeated word 4-grams"),
+    _m("longcontext", "distinct_2", "share", "higher", "continuous", "pct", "paired_bootstrap", "distinct word 2-grams"),
+    _m("longcontext", "skipped_items", "items", "none", "count", "count", "none", "items that did not fit the context"),
+    # -- humaneval -------------------------------------------------------------------------------
+    _m("humaneval", "pass@1", "share", "higher", "rate", "pct", "mcnemar"),
+    *[_m("humaneval", n, "share", d, "rate", "pct", "mcnemar", t) for n, d, t in _FLIPS],  # type: ignore[arg-type]
+    # -- cost ------------------------------------------------------------------------------------
+    _m("cost", "tokens_per_s", "tokens/s", "higher", "continuous", "num", "none", "total output tokens / wall time"),
+    _m("cost", "per_request_tokens_per_s", "tokens/s", "higher", "continuous", "num", "none"),
+    _m("cost", "latency_median_s", "s", "lower", "continuous", "ms", "none"),
+    _m("cost", "latency_p90_s", "s", "lower", "continuous", "ms", "none"),
+    _m("cost", "ttft_median_s", "s", "lower", "continuous", "ms", "none"),
+    _m("cost", "ttft_p90_s", "s", "lower", "continuous", "ms", "none"),
+    _m("cost", "output_tokens_mean", "tokens", "none", "continuous", "num", "none"),
+    _m("cost", "peak_rss_mb", "MB", "lower", "continuous", "mb", "none"),
+    _m("cost", "peak_gpu_mem_mb", "MB", "lower", "continuous", "mb", "none"),
+    _m("cost", "power_w", "W", "lower", "continuous", "num", "none"),
+    _m("cost", "max_temp_c", "°C", "none", "continuous", "num", "none"),
+    _m("cost", "startup_s", "s", "lower", "continuous", "s", "none", "engine load time"),
+    # -- ratings (imported human ratings) --------------------------------------------------------
+    _m("ratings", "rating", "points (1-5)", "higher", "continuous", "rating", "paired_bootstrap",
+       "mean blind rating; item-bootstrap interval"),
+    _m("ratings", "win_rate", "share", "higher", "rate", "pct", "none", "pairwise: deployment preferred"),
+    _m("ratings", "tie_rate", "share", "none", "rate", "pct", "none", "pairwise: no preference"),
+    _m("ratings", "loss_rate", "share", "lower", "rate", "pct", "none", "pairwise: reference preferred"),
+    _m("ratings", "net_preference", "win - loss", "higher", "continuous", "num", "none",
+       "pairwise: mean of win = 1, tie = 0, loss = -1; item-bootstrap interval"),
+    _m("ratings", "krippendorff_alpha", "alpha", "higher", "continuous", "num", "none",
+       "inter-rater agreement (ordinal Krippendorff's alpha)"),
+    _m("ratings", "n_ratings", "ratings", "none", "count", "count", "none"),
+]
+
+
+def _index(specs: list[MetricSpec]) -> tuple[dict[tuple[str, str], MetricSpec], list[MetricSpec]]:
+    exact: dict[tuple[str, str], MetricSpec] = {}
+    families: list[MetricSpec] = []
+    for s in specs:
+        if s.name.endswith("*"):
+            families.append(s)
+        elif (s.suite, s.name) in exact:
+            raise ValueError(f"metric {s.suite}/{s.name} declared twice")
+        else:
+            exact[(s.suite, s.name)] = s
+    return exact, families
+
+
+_EXACT, _FAMILIES = _index(_DECLARED)
+
+
+def metric_spec(suite: str, name: str) -> MetricSpec | None:
+    """The declaration of `name` in `suite` (a family member matches its family), or None."""
+    found = _EXACT.get((suite, name))
+    if found is not None:
+        return found
+    for fam in _FAMILIES:
+        if fam.suite == suite and name.startswith(fam.name[:-1]) and len(name) > len(fam.name) - 1:
+            return fam
+    return None
+
+
+def require_spec(suite: str, name: str) -> MetricSpec:
+    """metric_spec, but an undeclared metric is a programming error (raised, naming it)."""
+    found = metric_spec(suite, name)
+    if found is None:
+        raise KeyError(f"metric {suite}/{name} is not declared in evalkit/metrics/declarations.py")
+    return found
+
+
+def all_metrics() -> list[MetricSpec]:
+    return list(_DECLARED)
