@@ -51,7 +51,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from evalkit.ledger import format_ledger, ledger_table
 
     config, config_file = load_config(args.config)
-    print(format_ledger(ledger_table(config, config_file)))
+    rows = ledger_table(config, config_file)
+    if args.json:
+        import json
+
+        print(json.dumps([r.plan_json() for r in rows], indent=2))
+    else:
+        print(format_ledger(rows))
     return 0
 
 
@@ -97,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("plan", help="the memory ledger of a config, without loading anything")
     p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML config (default: the embedded one)")
+    p.add_argument("--json", action="store_true", help="one JSON record per deployment (GB = 10^9 bytes; unknown = null)")
     p.set_defaults(func=_cmd_plan)
 
     rate = verbs.add_parser("rate", help="blind human-rating sheets: export, import").add_subparsers(

@@ -17,10 +17,16 @@ Assumptions (each one a constant below, so a measurement can correct it):
   activations n_ubatch x (ffn + 4 x hidden) x 4; an output buffer of vocab x 4 bytes per sequence.
   llama-cpp-python keeps llama.cpp's default `swa_full = true`: sliding-window layers get a full-size
   cache there ("using full-size SWA cache" in its log), so Gemma's window saves nothing in-process.
-- vLLM: reserves gpu_memory_utilization x device memory up front; its profile run peaks at
+- vLLM on GPU: reserves gpu_memory_utilization x device memory up front; its profile run peaks at
   VLLM_BATCH_TOKENS x (2 x ffn / tp + 4 x hidden) x dtype bytes of activations plus f32 sampler logits
   for max_num_seqs rows; what is left is the KV pool. Its hybrid allocator gives sliding-window layers
-  only `window` tokens per sequence. On CPU the KV pool is VLLM_CPU_KVCACHE_SPACE GiB (4 when unset).
+  only `window` tokens per sequence. On CPU (vLLM >= 0.1x CPU worker) the engine process reserves
+  gpu_memory_utilization x its NUMA node's RAM and the KV cache takes what the rest leaves; or
+  VLLM_CPU_KVCACHE_SPACE GiB when set. See predict_vllm.
+
+Before download: an HF config.json alone gives the architecture and the parameter count (weights are then
+an estimate, labelled); a safetensors index gives the exact bytes; a GGUF's header alone gives every
+tensor's exact size. A size that cannot be known is None ("unknown"), and then `fits` is None, never True.
 """
 from __future__ import annotations
 
@@ -31,14 +37,17 @@ import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 GB = 10**9
 GIB = 2**30
 CUDA_CONTEXT_BYTES = GB // 2
 RUNTIME_BYTES = {"llamacpp": GB // 10, "vllm": GB}  # vLLM imports torch; llama.cpp is one shared library
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
-VLLM_CPU_KV_DEFAULT_GIB = 4
+# vLLM on CPU runs two processes: the front end (evalkit's worker, which imports torch and vLLM and holds the
+# tokenizer) and the engine core (weights, KV cache). Resident sizes measured on this machine (PSS):
+VLLM_FRONTEND_BYTES = GB // 2
+VLLM_CPU_CORE_RUNTIME_BYTES = GB // 2
 
 # Bits per weight of llama.cpp's quantization mixes, whole model, as published in llama.cpp's
 # examples/quantize/README.md (Llama 2 7B). The _M mixes keep some tensors at more bits: Q4_K_M is Q4_K
@@ -131,6 +140,7 @@ class Hardware:
     gpu_memory_bytes: int
     ram_bytes: int
     source: str = "detected"  # or "config"
+    node_ram_bytes: int | None = None  # RAM of the NUMA node vLLM's CPU worker binds to (None: all of it)
 
     def describe(self) -> str:
         if self.gpus:
@@ -138,11 +148,28 @@ class Hardware:
         return f"CPU, {self.ram_bytes / GB:.1f} GB RAM"
 
 
+def _numa_node_ram() -> int | None:
+    """MemTotal of the NUMA node holding this process's first allowed CPU, as vLLM's CPU worker reads it
+    (vllm.utils.cpu_resource_utils.get_memory_node_info); None where sysfs has no per-node figures.
+    It can differ from the machine's total (this VM: 11.0 GB on node 0 of 25.3 GB)."""
+    try:
+        cpu = min(os.sched_getaffinity(0))
+        node = next(Path(f"/sys/devices/system/cpu/cpu{cpu}").glob("node*")).name
+        for line in Path(f"/sys/devices/system/node/{node}/meminfo").read_text().splitlines():
+            parts = line.split()
+            if parts[2] == "MemTotal:":
+                return int(parts[3]) * 1024
+    except (OSError, StopIteration, IndexError, ValueError, AttributeError):
+        pass
+    return None
+
+
 def detect_hardware() -> Hardware:
     """This machine: NVML's GPUs (smallest memory) when pynvml finds any, else RAM."""
     import psutil
 
     ram = int(psutil.virtual_memory().total)
+    node = _numa_node_ram()
     try:
         import pynvml
 
@@ -153,49 +180,71 @@ def detect_hardware() -> Hardware:
         finally:
             pynvml.nvmlShutdown()
         if mems:
-            return Hardware(gpus=len(mems), gpu_memory_bytes=int(min(mems)), ram_bytes=ram)
+            return Hardware(gpus=len(mems), gpu_memory_bytes=int(min(mems)), ram_bytes=ram, node_ram_bytes=node)
     except Exception:  # no pynvml, no driver, no GPU: all mean "CPU"
         pass
-    return Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=ram)
+    return Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=ram, node_ram_bytes=node)
 
 
 def hardware_from_config(config: Any) -> Hardware:
     """`config.hardware` ({gpus, gpu_memory_gb, ram_gb}) where given, the detected machine otherwise."""
-    detected = detect_hardware()
     spec = getattr(config, "hardware", None)
     if spec is None:
-        return detected
+        return detect_hardware()
     gpus = int(getattr(spec, "gpus", 0) or 0)
     gpu_gb = getattr(spec, "gpu_memory_gb", None)
     ram_gb = getattr(spec, "ram_gb", None)
+    detected = detect_hardware() if (gpus and not gpu_gb) or not ram_gb else None
     return Hardware(
         gpus=gpus,
-        gpu_memory_bytes=int(gpu_gb * GB) if gpu_gb else (detected.gpu_memory_bytes if gpus else 0),
-        ram_bytes=int(ram_gb * GB) if ram_gb else detected.ram_bytes,
+        gpu_memory_bytes=int(gpu_gb * GB) if gpu_gb else (detected.gpu_memory_bytes if gpus and detected else 0),
+        ram_bytes=int(ram_gb * GB) if ram_gb else detected.ram_bytes,  # type: ignore[union-attr]
         source="config",
+        node_ram_bytes=None if ram_gb else detected.node_ram_bytes,  # type: ignore[union-attr]
     )
 
 
 @dataclass(frozen=True)
 class LedgerRow:
+    """One deployment's memory plan. A size that cannot be known is None (never 0), and then `fits` is None."""
+
     deployment: str
     engine: str
-    precision: str  # e.g. "Q4_K_M", "FP16", "FP8 weights"
-    weights_from: str  # "gguf tensors", "safetensors", "architecture x bpw"
+    precision: str  # e.g. "Q4_K_M", "BF16", "FP8 weights"
+    weights_from: str  # "gguf tensors", "safetensors", "safetensors index", "estimate: ..." or "unknown"
     devices: str
     n_devices: int
-    weights_bytes: int
-    kv_bytes_per_token: int  # all layers, full attention, cache dtype (on one device's share)
-    kv_bytes: int  # at the configured context and concurrency, sliding windows as the engine allocates
-    overhead_bytes: int  # activations + engine/runtime reservations, all devices
-    need_bytes: int  # weights + kv + overhead
-    per_device_bytes: int  # busiest device (vLLM: what it reserves up front)
+    weights_bytes: int | None
+    kv_bytes_per_token: int | None  # all layers, full attention, cache dtype (whole model, not a device's share)
+    kv_bytes: int | None  # at the configured context and concurrency, sliding windows as the engine allocates
+    overhead_bytes: int | None  # activations + engine/runtime reservations, all devices
+    need_bytes: int | None  # weights + kv + overhead
+    per_device_bytes: int | None  # busiest device (vLLM: what it reserves up front); on CPU: the worker's RAM
     device_budget_bytes: int
     fits: bool | None
     max_context: int | None  # longest single context the remainder allows, capped at the trained length
     memory_context: int | None  # the same, uncapped: what memory alone allows
     max_concurrency: int | None  # sequences of the configured length the remainder holds at once
     notes: str = ""
+    estimate: bool = False  # weights from an architecture and a precision, not from the files to be loaded
+
+    def plan_json(self) -> dict[str, Any]:
+        """The `evalkit plan --json` record (GB = 10^9 bytes; unknown sizes are null)."""
+        gb = lambda n: None if n is None else round(n / GB, 3)  # noqa: E731
+        return {
+            "deployment": self.deployment, "engine": self.engine, "precision": self.precision,
+            "weights_gb": gb(self.weights_bytes), "weights_from": self.weights_from, "estimate": self.estimate,
+            "kv_bytes_per_token": self.kv_bytes_per_token, "per_device_gb": gb(self.per_device_bytes),
+            "n_devices": self.n_devices, "budget_gb": gb(self.device_budget_bytes), "fits": self.fits,
+            "max_context": self.max_context, "max_concurrency": self.max_concurrency, "notes": self.notes,
+        }
+
+
+def _unknown_weights(row: LedgerRow, reason: str) -> LedgerRow:
+    """A row whose weights are not known: every figure that depends on them becomes unknown, fits too."""
+    return replace(row, weights_bytes=None, need_bytes=None, per_device_bytes=None, fits=None, max_context=None,
+                   memory_context=None, max_concurrency=None, weights_from="unknown", estimate=False,
+                   notes=f"weights unknown: {reason}" + (f"; {row.notes}" if row.notes else ""))
 
 
 # -- weights and architecture from files --------------------------------------------------------------
@@ -204,9 +253,11 @@ class LedgerRow:
 @dataclass(frozen=True)
 class WeightsInfo:
     arch: ArchSpec
-    weights_bytes: int  # bytes of the tensors as stored
+    weights_bytes: int | None  # bytes of the tensors as stored; None: no tensor sizes in the files present
     precision: str
     non_embedding_bytes: int = 0  # safetensors: bytes outside embedding/lm_head (for FP8 arithmetic)
+    source: str = ""  # where the size came from ("gguf tensors", "safetensors", "safetensors index")
+    note: str = ""  # e.g. a GGUF whose data section is incomplete
 
 
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -218,6 +269,8 @@ class GgufHeader:
     meta: dict[str, Any]  # scalars, and arrays of at most _SMALL_ARRAY elements as lists
     array_lengths: dict[str, int]  # every array's length (the vocabulary is one)
     tensors: list[tuple[str, tuple[int, ...], int, int]]  # name, shape, ggml type, offset in the data section
+    data_offset: int = 0  # where the tensor data section starts (after the header, aligned)
+    file_size: int = 0
 
 
 def read_gguf_header(path: Path) -> GgufHeader:
@@ -273,7 +326,9 @@ def read_gguf_header(path: Path) -> GgufHeader:
             name = string()
             shape = tuple(take("<Q") for _ in range(take("<I")))
             tensors.append((name, shape, take("<I"), take("<Q")))
-    return GgufHeader(meta, lengths, tensors)
+        align = int(meta.get("general.alignment") or 32)
+        size = len(buf)
+    return GgufHeader(meta, lengths, tensors, -(-pos // align) * align, size)
 
 
 def gguf_tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
@@ -326,7 +381,13 @@ def gguf_weights(path: Path) -> WeightsInfo:
     except ValueError:
         precision = f"file_type {file_type}"
     weights = sum(gguf_tensor_bytes(shape, t) for _, shape, t, _ in head.tensors)
-    return WeightsInfo(spec, weights, precision)
+    note = ""
+    if head.tensors:
+        name, shape, t, off = max(head.tensors, key=lambda x: x[3])
+        end = head.data_offset + off + gguf_tensor_bytes(shape, t)
+        if head.file_size < end:  # a download in progress: the header alone gives every tensor's exact size
+            note = f"file incomplete ({head.file_size:,} of {end:,} bytes): sizes from its header's tensor table"
+    return WeightsInfo(spec, weights, precision, source="gguf tensors", note=note)
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
@@ -337,29 +398,38 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         return json.loads(f.read(n))
 
 
-def hf_weights(path: Path) -> WeightsInfo:
-    """Tensor bytes from safetensors headers and the architecture from config.json."""
-    config = json.loads((path / "config.json").read_text())
+# Per-layer bias parameters a config.json does not spell out: Qwen2 always has q/k/v biases
+# (transformers' Qwen2Attention: bias=True on q_proj, k_proj, v_proj); others say so with attention_bias.
+_QKV_BIAS_MODEL_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_TORCH_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float": "F32", "half": "F16"}
+
+
+def arch_from_hf_config(config: dict[str, Any], name: str) -> ArchSpec:
+    """The architecture from a Hugging Face config.json alone (what is published before any download).
+
+    The parameter count is the gated-MLP decoder's (estimate_params) plus the attention biases the model
+    type is known to carry. Raises ValueError naming what it cannot count (mixture-of-experts shapes).
+    """
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
         config = config["text_config"]  # multimodal wrappers (Gemma 3 4B+) keep the LM's numbers here
-    total = non_emb = params = 0
-    dtypes: set[str] = set()
-    for file in sorted(path.glob("*.safetensors")):
-        for name, t in _safetensors_header(file).items():
-            if name == "__metadata__":
-                continue
-            size = t["data_offsets"][1] - t["data_offsets"][0]
-            total += size
-            params += math.prod(t["shape"])
-            dtypes.add(t["dtype"])
-            if "embed" not in name and "lm_head" not in name:
-                non_emb += size
-    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    moe = [k for k in _MOE_KEYS if config.get(k)]
+    if moe:
+        raise ValueError(f"mixture-of-experts config ({moe[0]}={config[moe[0]]}): its parameters are not counted from config.json")
+    try:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        n_layers, vocab = int(config["num_hidden_layers"]), int(config["vocab_size"])
+    except KeyError as e:
+        raise ValueError(f"config.json has no {e.args[0]}") from None
     head_dim = int(config.get("head_dim") or hidden // heads)
     kv = int(config.get("num_key_value_heads") or heads)
-    n_layers, vocab = int(config["num_hidden_layers"]), int(config["vocab_size"])
     tied = bool(config.get("tie_word_embeddings", True))  # transformers' default is tied
     inter = int(config.get("intermediate_size") or 0)
+    params = estimate_params(n_layers, hidden, heads, kv, head_dim, inter, vocab, tied)
+    if config.get("model_type") in _QKV_BIAS_MODEL_TYPES:
+        params += n_layers * (heads + 2 * kv) * head_dim
+    elif config.get("attention_bias"):
+        params += n_layers * ((heads + 2 * kv) * head_dim + hidden)
     window = config.get("sliding_window")
     if isinstance(config.get("layer_types"), list):
         swa = tuple(t == "sliding_attention" for t in config["layer_types"])
@@ -370,23 +440,57 @@ def hf_weights(path: Path) -> WeightsInfo:
         swa = (True,) * n_layers  # Mistral-style: every layer windowed (Qwen2 sets use_sliding_window false)
     else:
         swa = ()
-    spec = ArchSpec(
-        name=str(config.get("_name_or_path") or path.name),
+    return ArchSpec(
+        name=str(config.get("_name_or_path") or name),
         n_layers=n_layers,
         hidden=hidden,
         n_heads=heads,
         n_kv_heads=kv,
         head_dim=head_dim,
         vocab=vocab,
-        n_params=params or estimate_params(n_layers, hidden, heads, kv, head_dim, inter, vocab, tied),
+        n_params=params,
         tied_embeddings=tied,
         intermediate=inter,
         context_length=config.get("max_position_embeddings"),
         sliding_window=int(window) if window and swa else None,
         swa_layers=swa if window else (),
     )
-    precision = "/".join(sorted(dtypes)) or str(config.get("torch_dtype", "?")).upper()
-    return WeightsInfo(spec, total, precision, non_emb)
+
+
+def hf_weights(path: Path) -> WeightsInfo:
+    """The architecture from config.json; tensor bytes from the safetensors headers when every shard is
+    present, else the index's `total_size` (HF publishes it beside config.json), else unknown (None)."""
+    config = json.loads((path / "config.json").read_text())
+    arch = arch_from_hf_config(config, path.name)
+    total = non_emb = params = 0
+    dtypes: set[str] = set()
+    files = sorted(path.glob("*.safetensors"))
+    index_file = path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text()) if index_file.is_file() else None
+    wanted = set((index or {}).get("weight_map", {}).values())
+    complete = bool(files) and wanted <= {f.name for f in files}
+    if complete:
+        for file in files:
+            for name, t in _safetensors_header(file).items():
+                if name == "__metadata__":
+                    continue
+                size = t["data_offsets"][1] - t["data_offsets"][0]
+                total += size
+                params += math.prod(t["shape"])
+                dtypes.add(t["dtype"])
+                if "embed" not in name and "lm_head" not in name:
+                    non_emb += size
+        arch = replace(arch, n_params=params)
+    declared = _TORCH_DTYPE.get(str(config.get("torch_dtype") or config.get("dtype") or ""), "?")
+    precision = "/".join(sorted(dtypes)) or declared
+    if complete:
+        return WeightsInfo(arch, total, precision, non_emb, source="safetensors")
+    total_size = ((index or {}).get("metadata") or {}).get("total_size")
+    if total_size:
+        missing = len(wanted - {f.name for f in files})
+        note = f"{missing} of {len(wanted)} shards not on disk: size from model.safetensors.index.json" if missing < len(wanted) else ""
+        return WeightsInfo(arch, int(total_size), precision, source="safetensors index", note=note)
+    return WeightsInfo(arch, None, precision, source="config.json")
 
 
 # -- prediction ------------------------------------------------------------------------------------
@@ -483,7 +587,8 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
         reserve = int(options.gpu_memory_utilization * budget)
         fixed_dev = weights_bytes / tp + acts_dev + CUDA_CONTEXT_BYTES
         pool = reserve - fixed_dev
-        per_device, n_dev = reserve, tp
+        # What it reserves when that holds the weights and one sequence; else what it would need.
+        per_device, n_dev = max(reserve, int(fixed_dev + kv_seq_dev)), tp
         overhead = (acts_dev + CUDA_CONTEXT_BYTES) * tp
         devices = f"{tp}x GPU {budget / GB:.1f} GB"
         fits = tp <= hw.gpus and pool >= kv_seq_dev
@@ -491,15 +596,29 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
             notes.append(f"tensor_parallel_size {tp} > {hw.gpus} GPU(s)")
         notes.append(f"reserves gpu_memory_utilization {options.gpu_memory_utilization} of each GPU")
     else:
+        # vLLM's CPU worker (vllm.v1.worker.cpu_worker): with VLLM_CPU_KVCACHE_SPACE set, that many GiB of KV;
+        # else it reserves gpu_memory_utilization x its NUMA node's MemTotal and gives the KV cache whatever
+        # its own RSS leaves of that. The KV tensor is torch.zeros, so the reservation is resident. The
+        # front-end process (evalkit's worker: torch, the tokenizer) comes on top.
         budget = hw.ram_bytes
-        space = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 0) or VLLM_CPU_KV_DEFAULT_GIB
-        pool = space * GIB
-        fixed_dev = weights_bytes + acts_dev + RUNTIME_BYTES["vllm"]
-        per_device, n_dev = int(fixed_dev + pool), 1
-        overhead = acts_dev + RUNTIME_BYTES["vllm"]
+        fixed_dev = weights_bytes + acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES
+        explicit = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        if explicit:
+            pool = float(explicit) * GIB
+            core = fixed_dev + pool
+            notes.append(f"KV space {explicit} GiB (VLLM_CPU_KVCACHE_SPACE)")
+        else:
+            node = hw.node_ram_bytes or hw.ram_bytes
+            core = math.ceil(options.gpu_memory_utilization * node)
+            pool = core - fixed_dev
+            notes.append(f"engine process reserves gpu_memory_utilization {options.gpu_memory_utilization} x {node / GB:.1f} GB "
+                         f"({'NUMA node' if hw.node_ram_bytes else 'RAM'}); the KV cache gets the rest")
+        per_device, n_dev = int(core + VLLM_FRONTEND_BYTES), 1
+        overhead = acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES + VLLM_FRONTEND_BYTES
         devices = f"CPU {budget / GB:.1f} GB RAM"
         fits = per_device <= budget and pool >= kv_seq_dev
-        notes.append(f"KV space {space:g} GiB (VLLM_CPU_KVCACHE_SPACE)")
+        if pool < kv_seq_dev:
+            notes.append(f"the KV room ({max(pool, 0) / GB:.2f} GB) holds less than one {max_len}-token sequence: vLLM refuses to start")
     max_ctx = mem_ctx = _fits_count(pool, per_tok_dev)
     if arch.context_length and max_ctx > arch.context_length:
         notes.append(f"memory allows {max_ctx:,} tokens of context, capped at the trained {arch.context_length:,}")
@@ -520,6 +639,8 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
 
 
 def _resolve(source: str, config_file: Path) -> Path | None:
+    """A local path for the source: beside the config, a `pkg:` package, a path, or an HF repo id already in
+    the local Hugging Face cache (its config.json is enough). Never downloads anything."""
     from evalkit.errors import EvalkitError
     from evalkit.models import resolve_source
 
@@ -530,68 +651,136 @@ def _resolve(source: str, config_file: Path) -> Path | None:
     try:
         return resolve_source(source)
     except EvalkitError:
+        pass
+    if source.count("/") == 1 and not source.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(source, "config.json")  # a cache lookup: no network
+        except Exception:  # no huggingface_hub, malformed repo id: nothing cached
+            return None
+        return Path(hit).parent if isinstance(hit, str) else None
+    return None
+
+
+def _built_variant(source: str, path: Path, variant: str) -> Path | None:
+    """The prepared variant when `evalkit prepare` has already made it (file sources only: hashing a whole
+    checkpoint directory to find its cache entry would cost more than the plan is worth)."""
+    if path.is_dir():
+        return None
+    from evalkit.variants import built_variant
+
+    try:
+        return built_variant(source, variant)
+    except Exception:  # an unreadable cache entry means "not built": the plan estimates instead
         return None
 
 
-def _known_arch(source: str) -> ArchSpec | None:
-    key = source.lower().replace("_", "-")
-    return next((a for k, a in KNOWN_ARCHS.items() if k in key), None)
+def _memory_model(engine: str) -> Callable[..., LedgerRow] | None:
+    """The engine's own memory model (EngineSpec.memory_model: predict_llamacpp, predict_vllm, ...); None for
+    an engine that declares none, whose rows are then unknown."""
+    from evalkit.engines import engine_spec
+
+    try:
+        return engine_spec(engine).memory_model
+    except KeyError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Weights:
+    bytes: int | None  # None: unknown
+    precision: str
+    source: str  # weights_from
+    estimate: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def _dtype_bytes(options: Any, checkpoint: str) -> tuple[int, str]:
+    """Bytes per parameter a 16-bit-or-wider checkpoint is served in: vLLM's dtype option, else the
+    checkpoint's (vLLM's "auto" serves FP32 checkpoints in 16 bits)."""
+    dtype = str(getattr(options, "dtype", "auto"))
+    if dtype in ("float32", "float"):
+        return 4, "F32"
+    if dtype in ("bfloat16", "float16", "half"):
+        return 2, "BF16" if dtype == "bfloat16" else "F16"
+    return 2, checkpoint if checkpoint in ("BF16", "F16") else "F16"
+
+
+def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
+    """What the deployment's weights will occupy: exact from the files that will be loaded when they exist,
+    else an estimate from the architecture (labelled), else unknown."""
+    source, variant, arch = dep.model.source, dep.model.variant, info.arch
+    quant = str(getattr(dep.options, "quantization", None) or "")
+    notes = (info.note,) if info.note else ()
+    if variant is not None and not (variant == "hf" and path.is_dir()):
+        built = _built_variant(source, path, variant)
+        if built is not None:
+            made = hf_weights(built) if built.is_dir() else gguf_weights(built)
+            if made.weights_bytes is not None:
+                if built.is_dir():
+                    per, prec = _dtype_bytes(dep.options, made.precision)
+                    size = made.weights_bytes if per == DTYPE_BYTES.get(made.precision.split("/")[0], 2) else made.arch.n_params * per
+                    prec = "BF16 (FP8-rounded values)" if variant == "fp8-weight" else prec
+                    return _Weights(size, prec, f"{made.source} (prepared {variant})", notes=notes)
+                return _Weights(made.weights_bytes, variant, f"gguf tensors (prepared {variant})", notes=notes)
+        if variant in GGUF_BPW:
+            if not path.is_dir() and info.precision.upper() == variant.upper():
+                return _Weights(info.weights_bytes, variant, info.source, notes=notes)
+            if path.is_dir():
+                notes += (f"evalkit prepares {variant} from a GGUF source only (convert this checkpoint to GGUF first)",)
+            size = arch_weight_bytes(arch, variant)
+            return _Weights(size, variant, f"estimate: {arch.n_params:,} parameters x {GGUF_BPW[variant]} bits ({variant} mix, not built yet)", True, notes)
+        if variant in ("hf", "fp8-weight"):
+            # Both variants are 16-bit checkpoints (fp8-weight only rounds values through FP8; storage stays 16-bit).
+            per, prec = _dtype_bytes(dep.options, "BF16")
+            prec = "BF16 (FP8-rounded values)" if variant == "fp8-weight" else prec
+            return _Weights(arch.n_params * per, prec, f"estimate: {arch.n_params:,} parameters x {per} bytes ({variant} variant, not built yet)", True, notes)
+        return _Weights(None, variant, "unknown", notes=notes + (f"no size model for variant {variant!r}",))
+    if not path.is_dir():
+        return _Weights(info.weights_bytes, info.precision, info.source, notes=notes)
+    if quant.startswith("fp8"):
+        # vLLM quantizes Linear layers only: embeddings and lm_head stay 16-bit.
+        notes += ("online FP8 from a 16-bit checkpoint: vLLM before 0.14 first loaded all 16-bit weights "
+                  f"({arch_weight_bytes(arch, 'FP16') / GB:.1f} GB over the TP group; vllm#4387, fixed by vllm#31914)",)
+        if info.weights_bytes is not None and info.non_embedding_bytes:
+            per = max(DTYPE_BYTES.get(info.precision.split("/")[0], 2), 1)
+            size = info.non_embedding_bytes // per + (info.weights_bytes - info.non_embedding_bytes) * 2 // per
+            return _Weights(size, "FP8 weights", "safetensors", notes=notes)
+        return _Weights(arch_weight_bytes(arch, "FP8"), "FP8 weights", f"estimate: {arch.n_params:,} parameters, linear layers x 1 byte, embeddings x 2 (config.json)", True, notes)
+    per, prec = _dtype_bytes(dep.options, info.precision.split("/")[0])
+    if info.weights_bytes is not None and per == DTYPE_BYTES.get(info.precision.split("/")[0], 2):
+        return _Weights(info.weights_bytes, prec, info.source, notes=notes)
+    if info.weights_bytes is not None:  # served in another width than stored: the count is exact, the bytes follow
+        return _Weights(arch.n_params * per, prec, f"{info.source}: parameters x {per} bytes", notes=notes)
+    return _Weights(arch.n_params * per, prec, f"estimate: {arch.n_params:,} parameters (config.json) x {per} bytes", True, notes)
 
 
 def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
-    """One deployment's ledger row, from its file when on disk, else from a known architecture."""
+    """One deployment's ledger row: exact from the files to be loaded, an estimate from the architecture when
+    they do not exist yet (labelled), unknown (fits: None) when neither can be known."""
     source, variant, engine = dep.model.source, dep.model.variant, dep.engine
+    budget = hw.gpu_memory_bytes if hw.gpus else hw.ram_bytes
     path = _resolve(source, config_file)
     info: WeightsInfo | None = None
-    problem = f"model {source!r} not found"
+    problem = f"model {source!r} not found (no file, installed package or Hugging Face cache entry)"
     if path is not None:
         try:
             info = hf_weights(path) if path.is_dir() else gguf_weights(path)
         except (OSError, ValueError, KeyError, TypeError, struct.error) as e:  # a corrupt file is a row, not a crash
             problem = f"cannot read {path}: {e}"
-    arch = info.arch if info else _known_arch(source)
-    if arch is None:
-        zero = dict.fromkeys(("n_devices", "weights_bytes", "kv_bytes_per_token", "kv_bytes", "overhead_bytes", "need_bytes", "per_device_bytes", "device_budget_bytes"), 0)
-        return LedgerRow(dep.name, engine, variant or "?", "-", hw.describe(), **zero, fits=None, max_context=None, memory_context=None,
-                         max_concurrency=None, notes=f"{problem}, and its architecture is not known")
-    quant = getattr(dep.options, "quantization", None)
-    if variant in ("hf", "fp8-weight"):
-        # Both variants are 16-bit checkpoints (fp8-weight only rounds values through FP8; storage stays 16-bit).
-        precision = "BF16 (FP8-rounded values)" if variant == "fp8-weight" else "BF16"
-        per = 4 if str(getattr(dep.options, "dtype", "auto")) in ("float32", "float") else 2
-        weights, weights_from = arch.n_params * per, "parameters x dtype (16-bit variant)"
-    elif variant:
-        precision = "FP8 weights" if variant == "fp8-weight" else variant
-        from_file = info is not None and info.precision.upper().replace("MOSTLY_", "") == variant.upper()
-        weights = info.weights_bytes if from_file else arch_weight_bytes(arch, "FP8" if variant == "fp8-weight" else variant)
-        weights_from = "gguf tensors" if from_file else "architecture x bpw"
-    elif quant == "fp8":  # only engines with a `quantization` option (vLLM) have it
-        precision = "FP8 weights"
-        if info is not None and info.non_embedding_bytes:  # linear layers to 1 byte, embeddings stay 16-bit
-            per = max(DTYPE_BYTES.get(info.precision.split("/")[0], 2), 1)
-            weights = info.non_embedding_bytes // per + (info.weights_bytes - info.non_embedding_bytes) * 2 // per
-            weights_from = "safetensors"
-        else:
-            weights, weights_from = arch_weight_bytes(arch, "FP8"), "architecture x bpw"
-    elif info is not None and path is not None and not path.is_dir():
-        precision, weights, weights_from = info.precision, info.weights_bytes, "gguf tensors"
-    elif info is not None:
-        precision = info.precision
-        per = DTYPE_BYTES.get(info.precision.split("/")[0], 2)
-        if str(getattr(dep.options, "dtype", "auto")) in ("float32", "float"):
-            weights = arch.n_params * 4
-        else:  # 16-bit dtypes; vLLM's "auto" serves FP32 checkpoints as FP16
-            weights = info.weights_bytes if per == 2 else arch.n_params * 2
-        weights_from = "safetensors"
-    else:
-        precision, weights, weights_from = "FP16", arch_weight_bytes(arch, "FP16"), "architecture x bpw"
-    from evalkit.engines import engine_spec
-
-    predict = engine_spec(engine).memory_model  # the engine's own memory model (predict_llamacpp, predict_vllm, ...)
-    row = predict(dep.name, arch, weights, precision, weights_from, dep.options, hw)
-    if info is None:
-        row = replace(row, notes=f"architecture-only ({arch.name}; file not on disk); " + row.notes)
-    return row
+    predict = _memory_model(engine)
+    if info is None or predict is None:
+        reason = problem if info is None else f"no memory model for engine {engine!r}"
+        return LedgerRow(dep.name, engine, variant or "?", "unknown", hw.describe(), 0, None, None, None, None, None, None,
+                         budget, fits=None, max_context=None, memory_context=None, max_concurrency=None,
+                         notes=f"size unknown: {reason}")
+    w = _weights(dep, path, info)  # type: ignore[arg-type]
+    row = predict(dep.name, info.arch, w.bytes or 0, w.precision, w.source, dep.options, hw)
+    notes = "; ".join([*w.notes, row.notes] if row.notes else w.notes)
+    if w.bytes is None:
+        return _unknown_weights(replace(row, notes=notes), "; ".join(w.notes) or "no size for these files")
+    return replace(row, estimate=w.estimate, notes=notes)
 
 
 def ledger_table(config: Any, config_file: Path) -> list[LedgerRow]:
@@ -600,16 +789,17 @@ def ledger_table(config: Any, config_file: Path) -> list[LedgerRow]:
 
 
 def _gb(n: int | None) -> str:
-    return "-" if n is None else f"{n / GB:.2f}"
+    return "unknown" if n is None else f"{n / GB:.2f}"
 
 
 def format_ledger(rows: list[LedgerRow]) -> str:
-    """A plain-text table (GB = 10^9 bytes) with each row's notes below it."""
+    """A plain-text table (GB = 10^9 bytes) with each row's notes below it; estimates are marked with ~."""
     head = ["deployment", "engine", "precision", "weights GB", "KV B/token", "KV GB", "overhead GB", "per device GB", "budget GB", "fits", "max ctx", "max conc"]
     body = [
-        [r.deployment, r.engine, r.precision, _gb(r.weights_bytes), f"{r.kv_bytes_per_token:,}", _gb(r.kv_bytes),
-         _gb(r.overhead_bytes), _gb(r.per_device_bytes), f"{_gb(r.device_budget_bytes)} ({r.devices})",
-         {True: "yes", False: "NO", None: "?"}[r.fits], "-" if r.max_context is None else f"{r.max_context:,}",
+        [r.deployment, r.engine, r.precision, ("~" if r.estimate else "") + _gb(r.weights_bytes),
+         "unknown" if r.kv_bytes_per_token is None else f"{r.kv_bytes_per_token:,}", _gb(r.kv_bytes),
+         _gb(r.overhead_bytes), ("~" if r.estimate else "") + _gb(r.per_device_bytes), f"{_gb(r.device_budget_bytes)} ({r.devices})",
+         {True: "yes", False: "NO", None: "unknown"}[r.fits], "-" if r.max_context is None else f"{r.max_context:,}",
          "-" if r.max_concurrency is None else str(r.max_concurrency)]
         for r in rows
     ]
@@ -618,6 +808,8 @@ def format_ledger(rows: list[LedgerRow]) -> str:
     out = [line(head), line(["-" * w for w in widths])]
     for r, cells in zip(rows, body):
         out.append(line(cells))
-        if r.notes:
-            out.append(f"    {r.weights_from}; {r.notes}")
+        out.append(f"    weights: {r.weights_from}" + (f"; {r.notes}" if r.notes else ""))
+    if any(r.estimate for r in rows):
+        out.append("~ estimate: the weights' files do not exist yet; sized from the architecture and the precision")
+    out.append("GB = 10^9 bytes")
     return "\n".join(out)

@@ -99,6 +99,16 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
     return _model_path(final)
 
 
+def built_variant(source: str, variant: str) -> Path | None:
+    """The model path of `variant` of `source` when it is already prepared in the cache, else None.
+    Never builds (the memory plan reads exact sizes from it when it exists)."""
+    path = resolve_source(source)
+    if variant == "hf" and path.is_dir():
+        return path
+    final = cache_dir() / "variants" / fingerprint(path).sha256[:16] / variant
+    return _model_path(final) if _is_done(final) else None
+
+
 def prepare_all(config: "Config", *, force: bool = False, progress: bool = True) -> list[tuple[str, Path]]:
     """Prepare every deployment's model (variant or plain source). Returns (deployment name, local path)."""
     out: list[tuple[str, Path]] = []

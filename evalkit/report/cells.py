@@ -155,8 +155,9 @@ def fmt(x: Any, kind: str = "num") -> str:
     if not isnum(x):
         return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else str(x)
     x = float(x)
-    if kind == "mb":
-        return f"{x / 1000:.2f} GB" if x >= 1000 else f"{x:.0f} MB"
+    if kind == "mb":  # *_mb metrics are recorded in MiB (2^20 bytes); shown in GB/MB of 10^9/10^6 bytes
+        b = x * 2**20
+        return f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.0f} MB"
     if kind == "num" and x == int(x) and abs(x) < 1e6:
         return signed(f"{x:,.0f}")
     if kind == "num" and abs(x) >= 1000:

@@ -364,7 +364,7 @@ def ledger_plot(view: RunView) -> Plot | None:
     ax = axes[0]
     y = np.arange(len(rows))
     ax.barh(y - 0.18, [r[1] for r in rows], height=0.34, color="#9fc5e8", label="predicted per device")
-    ax.barh(y + 0.18, [r[2][0] / 1000 if r[2] else 0 for r in rows], height=0.34, color="#3d85c6", label="measured peak")
+    ax.barh(y + 0.18, [r[2][0] / 1e9 if r[2] else 0 for r in rows], height=0.34, color="#3d85c6", label="measured peak")
     budget = max((r.get("device_budget_bytes") or 0) for r in ledger) / 1e9
     if budget:
         ax.axvline(budget, color="#cc0000", ls="--", lw=1, label=f"device budget {budget:.0f} GB")

@@ -156,10 +156,15 @@ def cost_tables(view: RunView) -> list[Table]:
         peak = measured_peak(view, dep)
         if start is not None or peak:
             rows.append([Cell(dep), Cell(fmt(start["value"], "s") if start is not None else "–"),
-                         Cell(fmt(peak[0], "mb") + f" ({peak[1]})" if peak else "–")])
+                         Cell(fmt(peak[0] / 2**20, "mb") + f" ({peak[1]})" if peak else "–")])
     if rows:
         out.append(Table("cost-startup", "Start-up and peak memory", ["deployment", "model load", "peak memory"], rows))
     return out
+
+
+def _gb(n: int | None, estimate: bool | None = False) -> str:
+    """Bytes as GB (10^9); a size the ledger could not know stays "unknown", never 0."""
+    return "unknown" if n is None else ("~" if estimate else "") + f"{n / 1e9:.2f} GB"
 
 
 def ledger_table(view: RunView) -> Table:
@@ -170,11 +175,11 @@ def ledger_table(view: RunView) -> Table:
     for r in ledger:
         peak = measured_peak(view, r["deployment"])
         predicted = r.get("per_device_bytes")
-        ratio = f"{peak[0] * 1e6 / predicted:.2f}" if peak and predicted else "–"
+        ratio = f"{peak[0] / predicted:.2f}" if peak and predicted else "–"  # bytes / bytes
         rows.append([Cell(r["deployment"]), Cell(str(r.get("precision", "–"))), Cell(str(r.get("devices", "–"))),
-                     Cell(fmt((r.get("weights_bytes") or 0) / gb) + " GB"), Cell(fmt((r.get("kv_bytes") or 0) / gb) + " GB"),
-                     Cell(fmt((predicted or 0) / gb) + " GB"), Cell({True: "yes", False: "NO", None: "?"}[r.get("fits")]),
-                     Cell(fmt(peak[0] / 1000) + f" GB ({peak[1]})" if peak else "not measured"), Cell(ratio),
+                     Cell(_gb(r.get("weights_bytes"), r.get("estimate"))), Cell(_gb(r.get("kv_bytes"))),
+                     Cell(_gb(predicted, r.get("estimate"))), Cell({True: "yes", False: "NO", None: "unknown"}[r.get("fits")]),
+                     Cell(f"{peak[0] / gb:.2f} GB ({peak[1]})" if peak else "not measured"), Cell(ratio),
                      Cell(str(r.get("notes", "")))])
     return Table("ledger", "Memory ledger: predicted before loading vs measured", [
         "deployment", "precision", "devices", "weights", "KV cache", "predicted per device", "fits", "measured peak",

@@ -134,8 +134,9 @@ def bleu_signatures(view: RunView) -> dict[str, dict[str, str]]:
     return out
 
 
-def measured_peak(view: RunView, dep: str) -> tuple[float, str] | None:
-    """Highest memory the cost suite saw: per GPU when GPUs were sampled, else the process tree's RSS (MB)."""
+def measured_peak(view: RunView, dep: str) -> tuple[int, str] | None:
+    """Highest memory the cost suite saw, in bytes: the busiest GPU when GPUs were sampled, else the worker's
+    process tree (vLLM's engine-core process included). The records hold MiB (2^20 bytes)."""
     s = view.suite_scores("cost")
     if s.empty:
         return None
@@ -143,5 +144,5 @@ def measured_peak(view: RunView, dep: str) -> tuple[float, str] | None:
     for metric, where in (("peak_gpu_mem_mb", "busiest GPU"), ("peak_rss_mb", "RAM, process tree")):
         v = mine[mine.metric == metric].value
         if not v.empty:
-            return float(v.max()), where
+            return int(float(v.max()) * 2**20), where
     return None
