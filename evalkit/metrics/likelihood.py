@@ -13,7 +13,9 @@ set beside its output:
 - Same top: both argmaxes equal. llama.cpp's ± is the Wald SE; the CI here is Wilson (scipy) because
   agreement sits near 100% where Wald collapses to zero width.
 
-KLD from records uses the top-k approximation with one tail bucket (see `kld_topk_tail`).
+KLD is exact where both sides give full distributions (`evalkit.metrics.kld`: the reference's stored once,
+each deployment's computed against it token by token); otherwise the top-k approximation with one tail
+bucket (see `kld_topk_tail`), a lower bound.
 """
 from __future__ import annotations
 
@@ -160,7 +162,7 @@ def kld_topk_tail(ref_lp: np.ndarray, dep_lp: np.ndarray) -> np.ndarray:
 class TokenDrift:
     """Per-token drift of a deployment from the reference, on identical token sequences."""
 
-    kld: np.ndarray  # KL(P_ref || P_dep), top-k + tail approximation
+    kld: np.ndarray  # KL(P_ref || P_dep): exact, or the top-k + tail lower bound
     same_top: np.ndarray  # bool: argmax(P_dep) == argmax(P_ref)
     delta_p: np.ndarray  # p_dep(correct) - p_ref(correct)
 
@@ -206,55 +208,91 @@ def _argmax(top: TopK) -> int:
     return int(top[best][0])
 
 
+# llama.cpp's percentile rows (tools/perplexity/perplexity.cpp, `kl_divergence`), as (metric suffix, fraction).
+KLD_PERCENTILES = (("p99_9", 0.999), ("p99", 0.99), ("p95", 0.95), ("p90", 0.90), ("median", 0.5),
+                   ("p10", 0.10), ("p5", 0.05), ("p1", 0.01), ("p0_1", 0.001))
+DELTA_P_PERCENTILES = (("p99_9", 0.999), ("p99", 0.99), ("p95", 0.95), ("p90", 0.90), ("p75", 0.75),
+                       ("median", 0.5), ("p25", 0.25), ("p10", 0.10), ("p5", 0.05), ("p1", 0.01), ("p0_1", 0.001))
+
+
 @dataclass(frozen=True)
 class DriftSummary:
     """llama.cpp's "KL divergence" and "Token probability" statistics blocks."""
 
     n_tokens: int
+    exact: bool  # full-vocabulary KLD (else the top-k + tail lower bound)
     kld_mean: float
     kld_se: float
-    kld_median: float
-    kld_p90: float
-    kld_p95: float
-    kld_p99: float
     kld_max: float
+    kld_min: float
+    kld_percentiles: dict[str, float]  # KLD_PERCENTILES suffix -> value
     same_top: float
+    same_top_se: float  # llama.cpp's ± (binomial SE, n - 1)
     same_top_ci: tuple[float, float]  # Wilson 95%
     delta_p_mean: float
     delta_p_se: float
     delta_p_rms: float
     delta_p_rms_se: float
+    delta_p_max: float
+    delta_p_min: float
+    delta_p_percentiles: dict[str, float]
+
+    @property
+    def kld_median(self) -> float:
+        return self.kld_percentiles["median"]
+
+    @property
+    def kld_p90(self) -> float:
+        return self.kld_percentiles["p90"]
+
+    @property
+    def kld_p95(self) -> float:
+        return self.kld_percentiles["p95"]
+
+    @property
+    def kld_p99(self) -> float:
+        return self.kld_percentiles["p99"]
 
 
-def summarize_drift(drift: TokenDrift) -> DriftSummary:
+def _percentiles(x: np.ndarray, table: tuple[tuple[str, float], ...]) -> dict[str, float]:
+    """llama.cpp's `percentile`: linear interpolation at fraction * (n - 1) (numpy's default method); its
+    median is the mean of the two middle values, which is the same number."""
+    return {name: float(np.quantile(x, frac)) for name, frac in table}
+
+
+def summarize_drift(drift: TokenDrift, exact: bool = False) -> DriftSummary:
     k = np.asarray(drift.kld, dtype=np.float64)
     n = int(k.size)
     if n == 0:
         nan = math.nan
-        return DriftSummary(0, nan, nan, nan, nan, nan, nan, nan, nan, (nan, nan), nan, nan, nan, nan)
+        return DriftSummary(0, exact, nan, nan, nan, nan, {s: nan for s, _ in KLD_PERCENTILES}, nan, nan, (nan, nan),
+                            nan, nan, nan, nan, nan, nan, {s: nan for s, _ in DELTA_P_PERCENTILES})
     kmean, kse = mean_se(k)
-    p90, p95, p99 = (float(v) for v in np.percentile(k, [90, 95, 99]))
     dp = np.asarray(drift.delta_p, dtype=np.float64)
     dmean, dse = mean_se(dp)
     mse, mse_se = mean_se(dp * dp)
     rms = math.sqrt(mse)
     rms_se = 0.5 / rms * mse_se if rms > 0 else 0.0  # d sqrt(x) = dx / (2 sqrt x), as llama.cpp
     agree = int(np.sum(drift.same_top))
+    top = agree / n
     return DriftSummary(
         n_tokens=n,
+        exact=exact,
         kld_mean=kmean,
         kld_se=kse,
-        kld_median=float(np.median(k)),
-        kld_p90=p90,
-        kld_p95=p95,
-        kld_p99=p99,
         kld_max=float(k.max()),
-        same_top=agree / n,
+        kld_min=float(k.min()),
+        kld_percentiles=_percentiles(k, KLD_PERCENTILES),
+        same_top=top,
+        same_top_se=math.sqrt(top * (1 - top) / (n - 1)) if n > 1 else math.nan,
         same_top_ci=wilson_ci(agree, n),
         delta_p_mean=dmean,
         delta_p_se=dse,
         delta_p_rms=rms,
         delta_p_rms_se=rms_se,
+        delta_p_max=float(dp.max()),
+        delta_p_min=float(dp.min()),
+        delta_p_percentiles=_percentiles(dp, DELTA_P_PERCENTILES),
     )
 
 
