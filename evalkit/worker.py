@@ -21,6 +21,7 @@ from evalkit.engines.base import SamplingParams
 from evalkit.errors import EXIT_USER_ERROR, EvalkitError
 from evalkit.store import RunDir, atomic_write_text, record_key
 from evalkit.suites import enabled_suites
+from evalkit.suites.base import RunBinding
 
 
 def run_deployment(run_dir: Path, deployment_name: str) -> None:
@@ -31,6 +32,8 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
     resolved = manifest["deployments"][deployment_name]
     deployment = config.deployment(resolved.get("base", deployment_name))  # a noise-floor rerun uses its base's spec
     suites = enabled_suites(config, config_file)
+    for suite in suites:
+        suite.bind(RunBinding(run.path, deployment_name, manifest["reference"]))
 
     done = run.done_keys(deployment_name)
     pending = {s.name: [i for i in s.items() if record_key(s.name, i.item_id) not in done] for s in suites}

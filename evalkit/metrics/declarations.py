@@ -64,14 +64,22 @@ _DECLARED: list[MetricSpec] = [
     _m("perplexity", "n_bytes", "bytes", "none", "count", "count", "none"),
     _m("perplexity", "kld", "nats/token", "lower", "continuous", "kld", "none", "mean KL(ref||dep); its value is the difference"),
     _m("perplexity", "kld_mean", "nats/token", "lower", "continuous", "kld", "none"),
-    _m("perplexity", "kld_median", "nats/token", "lower", "continuous", "kld", "none"),
-    _m("perplexity", "kld_p90", "nats/token", "lower", "continuous", "kld", "none"),
-    _m("perplexity", "kld_p95", "nats/token", "lower", "continuous", "kld", "none"),
-    _m("perplexity", "kld_p99", "nats/token", "lower", "continuous", "kld", "none"),
-    _m("perplexity", "kld_max", "nats/token", "lower", "continuous", "kld", "none"),
+    # llama.cpp's KLD block: max, percentiles 99.9 .. 0.1 (kld_p99_9 = 99.9%), median, min.
+    *[_m("perplexity", f"kld_{q}", "nats/token", "lower", "continuous", "kld", "none", f"{q} of per-token KLD")
+      for q in ("max", "p99_9", "p99", "p95", "p90", "median", "p10", "p5", "p1", "p0_1", "min")],
+    _m("perplexity", "kld_exact", "flag", "none", "count", "count", "none",
+       "1: KLD exact over the full vocabulary; 0: top-k + tail lower bound"),
+    _m("perplexity", "kld_bound_bias", "share", "none", "continuous", "pct", "none",
+       "how far the top-k + tail bound at the run's top_k reads below the exact mean KLD (1 - bound/exact)"),
     _m("perplexity", "top1_agreement", "share", "higher", "rate", "pct", "none", "both argmaxes agree"),
     _m("perplexity", "delta_p_mean", "probability", "none", "continuous", "num", "none", "p_dep - p_ref of the correct token"),
     _m("perplexity", "delta_p_rms", "probability", "lower", "continuous", "kld", "none"),
+    # llama.cpp's token probability block: Δp max, percentiles 99.9 .. 0.1, median, min.
+    *[_m("perplexity", f"delta_p_{q}", "probability", "none", "continuous", "num", "none", f"{q} of per-token Δp")
+      for q in ("max", "p99_9", "p99", "p95", "p90", "p75", "median", "p25", "p10", "p5", "p1", "p0_1", "min")],
+    _m("perplexity", "ppl_diff", "perplexity", "lower", "continuous", "num", "none", "PPL(dep) - PPL(ref), paired ±"),
+    _m("perplexity", "nll_correlation", "correlation", "higher", "continuous", "num", "none",
+       "Cor(ln PPL(dep), ln PPL(ref)) of the per-token NLLs, as llama.cpp"),
     _m("perplexity", "ppl_ratio", "ratio", "lower", "continuous", "num", "none", "PPL(dep) / PPL(ref)"),
     _m("perplexity", "ln_ppl_ratio", "nats/token", "lower", "continuous", "num", "none"),
     # -- mmlu ------------------------------------------------------------------------------------

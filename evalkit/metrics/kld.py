@@ -11,7 +11,9 @@ more precisely:
 - every log-probability within `WINDOW` nats of the token's maximum (llama.cpp: 16), as a uint16 step
   of WINDOW/65534 nats above the window floor (value 0 = below the window); stored densely (2 bytes per
   vocabulary entry, llama.cpp's layout) or, when shorter, as a vocabulary bitmap plus the kept values;
-- the exact probability mass below the window (float64) and the exact argmax id.
+- the exact probability mass below the window (float64) and the exact argmax id;
+- the `EXACT_TOP` most probable ids with their float32 log-probs, which replace their rounded values
+  (they carry most of the mass, so rounding error left elsewhere is weighted by small probabilities).
 
 KLD from the store: the dequantized kept probabilities are renormalized to 1 - tail (which cancels the
 rounding to first order: the remaining error is second order, ~1e-8 per token), every kept id counts
@@ -35,9 +37,10 @@ MAGIC = b"EVKLD01\n"
 FORMAT_VERSION = 1
 WINDOW = 24.0  # nats below the maximum log-prob that are kept individually (llama.cpp: 16)
 LEVELS = 65534  # uint16 steps over the window; 0 marks "below the window"
+EXACT_TOP = 32  # ids per token whose log-prob is stored unrounded (float32)
 # Fixed part of each token: argmax id, count of kept ids, window floor, step, mass below the window, layout.
 TOKEN_HEADER = np.dtype([("argmax", "<i4"), ("n_kept", "<u4"), ("lo", "<f8"), ("scale", "<f8"),
-                         ("tail", "<f8"), ("dense", "<u4")])
+                         ("tail", "<f8"), ("dense", "<u4"), ("n_top", "<u4")])
 
 
 def tokens_sha256(token_ids: Sequence[int]) -> str:
@@ -46,7 +49,7 @@ def tokens_sha256(token_ids: Sequence[int]) -> str:
 
 def bytes_per_token_bound(vocab: int) -> int:
     """Upper bound on one token's stored size (the dense layout): llama.cpp's 2 bytes per id + header."""
-    return TOKEN_HEADER.itemsize + 2 * vocab
+    return TOKEN_HEADER.itemsize + 8 * EXACT_TOP + 2 * vocab
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,14 @@ class EncodedToken:
     tail: float  # exact probability mass of ids below the window
     kept: np.ndarray  # bool (vocab,): ids with their own value
     steps: np.ndarray  # uint16 (n_kept,): values of the kept ids, ascending id order
+    top_ids: np.ndarray  # int32 (EXACT_TOP,): the most probable ids (all kept)
+    top_lp: np.ndarray  # float32: their log-probs, unrounded
 
     def logprobs(self) -> np.ndarray:
         """Dequantized log-probs of the kept ids, renormalized so they and the tail sum to 1 (float64)."""
         lp = self.lo + (self.steps.astype(np.float64) - 1.0) * self.scale
+        if self.top_ids.size:
+            lp[np.searchsorted(np.flatnonzero(self.kept), self.top_ids)] = self.top_lp
         shift = float(lp.max()) if lp.size else 0.0
         total = float(np.exp(lp - shift).sum()) * math.exp(shift) if lp.size else 0.0
         if total > 0:
@@ -81,7 +88,9 @@ def encode_row(logprobs: np.ndarray) -> EncodedToken:
     tail = float(np.exp(below.astype(np.float64)).sum()) if below.size else 0.0
     scale = WINDOW / (LEVELS - 1)
     steps = (np.rint((row[kept].astype(np.float64) - lo) / scale) + 1.0).astype(np.uint16)
-    return EncodedToken(top, lo, scale, tail, kept, steps)
+    n_top = min(EXACT_TOP, int(steps.size))
+    top_ids = np.sort(np.argpartition(row, -n_top)[-n_top:]).astype(np.int32) if n_top else np.zeros(0, np.int32)
+    return EncodedToken(top, lo, scale, tail, kept, steps, top_ids, row[top_ids].astype(np.float32))
 
 
 class DistributionWriter:
@@ -115,8 +124,8 @@ class DistributionWriter:
         n_kept = int(t.steps.size)
         bitmap_bytes = (self.vocab + 7) // 8
         dense = bitmap_bytes + 2 * n_kept >= 2 * self.vocab
-        h = np.array([(t.argmax, n_kept, t.lo, t.scale, t.tail, int(dense))], dtype=TOKEN_HEADER)
-        parts = [h.tobytes()]
+        h = np.array([(t.argmax, n_kept, t.lo, t.scale, t.tail, int(dense), t.top_ids.size)], dtype=TOKEN_HEADER)
+        parts = [h.tobytes(), t.top_ids.astype("<i4").tobytes(), t.top_lp.astype("<f4").tobytes()]
         if dense:
             full = np.zeros(self.vocab, dtype="<u2")
             full[t.kept] = t.steps
@@ -168,7 +177,9 @@ class DistributionReader:
         bitmap_bytes = (self.vocab + 7) // 8
         for _ in range(self.n_tokens):
             h = np.frombuffer(self._f.read(TOKEN_HEADER.itemsize), dtype=TOKEN_HEADER)[0]
-            n_kept = int(h["n_kept"])
+            n_kept, n_top = int(h["n_kept"]), int(h["n_top"])
+            top_ids = np.frombuffer(self._f.read(4 * n_top), dtype="<i4")
+            top_lp = np.frombuffer(self._f.read(4 * n_top), dtype="<f4")
             if h["dense"]:
                 full = np.frombuffer(self._f.read(2 * self.vocab), dtype="<u2")
                 kept = full > 0
@@ -177,7 +188,8 @@ class DistributionReader:
                 kept = np.unpackbits(np.frombuffer(self._f.read(bitmap_bytes), dtype=np.uint8),
                                      count=self.vocab, bitorder="little").view(bool)
                 steps = np.frombuffer(self._f.read(2 * n_kept), dtype="<u2")
-            yield EncodedToken(int(h["argmax"]), float(h["lo"]), float(h["scale"]), float(h["tail"]), kept, steps)
+            yield EncodedToken(int(h["argmax"]), float(h["lo"]), float(h["scale"]), float(h["tail"]), kept, steps,
+                               top_ids, top_lp)
 
     def close(self) -> None:
         self._f.close()

@@ -41,8 +41,25 @@ class ScoreContext:
         return getattr(self.config, "stats", None) or StatsSettings()
 
 
+@dataclass(frozen=True)
+class RunBinding:
+    """Where a suite is running: the run directory, the deployment being run and the run's reference.
+
+    Suites that share engine-side artefacts between deployments (perplexity: the reference's stored
+    distributions) need it; the others ignore it."""
+
+    run_dir: Path
+    deployment: str
+    reference: str
+
+
 class Suite(ABC):
     name: str = "suite"
+    binding: RunBinding | None = None
+
+    def bind(self, binding: RunBinding) -> None:
+        """Called by the worker before `run`."""
+        self.binding = binding
 
     def __init__(self, settings: Any, config: Any, config_file: Path) -> None:
         self.settings = settings

@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from scipy import stats
@@ -29,10 +29,14 @@ from scipy import stats
 from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import ConfigError, DataError
+from evalkit.metrics.kld import DistributionReader, DistributionWriter, StoreMismatch, bytes_per_token_bound, kld_against
 from evalkit.metrics.likelihood import (
+    DELTA_P_PERCENTILES,
+    KLD_PERCENTILES,
     nll_and_topk,
     DriftSummary,
     PplStats,
+    TokenDrift,
     paired_perplexity,
     perplexity_stats,
     summarize_drift,
@@ -46,10 +50,12 @@ CATEGORY = "text"
 LOGPROB_DECIMALS = 6  # top-k log-probs in records: 1e-6 is below float32 logit noise, halves the size
 METHOD = (
     "llama-perplexity chunking (BOS per chunk, second half scored); PPL ± = SE of mean NLL over tokens "
-    "(delta method); KLD(ref||dep) per token from the reference's top-k ids + the correct token, the rest "
-    "as one tail bucket (a lower bound on the full-vocabulary KLD); ids missing from the deployment's "
-    "top-k join the tail"
+    "(delta method); KLD(ref||dep) exact over the full vocabulary where the reference and the deployment "
+    "both give full distributions (the reference's stored once per chunk, evalkit.metrics.kld), else per "
+    "token from the reference's top-k ids + the correct token, the rest as one tail bucket (a lower bound)"
 )
+STORE_DIR = "distributions"  # run_dir/distributions/<reference>/<chunk id>.evkld
+STORE_SUFFIX = ".evkld"
 
 # Measured against exact full-vocabulary KLD (tests/test_perplexity.py; Gemma 3 270M, 262k vocabulary):
 KLD_BIAS = (
@@ -124,6 +130,10 @@ class PerplexitySuite(Suite):
             raise DataError(str(self._text_path()), f"text has {len(tokens)} tokens, fewer than n_ctx={s.n_ctx}")
         bos = info.bos_token_id if info.add_bos else None
         first = scored_from(s.n_ctx)
+        distributions = distribution_source(engine)
+        binding = self.binding
+        store = store_dir(binding.run_dir, binding.reference) if binding is not None else None
+        is_reference = binding is not None and binding.deployment == binding.reference
         for item in items:
             index = int(item.data["index"])
             base = {"suite": self.name, "item_id": item.item_id, "category": CATEGORY}
@@ -134,7 +144,15 @@ class PerplexitySuite(Suite):
             chunk = list(tokens[index * s.n_ctx : (index + 1) * s.n_ctx])
             if bos is not None:
                 chunk[0] = bos
-            nll, top = score_chunk(engine, chunk, first, s.top_k)
+            extra: dict[str, Any] = {}
+            path = store / f"{item.item_id}{STORE_SUFFIX}" if store is not None else None
+            if distributions is not None and path is not None and (is_reference or path.is_file()):
+                full = score_chunk_full(distributions, chunk, first, s.top_k, info.vocab_size, path,
+                                        write=is_reference, meta={"deployment": binding.deployment})  # type: ignore[union-attr]
+                nll, top = full.pop("nll"), full.pop("top")
+                extra = {**full, **({"kld_reference": binding.reference} if "kld" in full else {})}  # type: ignore[union-attr]
+            else:
+                nll, top = score_chunk(engine, chunk, first, s.top_k)
             score_s = time.perf_counter() - start
             emit([{
                 **base,
@@ -149,6 +167,7 @@ class PerplexitySuite(Suite):
                 "n_bytes": len(engine.detokenize(chunk[first:]).encode("utf-8")),
                 "n_text_tokens": len(tokens),
                 "text_sha256": text_sha,
+                **extra,
                 "timings": {"score_s": score_s, "total_s": time.perf_counter() - start},
             }])
 
@@ -219,6 +238,134 @@ class PerplexitySuite(Suite):
 
 
 # -- engine side -------------------------------------------------------------------------------
+
+Distributions = Callable[[list[int], int], Iterator[tuple[int, np.ndarray]]]
+
+
+def store_dir(run_dir: Path, reference: str) -> Path:
+    return run_dir / STORE_DIR / reference
+
+
+def store_bytes_upper_bound(n_tokens: int, vocab: int) -> int:
+    """Most bytes the reference's store can take for `n_tokens` scored tokens (the dense layout: llama.cpp's
+    2 bytes per vocabulary id); the bitmap layout takes less whenever the distribution has a long tail."""
+    return n_tokens * bytes_per_token_bound(vocab)
+
+
+def distribution_source(engine: Engine) -> Distributions | None:
+    """`token_distributions` of an engine whose spec declares FULL_DISTRIBUTION, else None.
+
+    Reads the capability from the engine's spec (not hasattr: a lazy engine would load to answer)."""
+    from evalkit.engines import engine_spec
+    from evalkit.engines.spec import Capability
+
+    try:
+        spec = engine_spec(engine.info().engine)
+    except Exception:  # noqa: BLE001 - an engine outside the registry (test doubles): no full distributions
+        return None
+    if Capability.FULL_DISTRIBUTION not in spec.capabilities:
+        return None
+
+    def source(tokens: list[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
+        from evalkit.cache import loaded
+
+        real = loaded(engine)
+        fn = getattr(real, "token_distributions", None)
+        if fn is None and getattr(real, "name", "") == "llamacpp":
+            return _llamacpp_token_distributions(real, tokens, first)  # until llamacpp.py has it
+        if fn is None:
+            raise TypeError(f"engine {spec.name} declares FULL_DISTRIBUTION but has no token_distributions")
+        return fn(tokens, first)
+
+    return source
+
+
+def score_chunk_full(
+    distributions: Distributions, chunk: list[int], first: int, top_k: int, vocab: int, path: Path, *,
+    write: bool, meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One teacher-forced pass with full distributions: NLL, top-k and argmax of every scored token, and
+    either the chunk's reference store written to `path` (`write`, the reference) or each token's exact
+    KL(P_ref || P_dep) against the store at `path` (every other deployment). Streams block by block."""
+    nll: list[float] = []
+    top: list[list[list[float]]] = []
+    argmax: list[int] = []
+    kld: list[float] = []
+    ref_argmax: list[int] = []
+    writer = DistributionWriter(path, vocab=vocab, token_ids=chunk, first=first, meta=meta) if write else None
+    reader = None if write else DistributionReader(path, vocab=vocab, token_ids=chunk, first=first)
+    ref_tokens = iter(reader) if reader is not None else None
+    try:
+        for start, rows in distributions(chunk, first):
+            if rows.shape[1] != vocab:
+                raise StoreMismatch(f"engine gave {rows.shape[1]} log-probs per token, its vocabulary has {vocab}")
+            b_nll, ids, lps = nll_and_topk(rows, chunk[start : start + rows.shape[0]], max(top_k, 1))
+            nll += b_nll.tolist()
+            top += [[[int(t), round(float(lp), LOGPROB_DECIMALS)] for t, lp in zip(ti[:top_k], li[:top_k])]
+                    for ti, li in zip(ids, lps)]
+            argmax += ids[:, 0].tolist()
+            if writer is not None:
+                writer.write_rows(rows)
+            if ref_tokens is not None:
+                for row in rows:
+                    ref = next(ref_tokens)
+                    kld.append(kld_against(ref, row))
+                    ref_argmax.append(ref.argmax)
+        if len(nll) != len(chunk) - first:
+            raise ValueError(f"engine gave {len(nll)} distributions for {len(chunk) - first} scored tokens")
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        if reader is not None:
+            reader.close()
+    out: dict[str, Any] = {"nll": nll, "top": top, "argmax": argmax}
+    if writer is not None:
+        writer.close()
+        out["store_bytes"] = writer.bytes
+    else:
+        out.update(kld=[float(f"{k:.9g}") for k in kld], ref_argmax=ref_argmax)
+    return out
+
+
+def _llamacpp_token_distributions(engine: Any, tokens: list[int], first: int, block: int = 32) -> Iterator[tuple[int, np.ndarray]]:
+    """llama.cpp: logits only for rows first-1 .. n-2 (as llama-perplexity asks only for rows >= n_ctx/2),
+    log-softmax per block of rows. Stand-in for LlamaCppEngine.token_distributions."""
+    llm = engine._llm
+    n = len(tokens)
+    if n > engine.options.n_ctx:
+        raise ValueError(f"sequence of {n} tokens exceeds n_ctx={engine.options.n_ctx}")
+    n_vocab = llm.n_vocab()
+    llm.reset()
+    llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+    batch = llm._batch.batch
+    try:
+        for start in range(0, n, llm.n_batch):
+            piece = tokens[start : start + llm.n_batch]
+            batch.n_tokens = len(piece)
+            rows = []
+            for i, tok in enumerate(piece):
+                pos = start + i
+                batch.token[i] = tok
+                batch.pos[i] = pos
+                batch.seq_id[i][0] = 0
+                batch.n_seq_id[i] = 1
+                want = first - 1 <= pos < n - 1  # row at pos predicts token pos + 1
+                batch.logits[i] = want
+                if want:
+                    rows.append(pos)
+            llm._ctx.decode(llm._batch)
+            if not rows:
+                continue
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(rows), n_vocab))
+            for b0 in range(0, len(rows), block):
+                x = logits[b0 : b0 + block].astype(np.float32)
+                m = x.max(axis=1, keepdims=True)
+                lse = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
+                yield rows[b0] + 1, x - lse
+    finally:
+        llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
 
 
 def score_chunk(engine: Engine, chunk: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
@@ -326,17 +473,18 @@ def _drift_rows(dep: str, suite: str, d: DriftSummary, extra: list[tuple[str, fl
     n = d.n_tokens
     z = z_value(alpha)
     ci = lambda v, se: (v - z * se, v + z * se) if math.isfinite(se) else (None, None)  # noqa: E731
-    rows = [
-        ScoreRow(dep, suite, CATEGORY, "kld_mean", d.kld_mean, *ci(d.kld_mean, d.kld_se), n),
-        ScoreRow(dep, suite, CATEGORY, "kld_median", d.kld_median, None, None, n),
-        ScoreRow(dep, suite, CATEGORY, "kld_p90", d.kld_p90, None, None, n),
-        ScoreRow(dep, suite, CATEGORY, "kld_p95", d.kld_p95, None, None, n),
-        ScoreRow(dep, suite, CATEGORY, "kld_p99", d.kld_p99, None, None, n),
-        ScoreRow(dep, suite, CATEGORY, "kld_max", d.kld_max, None, None, n),
-        ScoreRow(dep, suite, CATEGORY, "top1_agreement", d.same_top, d.same_top_ci[0], d.same_top_ci[1], n),
-        ScoreRow(dep, suite, CATEGORY, "delta_p_mean", d.delta_p_mean, *ci(d.delta_p_mean, d.delta_p_se), n),
-        ScoreRow(dep, suite, CATEGORY, "delta_p_rms", d.delta_p_rms, *ci(d.delta_p_rms, d.delta_p_rms_se), n),
-    ]
+    rows = [ScoreRow(dep, suite, CATEGORY, "kld_mean", d.kld_mean, *ci(d.kld_mean, d.kld_se), n)]
+    # llama.cpp's whole statistics block: KLD max / percentiles / min, Δp mean / RMS / max / percentiles / min.
+    rows.append(ScoreRow(dep, suite, CATEGORY, "kld_max", d.kld_max, None, None, n))
+    rows += [ScoreRow(dep, suite, CATEGORY, f"kld_{name}", v, None, None, n) for name, v in d.kld_percentiles.items()]
+    rows.append(ScoreRow(dep, suite, CATEGORY, "kld_min", d.kld_min, None, None, n))
+    rows.append(ScoreRow(dep, suite, CATEGORY, "kld_exact", float(d.exact), None, None, n))
+    rows.append(ScoreRow(dep, suite, CATEGORY, "top1_agreement", d.same_top, d.same_top_ci[0], d.same_top_ci[1], n))
+    rows.append(ScoreRow(dep, suite, CATEGORY, "delta_p_mean", d.delta_p_mean, *ci(d.delta_p_mean, d.delta_p_se), n))
+    rows.append(ScoreRow(dep, suite, CATEGORY, "delta_p_rms", d.delta_p_rms, *ci(d.delta_p_rms, d.delta_p_rms_se), n))
+    rows.append(ScoreRow(dep, suite, CATEGORY, "delta_p_max", d.delta_p_max, None, None, n))
+    rows += [ScoreRow(dep, suite, CATEGORY, f"delta_p_{name}", v, None, None, n) for name, v in d.delta_p_percentiles.items()]
+    rows.append(ScoreRow(dep, suite, CATEGORY, "delta_p_min", d.delta_p_min, None, None, n))
     for metric, value, se in extra:
         rows.append(ScoreRow(dep, suite, CATEGORY, metric, value, *(ci(value, se) if se is not None else (None, None)), n))
     return rows
@@ -352,13 +500,22 @@ class _Pair:
     per_chunk: dict[str, Any]  # item_id -> TokenDrift
     drift: DriftSummary | None
     top_k: int
+    # Exact pairs: how far the top-k + tail bound at this k reads below the exact mean KLD (1 - bound/exact).
+    bound_bias: float | None = None
 
     def nll(self) -> tuple[np.ndarray, np.ndarray]:
         return (np.array([x for r in self.dep for x in r["nll"]]), np.array([x for r in self.ref for x in r["nll"]]))
 
     def ratio_rows(self) -> list[tuple[str, float, float | None]]:
+        """llama.cpp's "Perplexity statistics" block beside the deployment's own PPL."""
         p = paired_perplexity(*self.nll())
-        return [("ppl_ratio", p.ratio, p.ratio_se), ("ln_ppl_ratio", p.ln_ratio, p.ln_ratio_se)]
+        rows: list[tuple[str, float, float | None]] = [
+            ("ppl_ratio", p.ratio, p.ratio_se), ("ln_ppl_ratio", p.ln_ratio, p.ln_ratio_se),
+            ("ppl_diff", p.diff, p.diff_se), ("nll_correlation", p.correlation, None),
+        ]
+        if self.bound_bias is not None:
+            rows.append(("kld_bound_bias", self.bound_bias, None))
+        return rows
 
     def comparison_rows(self, dep: str, ref: str, suite: str, alpha: float) -> list[ComparisonRow]:
         # Significance, as everywhere: the (1 - alpha) interval of the difference excludes 0.
@@ -396,8 +553,8 @@ class _Pair:
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "kld", k.kld_mean, 0.0, k.kld_mean,
             k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se, None, k.n_tokens,
-            f"mean KL(ref||dep) over {k.n_tokens} tokens ± z SE over tokens; top-{self.top_k}+tail "
-            "approximation (lower bound)", excludes_zero(k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se),
+            f"mean KL(ref||dep) over {k.n_tokens} tokens ± z SE over tokens; "
+            + ("exact over the full vocabulary" if k.exact else f"top-{self.top_k}+tail approximation (a lower bound)"), excludes_zero(k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se),
         ))
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "top1_agreement", k.same_top, 1.0, k.same_top - 1.0,
@@ -440,17 +597,26 @@ def _pair(ref_chunks: dict[str, dict[str, Any]], dep_chunks: dict[str, dict[str,
         ref, dep = list(ref_chunks.values()), list(dep_chunks.values())
     if reason is not None:
         return _Pair(ref, dep, reason, {}, None, top_k)
+    bound = {c: token_drift(r["token_ids"][r["scored_from"]:], r["nll"], d["nll"], r["top"], d["top"])
+             for c, r, d in zip(shared, ref, dep)}
+    reference = ref[0].get("deployment")
+    # Exact only when every shared chunk was measured against the stored reference distributions.
+    exact = all("kld" in d and "argmax" in r and len(d["kld"]) == len(d["nll"])
+                and d.get("kld_reference", reference) == reference for r, d in zip(ref, dep))
+    if not exact:
+        return _Pair(ref, dep, None, bound, summarize_drift(_concat(list(bound.values()))), top_k)
     per_chunk = {}
     for c, r, d in zip(shared, ref, dep):
-        targets = r["token_ids"][r["scored_from"]:]
-        per_chunk[c] = token_drift(targets, r["nll"], d["nll"], r["top"], d["top"])
-    all_drift = _concat(list(per_chunk.values()))
-    return _Pair(ref, dep, None, per_chunk, summarize_drift(all_drift), top_k)
+        delta_p = np.exp(-np.asarray(d["nll"], dtype=np.float64)) - np.exp(-np.asarray(r["nll"], dtype=np.float64))
+        same = np.asarray(d["argmax"]) == np.asarray(d.get("ref_argmax", r["argmax"]))
+        per_chunk[c] = TokenDrift(np.asarray(d["kld"], dtype=np.float64), same, delta_p)
+    drift = summarize_drift(_concat(list(per_chunk.values())), exact=True)
+    bound_mean = float(np.mean(_concat(list(bound.values())).kld))
+    bias = 1.0 - bound_mean / drift.kld_mean if top_k and drift.kld_mean > 0 else None
+    return _Pair(ref, dep, None, per_chunk, drift, top_k, bias)
 
 
-def _concat(drifts: list[Any]) -> Any:
-    from evalkit.metrics.likelihood import TokenDrift
-
+def _concat(drifts: list[Any]) -> TokenDrift:
     return TokenDrift(
         np.concatenate([d.kld for d in drifts]) if drifts else np.zeros(0),
         np.concatenate([d.same_top for d in drifts]) if drifts else np.zeros(0, dtype=bool),

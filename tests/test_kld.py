@@ -1,0 +1,131 @@
+"""Exact KLD store (evalkit.metrics.kld) and llama.cpp's statistics block, without a model."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evalkit.metrics.kld import (
+    TOKEN_HEADER,
+    DistributionReader,
+    DistributionWriter,
+    StoreMismatch,
+    kld_against,
+)
+from evalkit.metrics.likelihood import TokenDrift, kl_divergence, summarize_drift
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
+def _rows(rng: np.random.Generator, n: int, vocab: int, spread: float) -> np.ndarray:
+    """LM-like rows: a few strong candidates over a long, low tail (some ids far below any window)."""
+    x = rng.standard_normal((n, vocab)) * spread
+    x[:, : vocab // 3] -= 40.0  # a third of the vocabulary far below the top, as unused tokens are
+    x[np.arange(n), rng.integers(vocab // 3, vocab, n)] += 12.0
+    return _log_softmax(x)
+
+
+@pytest.mark.parametrize("spread", [1.0, 4.0])
+def test_store_round_trip_gives_the_exact_kld(tmp_path: Path, spread: float) -> None:
+    rng = np.random.default_rng(7)
+    vocab, first = 6000, 3
+    tokens = list(rng.integers(0, vocab, 3 + 40))
+    ref = _rows(rng, 40, vocab, spread)
+    dep = _log_softmax(ref + rng.standard_normal(ref.shape) * 0.3)
+    path = tmp_path / "chunk.evkld"
+    w = DistributionWriter(path, vocab=vocab, token_ids=tokens, first=first)
+    argmax = w.write_rows(ref[:17].astype(np.float32)) + w.write_rows(ref[17:].astype(np.float32))
+    w.close()
+    assert argmax == ref.argmax(axis=1).tolist()
+    # Never larger than llama.cpp's layout (2 bytes per id + its 8-byte header per token).
+    assert path.stat().st_size < 40 * (2 * vocab + 8)
+    exact = kl_divergence(ref, dep)  # float64 over every id: the independent computation
+    with DistributionReader(path, vocab=vocab, token_ids=tokens, first=first) as r:
+        got = np.array([kld_against(t, row) for t, row in zip(r, dep.astype(np.float32))])
+    assert got == pytest.approx(exact, rel=1e-4, abs=1e-6)
+    assert got.mean() == pytest.approx(exact.mean(), rel=1e-5)
+
+
+def test_dense_layout_when_nothing_is_below_the_window(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    vocab = 800
+    ref = _log_softmax(rng.standard_normal((5, vocab)))  # every id within a few nats of the top
+    dep = _log_softmax(rng.standard_normal((5, vocab)))
+    path = tmp_path / "d.evkld"
+    w = DistributionWriter(path, vocab=vocab, token_ids=[1] * 6, first=1)
+    w.write_rows(ref)
+    w.close()
+    header = path.read_bytes()
+    assert path.stat().st_size <= len(header)  # sanity
+    with DistributionReader(path, vocab=vocab, token_ids=[1] * 6, first=1) as r:
+        toks = list(r)
+    assert all(t.kept.all() for t in toks)
+    body = 5 * (TOKEN_HEADER.itemsize + 8 * 32 + 2 * vocab)
+    assert path.stat().st_size - body < 400  # dense: exactly 2 bytes per id after the file header
+    assert [kld_against(t, row) for t, row in zip(toks, dep)] == pytest.approx(kl_divergence(ref, dep), rel=1e-4)
+
+
+def test_store_refuses_other_tokens_and_partial_writes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    ref = _rows(rng, 4, 300, 1.0)
+    path = tmp_path / "c.evkld"
+    w = DistributionWriter(path, vocab=300, token_ids=[5, 6, 7, 8, 9], first=1)
+    w.write_rows(ref[:2])
+    with pytest.raises(ValueError, match="2 tokens written, 4 expected"):
+        w.close()
+    assert not path.exists() and not list(tmp_path.iterdir())  # nothing half-written is left
+    w = DistributionWriter(path, vocab=300, token_ids=[5, 6, 7, 8, 9], first=1)
+    w.write_rows(ref)
+    w.close()
+    with pytest.raises(StoreMismatch, match="tokens_sha256"):
+        DistributionReader(path, vocab=300, token_ids=[5, 6, 7, 8, 0], first=1)
+    with pytest.raises(StoreMismatch, match="vocab"):
+        DistributionReader(path, vocab=301, token_ids=[5, 6, 7, 8, 9], first=1)
+
+
+# -- llama.cpp's statistics block ---------------------------------------------------------------
+
+
+def _llamacpp_percentile(values: np.ndarray, fraction: float) -> float:
+    """tools/perplexity/perplexity.cpp's `percentile` lambda, transcribed (sorted input)."""
+    v = np.sort(values)
+    if fraction <= 0:
+        return float(v[0])
+    if fraction >= 1:
+        return float(v[-1])
+    p = np.float32(fraction) * np.float32(len(v) - 1)
+    ip = int(p)
+    p -= ip
+    return float((1 - p) * v[ip] + p * v[min(ip + 1, len(v) - 1)])
+
+
+def test_drift_summary_is_llamacpps_block() -> None:
+    rng = np.random.default_rng(4)
+    n = 1001
+    kld = rng.gamma(0.5, 0.05, n)
+    dp = rng.normal(-0.01, 0.05, n)
+    same = rng.random(n) < 0.9
+    s = summarize_drift(TokenDrift(kld, same, dp), exact=True)
+    for name, frac in (("p99_9", 0.999), ("p99", 0.99), ("p95", 0.95), ("p90", 0.9), ("p10", 0.1), ("p5", 0.05),
+                       ("p1", 0.01), ("p0_1", 0.001)):
+        assert s.kld_percentiles[name] == pytest.approx(_llamacpp_percentile(kld, frac), rel=1e-5)
+    for name, frac in (("p75", 0.75), ("p25", 0.25)):
+        assert s.delta_p_percentiles[name] == pytest.approx(_llamacpp_percentile(dp, frac), rel=1e-5, abs=1e-9)
+    srt = np.sort(kld)
+    assert s.kld_median == pytest.approx(srt[n // 2])  # odd count: the middle value
+    assert (s.kld_max, s.kld_min) == (srt[-1], srt[0])
+    # mean_and_uncertainty: sqrt((E[x²] - E[x]²) / (n - 1)); RMS Δp ± = 0.5 / rms * SE(Δp²); same top ± Wald.
+    assert s.kld_se == pytest.approx(math.sqrt((np.mean(kld**2) - kld.mean() ** 2) / (n - 1)))
+    mse = np.mean(dp**2)
+    mse_se = math.sqrt((np.mean(dp**4) - mse**2) / (n - 1))
+    assert s.delta_p_rms == pytest.approx(math.sqrt(mse))
+    assert s.delta_p_rms_se == pytest.approx(0.5 / math.sqrt(mse) * mse_se)
+    top = same.mean()
+    assert s.same_top == pytest.approx(top) and s.same_top_se == pytest.approx(math.sqrt(top * (1 - top) / (n - 1)))
+    assert s.exact
