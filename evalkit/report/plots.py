@@ -181,7 +181,10 @@ def human_plot(view: RunView) -> Plot | None:
 
 # -- perplexity --------------------------------------------------------------------------------
 
-KLD_POINTS = (("median", "kld_median"), ("p90", "kld_p90"), ("p95", "kld_p95"), ("p99", "kld_p99"), ("max", "kld_max"))
+# The KLD distribution as its quantile function (llama.cpp's percentile rows, min to max).
+KLD_POINTS = (("min", "kld_min"), ("0.1%", "kld_p0_1"), ("1%", "kld_p1"), ("5%", "kld_p5"), ("10%", "kld_p10"),
+              ("median", "kld_median"), ("90%", "kld_p90"), ("95%", "kld_p95"), ("99%", "kld_p99"),
+              ("99.9%", "kld_p99_9"), ("max", "kld_max"))
 
 
 def perplexity_plot(view: RunView) -> Plot | None:
@@ -197,12 +200,15 @@ def perplexity_plot(view: RunView) -> Plot | None:
     if drift:
         ax = axes[i]
         for d, rows in drift.items():
-            v = [float(r["value"]) if r is not None else math.nan for r in rows]
-            ax.plot(range(len(KLD_POINTS)), v, "o-", color=col[d], label=d)
+            v = [float(r["value"]) if r is not None and float(r["value"]) > 0 else math.nan for r in rows]
+            flag = view.score(d, "perplexity", "text", "kld_exact")
+            exact = flag is not None and float(flag["value"]) == 1.0
+            ax.plot(range(len(KLD_POINTS)), v, "o-" if exact else "o--", color=col[d],
+                    label=d if exact else f"{d} (lower bound)")
         ax.set_yscale("log")
-        ax.set_xticks(range(len(KLD_POINTS)), [p for p, _ in KLD_POINTS])
+        ax.set_xticks(range(len(KLD_POINTS)), [p for p, _ in KLD_POINTS], fontsize=7, rotation=45)
         ax.set_ylabel("KL(reference ‖ deployment), nats")
-        ax.set_title("KLD per token: percentiles", fontsize=10)
+        ax.set_title("Distribution of per-token KLD (percentiles)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8, loc="best")
         i += 1
@@ -221,8 +227,9 @@ def perplexity_plot(view: RunView) -> Plot | None:
         ax.set_ylabel("perplexity of each chunk")
         ax.set_title("PPL by text chunk", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    return Plot("perplexity", "Perplexity: KLD percentiles and PPL per chunk", _png(fig),
-                "KLD percentiles per deployment on a log scale, and box plots of per-chunk perplexity")
+    return Plot("perplexity", "Perplexity: KLD distribution and PPL per chunk", _png(fig),
+                "Per-token KLD distribution per deployment (percentiles, log scale; dashed: top-k lower bound), "
+                "and box plots of per-chunk perplexity")
 
 
 # -- MMLU --------------------------------------------------------------------------------------

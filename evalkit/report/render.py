@@ -114,7 +114,7 @@ def sections(view: RunView) -> list[Section]:
                            T.human_tables(view), _some(P.human_plot(view))))
     if view.has("perplexity"):
         out.append(Section("perplexity", "Perplexity and distribution drift", "",
-                           [T.perplexity_table(view)], _some(P.perplexity_plot(view))))
+                           [T.perplexity_table(view), T.llama_block_table(view)], _some(P.perplexity_plot(view))))
     if view.has("mmlu"):
         flipped = T.flipped_items(view, "mmlu")
         out.append(Section("mmlu", f"{view.mmlu_label}: multiple choice",

@@ -45,8 +45,81 @@ def perplexity_table(view: RunView) -> Table:
             ("top-1 agreement", "top1_agreement"), ("Δp RMS", "delta_p_rms"), ("tokens", "n_tokens")]
     return metric_table(view, "perplexity-scores", "Perplexity and drift from the reference",
                         [(label, "perplexity", "text", m) for label, m in cols],
-                        "KLD is KL(reference ‖ deployment) per token from stored top-k log-probabilities plus one "
-                        "tail bucket (a lower bound). PPL ± is llama-perplexity's (tokens as independent draws).")
+                        kld_caption(view) + " PPL ± is llama-perplexity's (tokens as independent draws).")
+
+
+def kld_caption(view: RunView) -> str:
+    """Which deployments' KLD is exact, which a lower bound, and how low the bound read where both exist."""
+    exact, bound, bias = [], [], []
+    for d in view.deployments:
+        flag = view.score(d, "perplexity", "text", "kld_exact")
+        if flag is None:
+            continue
+        (exact if float(flag["value"]) == 1.0 else bound).append(d)
+        b = view.score(d, "perplexity", "text", "kld_bound_bias")
+        if b is not None and isnum(b["value"]):
+            bias.append((d, float(b["value"])))
+    parts = ["KLD is KL(reference ‖ deployment) per token."]
+    if exact:
+        parts.append(f"Exact over the full vocabulary for {', '.join(exact)} (the reference's distributions stored "
+                     "once, each deployment compared token by token).")
+    if bound:
+        k = view.suite_info.get("perplexity", {}).get("top_k", "k")
+        text = (f"A lower bound for {', '.join(bound)}: top-{k} log-probabilities plus one tail bucket (the engine "
+                "gives no full distribution)")
+        if bias:
+            text += "; on this run's exact pairs the same bound reads " + ", ".join(
+                f"{100 * b:.0f}% low for {d}" for d, b in bias)
+        parts.append(text + ".")
+    return " ".join(parts)
+
+
+# llama.cpp's `llama-perplexity --kl-divergence` output, row by row: (label, metric, declared format).
+LLAMA_BLOCK = (
+    ("Mean PPL(Q)", "ppl", "num"), ("Cor(ln PPL(Q), ln PPL(base))", "nll_correlation", "pct"),
+    ("Mean ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", "num"), ("Mean PPL(Q)/PPL(base)", "ppl_ratio", "num"),
+    ("Mean PPL(Q)-PPL(base)", "ppl_diff", "num"),
+    ("Mean KLD", "kld_mean", "num"), ("Maximum KLD", "kld_max", "num"), ("99.9% KLD", "kld_p99_9", "num"),
+    ("99.0% KLD", "kld_p99", "num"), ("95.0% KLD", "kld_p95", "num"), ("90.0% KLD", "kld_p90", "num"),
+    ("Median KLD", "kld_median", "num"), ("10.0% KLD", "kld_p10", "num"), ("5.0% KLD", "kld_p5", "num"),
+    ("1.0% KLD", "kld_p1", "num"), ("0.1% KLD", "kld_p0_1", "num"), ("Minimum KLD", "kld_min", "num"),
+    ("Mean Δp", "delta_p_mean", "pct"), ("Maximum Δp", "delta_p_max", "pct"), ("99.9% Δp", "delta_p_p99_9", "pct"),
+    ("99.0% Δp", "delta_p_p99", "pct"), ("95.0% Δp", "delta_p_p95", "pct"), ("90.0% Δp", "delta_p_p90", "pct"),
+    ("75.0% Δp", "delta_p_p75", "pct"), ("Median Δp", "delta_p_median", "pct"), ("25.0% Δp", "delta_p_p25", "pct"),
+    ("10.0% Δp", "delta_p_p10", "pct"), ("5.0% Δp", "delta_p_p5", "pct"), ("1.0% Δp", "delta_p_p1", "pct"),
+    ("0.1% Δp", "delta_p_p0_1", "pct"), ("Minimum Δp", "delta_p_min", "pct"), ("RMS Δp", "delta_p_rms", "pct"),
+    ("Same top p", "top1_agreement", "pct"),
+)
+
+
+def llama_block_table(view: RunView) -> Table:
+    """llama.cpp's statistics block, one column per deployment, so the two outputs read side by side."""
+    deps = [d for d in view.deployments if d != view.reference
+            and view.score(d, "perplexity", "text", "kld_mean") is not None]
+    rows = []
+    for label, metric, kind in LLAMA_BLOCK:
+        cells = []
+        for d in deps:
+            r = view.score(d, "perplexity", "text", metric)
+            if r is None or not isnum(r["value"]):
+                cells.append(Cell("–"))
+                continue
+            interval = fmt_interval(r["ci_low"], r["ci_high"], kind) if isnum(r.get("ci_low")) else ""
+            cells.append(Cell(fmt(r["value"], kind), interval))
+        if any(c.value != "–" for c in cells):
+            rows.append([Cell(label)] + cells)
+    kinds = []
+    for d in deps:
+        flag = view.score(d, "perplexity", "text", "kld_exact")
+        kinds.append("exact" if flag is not None and float(flag["value"]) == 1.0 else "lower bound")
+    if deps:
+        rows.append([Cell("KLD")] + [Cell(k) for k in kinds])
+    ref = view.score(view.reference, "perplexity", "text", "ppl")
+    base = f"PPL(base) = {fmt(ref['value'], 'num')} ({view.reference}). " if ref is not None else ""
+    return Table("perplexity-llama-block", "Statistics block as llama-perplexity --kl-divergence prints it",
+                 ["statistic"] + deps, rows,
+                 base + "Intervals are the run's (1 − alpha) normal intervals (llama.cpp prints ± one SE). "
+                 "Percentiles interpolate linearly, as llama.cpp.", numeric=True)
 
 
 def mmlu_subject_table(view: RunView) -> Table:
