@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from evalkit.engines.llamacpp import LlamaCppOptions
-from evalkit.config import PerplexitySuite as PplSettings
+from evalkit.config import PerplexitySettings as PplSettings
 from evalkit.engines.llamacpp import LlamaCppEngine
 from evalkit.models import resolve_source
 from evalkit.suites.base import ScoreContext

@@ -76,21 +76,21 @@ def engine_options_model(engine: str) -> type[BaseModel]:
     return engine_spec(engine).options_model
 
 
-class PromptsSuite(_Strict):
+class PromptsSettings(_Strict):
     path: str = "prompts/"
     categories: list[Literal["code", "reasoning", "translation", "qa"]] = list(CATEGORIES)
     limit_per_category: int | None = None
     code_timeout_s: float = 10.0
 
 
-class PerplexitySuite(_Strict):
+class PerplexitySettings(_Strict):
     text: str = "texts/ppl_default.txt"
     n_ctx: int = 512
     max_chunks: int | None = 4
     top_k: int = Field(default=20, ge=1)
 
 
-class MmluSuite(_Strict):
+class MmluSettings(_Strict):
     source: str = "builtin"  # "builtin", "hf" (cais/mmlu via datasets) or a local directory
     subjects: list[str] | None = None
     per_subject: int | None = 20
@@ -98,7 +98,7 @@ class MmluSuite(_Strict):
     seed: int = 0
 
 
-class LongContextSuite(_Strict):
+class LongContextSettings(_Strict):
     lengths: list[int] = [1024, 2048, 4096, 8192]
     depths: list[float] = [0.1, 0.5, 0.9]
     continuation_tokens: int = 128
@@ -106,13 +106,13 @@ class LongContextSuite(_Strict):
     filler: str = "texts/longcontext_filler.txt"
 
 
-class HumanEvalSuite(_Strict):
+class HumanEvalSettings(_Strict):
     path: str
     limit: int | None = None
     timeout_s: float = 10.0
 
 
-class CostSuite(_Strict):
+class CostSettings(_Strict):
     concurrency: list[int] = [1, 4, 8, 16]
     prompt_tokens: int = 128
     output_tokens: int = 256
@@ -120,12 +120,12 @@ class CostSuite(_Strict):
 
 
 class Suites(_Strict):
-    prompts: PromptsSuite | None = None
-    perplexity: PerplexitySuite | None = None
-    mmlu: MmluSuite | None = None
-    longcontext: LongContextSuite | None = None
-    humaneval: HumanEvalSuite | None = None
-    cost: CostSuite | None = None
+    prompts: PromptsSettings | None = None
+    perplexity: PerplexitySettings | None = None
+    mmlu: MmluSettings | None = None
+    longcontext: LongContextSettings | None = None
+    humaneval: HumanEvalSettings | None = None
+    cost: CostSettings | None = None
 
 
 class Sampling(_Strict):

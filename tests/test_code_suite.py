@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
-from evalkit.config import HumanEvalSuite as HumanEvalSettings
+from evalkit.config import HumanEvalSettings
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.errors import DataError
 from evalkit.sandbox import extract_code, run_tests

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.config import LongContextSuite as LongContextSettings
+from evalkit.config import LongContextSettings
 from evalkit.errors import DataError
 from evalkit.metrics.repetition import distinct_n, distinct_n_corpus, seq_rep_n, words
 from evalkit.suites.base import ScoreContext

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.config import MmluSuite as MmluSettings
+from evalkit.config import MmluSettings
 from evalkit.errors import DataError
 from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff
 from evalkit.resources import resource_path

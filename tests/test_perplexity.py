@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from evalkit.engines.llamacpp import LlamaCppOptions
-from evalkit.config import PerplexitySuite as PplSettings
+from evalkit.config import PerplexitySettings as PplSettings
 from evalkit.errors import DataError
 from evalkit.metrics.likelihood import (
     kl_divergence,
