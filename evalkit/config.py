@@ -154,6 +154,47 @@ class Hardware(_Strict):
     ram_gb: float | None = Field(default=None, gt=0)
 
 
+class Workload(_Strict):
+    """The load a deployment must serve: what the decision judges memory and cost at."""
+
+    concurrency: int = Field(default=1, ge=1)  # requests in flight at once
+    context_tokens: int = Field(default=2048, ge=1)  # prompt + output tokens of one request
+    max_ttft_ms: float | None = Field(default=None, gt=0)  # median time to first token at that concurrency
+    min_tokens_per_s: float | None = Field(default=None, gt=0)  # output tokens/s of each request (one user's view)
+
+
+class Scenario(Workload):
+    name: str = Field(pattern=r"^[A-Za-z0-9 _.,:()-]+$")
+
+
+class DecisionSettings(_Strict):
+    """`decision:` which deployment to serve for a workload, given the largest acceptable quality losses."""
+
+    workload: Workload
+    # "suite/metric" or "suite/category/metric" -> the worst acceptable value of the tested quantity:
+    # a difference from the reference (mmlu/accuracy: -0.02) or, for metrics that only exist against the
+    # reference, the value itself (perplexity/ppl_ratio: 1.05). See evalkit/metrics/noninferiority.py.
+    margins: dict[str, float] = Field(default_factory=dict)
+    scenarios: list[Scenario] = Field(default_factory=list)  # further workloads shown beside the stated one
+
+    @field_validator("margins")
+    @classmethod
+    def _known_metrics(cls, v: dict[str, float]) -> dict[str, float]:
+        from evalkit.decision import check_margin_key
+
+        for key in v:
+            check_margin_key(key)
+        return v
+
+    @model_validator(mode="after")
+    def _unique_scenarios(self) -> "DecisionSettings":
+        names = [s.name for s in self.scenarios]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate scenario name {dupes[0]!r}")
+        return self
+
+
 class Config(_Strict):
     reference: str
     hardware: Hardware | None = None
@@ -162,6 +203,19 @@ class Config(_Strict):
     sampling: Sampling = Sampling()
     stats: StatsSettings = StatsSettings()
     noise_floor: bool = False  # run the reference twice to measure the engine's own variation
+    decision: DecisionSettings | None = None
+
+    @field_validator("decision")
+    @classmethod
+    def _margins_on_enabled_suites(cls, v: DecisionSettings | None, info: ValidationInfo) -> DecisionSettings | None:
+        suites = info.data.get("suites")
+        if v is None or suites is None:
+            return v
+        for key in v.margins:
+            suite = key.split("/")[0]
+            if suite in Suites.model_fields and getattr(suites, suite) is None:
+                raise ValueError(f"margin {key!r}: suite {suite!r} is not enabled under suites:")
+        return v
 
     @model_validator(mode="after")
     def _check_names(self) -> "Config":

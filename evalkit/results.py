@@ -4,12 +4,15 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from evalkit.scoring import COMPARISONS_CSV, ITEMS_DIR, SCORES_CSV
 from evalkit.store import RunDir
+
+if TYPE_CHECKING:
+    from evalkit.decision import Decision
 
 
 class Run:
@@ -74,6 +77,33 @@ class Run:
         except ImportError:
             return pd.DataFrame()
         return ratings_frame(self.path)
+
+    @cached_property
+    def decision(self) -> "Decision | None":
+        """The recommendation scoring wrote (decision.json), or None when the config has no `decision:`."""
+        from evalkit.decision import load_decision
+
+        return load_decision(self.path)
+
+    def decide(self, margins: dict[str, float] | None = None, workload: dict[str, Any] | None = None,
+               scenarios: list[dict[str, Any]] | None = None) -> "Decision":
+        """Re-decide from this run's scores and comparisons with other margins / workloads; runs nothing.
+
+        Unspecified parts come from the run's config `decision:` block; margins are validated like the config's.
+        """
+        from evalkit.config import Config, DecisionSettings
+        from evalkit.decision import decide_from
+
+        config = Config.model_validate(self.manifest["config"])
+        base = config.decision.model_dump(mode="json") if config.decision else {}
+        settings = DecisionSettings.model_validate({
+            "workload": workload if workload is not None else base.get("workload", {}),
+            "margins": margins if margins is not None else base.get("margins", {}),
+            "scenarios": scenarios if scenarios is not None else base.get("scenarios", []),
+        })
+        decision = decide_from(config, Path(self.manifest["config_file"]), self.manifest, self.scores, self.comparisons, settings)
+        assert decision is not None
+        return decision
 
     @cached_property
     def engines(self) -> pd.DataFrame:

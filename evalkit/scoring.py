@@ -64,6 +64,12 @@ def score_run(run: RunDir) -> None:
 
     parity = token_parity_rows(by_suite, ctx)
     atomic_write_text(run.path / "parity.csv", _items_csv(parity) if parity else "")
+    from evalkit.decision import annotate_comparisons, decide_from, rows_frame, write_decision
+
+    decision = decide_from(config, ctx.config_file, ctx.manifest, rows_frame(scores), rows_frame(comparisons))
+    if decision is not None:
+        comparisons = annotate_comparisons(decision, comparisons, scores)
+    write_decision(run.path, decision)
     atomic_write_text(run.path / SCORES_CSV, rows_to_csv(scores, SCORE_COLUMNS))
     atomic_write_text(run.path / COMPARISONS_CSV, rows_to_csv(comparisons, COMPARISON_COLUMNS))
 

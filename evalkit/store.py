@@ -52,6 +52,8 @@ class ComparisonRow:
     n: int
     method: str
     significant: bool
+    margin: float | None = None  # non-inferiority margin from config `decision.margins`, where one applies
+    decision: str | None = None  # non-inferior | inferior | inconclusive (evalkit/decision.py)
 
 
 SCORE_COLUMNS = [f.name for f in fields(ScoreRow)]

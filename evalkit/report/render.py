@@ -147,8 +147,10 @@ def context(run: Run) -> dict[str, Any]:
     view = RunView(run)
     table = verdict(view)
     m = run.manifest
+    from evalkit.report.decision_section import decision_parts
+
     return {
-        "run": run, "manifest": m, "verdict": table, "sure": how_sure(view, table), "warnings": T.warnings(view),
+        "run": run, "manifest": m, "decision": decision_parts(run.decision), "verdict": table, "sure": how_sure(view, table), "warnings": T.warnings(view),
         "marks": MARKS, "sections": [s for s in sections(view) if s.tables or s.plots or s.examples or s.details],
         "suites": [k for k, v in ((m.get("config") or {}).get("suites") or {}).items() if v is not None],
     }
@@ -187,6 +189,15 @@ def render_markdown(ctx: dict[str, Any]) -> str:
     lines = [f"# evalkit report — run {run.run_id}", "",
              f"Created {m.get('created', '–')}; reference **{run.reference}**; suites: {', '.join(ctx['suites'])}.", ""]
     lines += [f"> **Warning — {_md_cell(name)}:** {_md_cell(w)}" for name, w in ctx["warnings"]]
+    if ctx.get("decision"):
+        d = ctx["decision"]
+        lines += ["", "## Decision", "", f"**{_md_cell(d['summary'])}**", ""]
+        for t in d["tables"]:
+            lines += md_table(t)
+        lines += [f"![{p.title}]({FILES_DIR}/{p.key}.png)" for p in d["plots"]] + [""]
+        if d["what_would_change"]:
+            lines += ["What would change that:", ""] + [f"- {_md_cell(x)}" for x in d["what_would_change"]] + [""]
+        lines += [f"_Rule: {_md_cell(d['rule'])} Test: {_md_cell(d['test'])}._", ""]
     lines += ["", "## Verdict", ""] + md_table(replace(ctx["verdict"], title=""))
     lines += ["Legend: " + "; ".join(f"{sym} {text}" for sym, text in ctx["marks"].values()), ""]
     lines += ["**How sure are we?**", ""] + [f"- **{s.deployment}**: {s.text}" for s in ctx["sure"]] + [""]
@@ -221,7 +232,7 @@ def render_report(run_dir: RunDir | Path | str) -> Path:
     ctx = context(run)
     atomic_write_text(run.path / "report.html", environment().get_template("report.html.j2").render(**ctx))
     files = run.path / FILES_DIR
-    plots = [p for s in ctx["sections"] for p in s.plots]
+    plots = [p for s in ctx["sections"] for p in s.plots] + (ctx["decision"]["plots"] if ctx.get("decision") else [])
     for p in plots:
         atomic_write_bytes(files / f"{p.key}.png", p.png)
     for stale in files.glob("*.png") if files.exists() else []:

@@ -29,7 +29,12 @@ class RunView:
         return _row(self.scores, dep, suite, category, metric)
 
     def comp(self, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
-        return _row(self.comps, dep, suite, category, metric) if dep != self.reference else None
+        if dep == self.reference:
+            return None
+        row = _row(self.comps, dep, suite, category, metric)
+        # a margin row on a value with no difference (evalkit/decision.py) is not a comparison to show as Δ
+        no_diff = row is not None and "decision" in row and pd.notna(row["decision"]) and pd.isna(row["diff"])
+        return None if no_diff else row
 
     def cell(self, dep: str, suite: str, category: str, metric: str, comp_metric: str | None = None) -> Cell:
         spec = metric_spec(metric)

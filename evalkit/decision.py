@@ -1,0 +1,603 @@
+"""The decision: which deployment to serve, on this hardware, for this load, and why.
+
+Inputs are what scoring wrote (scores, comparisons) plus the memory plan at the stated workload; nothing
+loads a model, so `evalkit report RUN` and a notebook can re-decide with other margins or workloads.
+
+Per deployment and workload:
+- quality: each configured margin tested for non-inferiority (evalkit/metrics/noninferiority.py); the
+  reference qualifies on quality by definition (it is what "no loss" means);
+- memory: the ledger's prediction with the context and concurrency set to the workload's (fits, per-device
+  bytes, the longest context and the number of sequences memory holds);
+- cost: output tokens/s and median time to first token at the workload's concurrency from the cost suite,
+  measured at that level or interpolated linearly between the two measured levels around it (labelled);
+  never extrapolated.
+
+RULE (below) picks one deployment. When none qualifies, the decision says what would change that.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from evalkit.metrics.noninferiority import NonInferiority, non_inferiority
+
+DECISION_JSON = "decision.json"
+PRIMARY = "workload"  # name of the stated workload among the scenarios
+RULE = ("Among deployments that fit the hardware at the stated context and concurrency, meet the latency and "
+        "throughput limits, and are non-inferior on every margin (the reference qualifies on quality by "
+        "definition), the one with the highest output tokens/s at the stated concurrency; ties broken by the "
+        "smaller memory per device.")
+TEST = ("non-inferiority: the bound of the run's two-sided (1 - alpha) paired interval that faces the margin "
+        "(one-sided level alpha/2); inconclusive when the interval contains the margin")
+# Options that size one sequence's KV cache / the number of sequences served at once (engine option models).
+CONTEXT_OPTIONS = ("n_ctx", "max_model_len")
+CONCURRENCY_OPTIONS = ("max_num_seqs",)
+COST_SUITE = "cost"
+
+
+# -- margin keys and declared metrics ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarginKey:
+    suite: str
+    category: str | None  # None: the suite's overall category ("all", or the only one there is)
+    metric: str
+
+    @classmethod
+    def parse(cls, key: str) -> "MarginKey":
+        parts = key.split("/")
+        if len(parts) == 2 and all(parts):
+            return cls(parts[0], None, parts[1])
+        if len(parts) == 3 and all(parts):
+            return cls(parts[0], parts[1], parts[2])
+        raise ValueError(f"margin key {key!r}: expected 'suite/metric' or 'suite/category/metric'")
+
+
+def _declared() -> dict[tuple[str, str], str]:
+    """(suite, metric) -> direction ("higher" / "lower" / "none") of every declared metric."""
+    try:
+        from evalkit.metrics.declarations import all_metrics
+    except ImportError:  # until the declarations module lands: the metrics the suites emit today
+        return dict(_PROVISIONAL)
+    return {(m.suite, m.name): m.direction for m in all_metrics()}
+
+
+_PROVISIONAL = {
+    **{("prompts", m): "higher" for m in ("pass@1", "exact_match", "contains", "bleu", "chrf")},
+    **{("perplexity", m): "lower" for m in ("ppl", "ppl_ratio", "ln_ppl_ratio", "bits_per_byte", "kld", "kld_mean", "delta_p_rms")},
+    ("perplexity", "top1_agreement"): "higher",
+    ("mmlu", "accuracy"): "higher", ("mmlu", "flip_rate"): "lower", ("mmlu", "flips_right_to_wrong"): "lower",
+    ("longcontext", "recall_accuracy"): "higher", ("longcontext", "distinct_2"): "higher",
+    **{("longcontext", f"seq_rep_{n}"): "lower" for n in (2, 3, 4)},
+    ("humaneval", "pass@1"): "higher", ("humaneval", "flip_rate"): "lower",
+    ("ratings", "mean"): "higher",
+}
+
+
+def direction_of(suite: str, metric: str) -> str | None:
+    return _declared().get((suite, metric))
+
+
+def check_margin_key(key: str) -> MarginKey:
+    """A margin key that names a declared metric with a better direction; ValueError (one line) otherwise."""
+    mk = MarginKey.parse(key)
+    declared = _declared()
+    if mk.suite == COST_SUITE:
+        raise ValueError(f"margin {key!r}: cost is not a quality margin; state limits under decision.workload "
+                         "(max_ttft_ms, min_tokens_per_s)")
+    direction = declared.get((mk.suite, mk.metric))
+    if direction is None:
+        names = sorted(f"{s}/{m}" for (s, m), d in declared.items() if s != COST_SUITE and d != "none")
+        close = difflib.get_close_matches(f"{mk.suite}/{mk.metric}", names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"margin {key!r}: unknown metric {mk.suite}/{mk.metric}{hint}")
+    if direction not in ("higher", "lower"):
+        raise ValueError(f"margin {key!r}: {mk.suite}/{mk.metric} has no better direction, so no loss to bound")
+    return mk
+
+
+# -- what each part of the decision found -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarginResult:
+    key: str
+    margin: float
+    direction: str
+    decision: str  # non-inferior | inferior | inconclusive | reference
+    basis: str = "difference"  # the tested quantity: difference from the reference, or the value itself
+    category: str | None = None
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    bound: float | None = None
+    n: int | None = None
+    n_needed: int | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    fits: bool | None  # at the workload's context and concurrency
+    per_device_gb: float | None
+    budget_gb: float | None
+    devices: str = ""
+    max_context: int | None = None
+    max_concurrency: int | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class CostAt:
+    tokens_per_s: float | None  # all requests together
+    per_request_tokens_per_s: float | None
+    ttft_ms: float | None  # median over requests
+    how: str  # "measured at concurrency 4" / "interpolated between concurrency 1 and 4" / why unknown
+    measured: bool | None  # True measured, False interpolated, None unknown
+
+
+@dataclass(frozen=True)
+class DeploymentDecision:
+    deployment: str
+    reference: bool
+    memory: MemoryFit | None
+    cost: CostAt | None
+    memory_ok: bool | None
+    latency_ok: bool | None
+    feasible: bool | None
+    margins: list[MarginResult]
+    non_inferior: bool  # on every margin (the reference: by definition)
+    qualifies: bool
+    reasons: list[str] = field(default_factory=list)  # why it does not qualify
+    changes: list[str] = field(default_factory=list)  # what would make it qualify
+
+
+@dataclass(frozen=True)
+class ScenarioDecision:
+    name: str
+    workload: dict[str, Any]
+    recommended: str | None
+    summary: str  # the recommendation in one sentence
+    reasons: list[str]
+    deployments: list[DeploymentDecision]
+    what_would_change: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Decision:
+    rule: str
+    test: str
+    alpha: float
+    margins: dict[str, float]
+    scenarios: list[ScenarioDecision]
+
+    @property
+    def primary(self) -> ScenarioDecision:
+        return self.scenarios[0]
+
+    @property
+    def recommended(self) -> str | None:
+        return self.primary.recommended
+
+    @property
+    def summary(self) -> str:
+        return self.primary.summary
+
+    def table(self, scenario: str | None = None) -> pd.DataFrame:
+        """One row per deployment: feasibility, cost at the load, each margin's decision."""
+        sc = self.primary if scenario is None else next(s for s in self.scenarios if s.name == scenario)
+        rows = []
+        for d in sc.deployments:
+            row: dict[str, Any] = {
+                "deployment": d.deployment, "reference": d.reference, "qualifies": d.qualifies,
+                "recommended": d.deployment == sc.recommended, "feasible": d.feasible,
+                "fits_memory": d.memory_ok, "per_device_gb": d.memory.per_device_gb if d.memory else None,
+                "tokens_per_s": d.cost.tokens_per_s if d.cost else None,
+                "ttft_ms": d.cost.ttft_ms if d.cost else None, "cost_basis": d.cost.how if d.cost else "",
+            }
+            for m in d.margins:
+                row[m.key] = m.decision
+            row["reasons"] = "; ".join(d.reasons)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.primary
+        return _clean({
+            "recommended": p.recommended,
+            "summary": p.summary,
+            "rule": self.rule,
+            "test": self.test,
+            "alpha": self.alpha,
+            "margins": self.margins,
+            "workload": p.workload,
+            "reasons": p.reasons,
+            "what_would_change": p.what_would_change,
+            "deployments": [asdict(d) for d in p.deployments],
+            "scenarios": [asdict(s) for s in self.scenarios],
+        })
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Decision":
+        def dep(d: dict[str, Any]) -> DeploymentDecision:
+            return DeploymentDecision(**{**d, "memory": MemoryFit(**d["memory"]) if d.get("memory") else None,
+                                         "cost": CostAt(**d["cost"]) if d.get("cost") else None,
+                                         "margins": [MarginResult(**m) for m in d["margins"]]})
+
+        scenarios = [ScenarioDecision(**{**s, "deployments": [dep(d) for d in s["deployments"]]}) for s in data["scenarios"]]
+        return cls(data["rule"], data["test"], data["alpha"], data["margins"], scenarios)
+
+
+# -- quality: the tested quantity and its interval ------------------------------------------------------
+
+
+def _clean(x: Any) -> Any:
+    """JSON has no NaN: a number that cannot be said is null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _isnum(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if _isnum(x) else None
+
+
+def _select(df: pd.DataFrame, dep: str, mk: MarginKey) -> pd.DataFrame:
+    """Rows of one deployment and metric in the margin's category (None: "all", else the only category)."""
+    if df.empty:
+        return df
+    rows = df[(df.deployment == dep) & (df.suite == mk.suite) & (df.metric == mk.metric)]
+    if mk.category is not None:
+        return rows[rows.category.astype(str) == mk.category]
+    cats = sorted(set(rows.category.astype(str)))
+    pick = "all" if "all" in cats else cats[0] if len(cats) == 1 else None
+    return rows[rows.category.astype(str) == pick] if pick else rows.iloc[0:0]
+
+
+def tested_quantity(scores: pd.DataFrame, comps: pd.DataFrame, dep: str, reference: str, mk: MarginKey
+                    ) -> tuple[str, str, float, float | None, float | None, int] | None:
+    """(basis, category, estimate, ci_low, ci_high, n) of a margin's quantity for one deployment, or None.
+
+    - The reference has its own score for the metric (accuracy, chrF...): the paired difference
+      deployment - reference from comparisons.csv ("difference").
+    - Otherwise the metric only exists against the reference (perplexity ratio, KLD, top-1 agreement,
+      flip rates): the deployment's own value and interval ("value"), from scores.csv when it is there,
+      else from the comparison row (reference_value + the difference's interval).
+    """
+    comp = _select(comps, dep, mk)
+    own = _select(scores, dep, mk)
+    ref_own = _select(scores, reference, replace(mk, category=(own.category.iloc[0] if not own.empty else mk.category)))
+    if not comp.empty and not ref_own.empty:
+        c = comp.iloc[0]
+        return ("difference", str(c.category), float(c["diff"]), _num(c.ci_low), _num(c.ci_high), int(c.n))
+    if not own.empty:
+        s = own.iloc[0]
+        return ("value", str(s.category), float(s.value), _num(s.ci_low), _num(s.ci_high), int(s.n) if _isnum(s.n) else 0)
+    if not comp.empty:
+        c = comp.iloc[0]
+        base = float(c.reference_value) if _isnum(c.reference_value) else 0.0
+        lo, hi = _num(c.ci_low), _num(c.ci_high)
+        return ("value", str(c.category), float(c.value), None if lo is None else base + lo,
+                None if hi is None else base + hi, int(c.n))
+    return None
+
+
+def judge_margin(scores: pd.DataFrame, comps: pd.DataFrame, dep: str, reference: str, key: str, margin: float) -> MarginResult:
+    mk = MarginKey.parse(key)
+    direction = direction_of(mk.suite, mk.metric) or "higher"
+    if dep == reference:
+        return MarginResult(key, margin, direction, "reference", note="the reference: no loss by definition")
+    found = tested_quantity(scores, comps, dep, reference, mk)
+    if found is None:
+        return MarginResult(key, margin, direction, "inconclusive", note="no result for this deployment")
+    basis, category, est, lo, hi, n = found
+    ni: NonInferiority = non_inferiority(est, lo, hi, n, margin, direction, basis)  # type: ignore[arg-type]
+    note = "" if lo is not None and hi is not None else "no interval (too few items)"
+    return MarginResult(key, margin, direction, ni.decision, basis, category, est, lo, hi, ni.bound, n, ni.n_needed, note)
+
+
+# -- cost at the stated concurrency ---------------------------------------------------------------------
+
+
+COST_METRICS = {"tokens_per_s": "tokens_per_s", "per_request_tokens_per_s": "per_request_tokens_per_s", "ttft_ms": "ttft_median_s"}
+
+
+def cost_at(scores: pd.DataFrame, dep: str, concurrency: int) -> CostAt | None:
+    """The cost suite's figures at `concurrency`: measured there, or interpolated linearly between the
+    nearest measured levels below and above (labelled), never extrapolated. None without a cost suite."""
+    if scores.empty:
+        return None
+    rows = scores[(scores.deployment == dep) & (scores.suite == COST_SUITE) & scores.category.astype(str).str.fullmatch(r"c\d+")]
+    if rows.empty:
+        return None
+    levels: dict[int, dict[str, float]] = {}
+    for r in rows.itertuples():
+        levels.setdefault(int(str(r.category)[1:]), {})[str(r.metric)] = float(r.value)
+    measured = sorted(levels)
+    listed = ", ".join(map(str, measured))
+
+    def value(level_values: dict[str, float], name: str) -> float | None:
+        v = level_values.get(COST_METRICS[name])
+        return None if v is None else v * 1000.0 if name == "ttft_ms" else v
+
+    if concurrency in levels:
+        lv = levels[concurrency]
+        return CostAt(value(lv, "tokens_per_s"), value(lv, "per_request_tokens_per_s"), value(lv, "ttft_ms"),
+                      f"measured at concurrency {concurrency}", True)
+    below = [c for c in measured if c < concurrency]
+    above = [c for c in measured if c > concurrency]
+    if not below or not above:
+        return CostAt(None, None, None, f"not measured at concurrency {concurrency} (measured: {listed}; "
+                      "not extrapolated)", None)
+    a, b = below[-1], above[0]
+    w = (concurrency - a) / (b - a)
+    out: dict[str, float | None] = {}
+    for name in COST_METRICS:
+        va, vb = value(levels[a], name), value(levels[b], name)
+        out[name] = None if va is None or vb is None else va + w * (vb - va)
+    return CostAt(out["tokens_per_s"], out["per_request_tokens_per_s"], out["ttft_ms"],
+                  f"interpolated between concurrency {a} and {b}", False)
+
+
+# -- memory at the stated context and concurrency ----------------------------------------------------------
+
+
+def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, MemoryFit]:
+    """The ledger's prediction per deployment with context and concurrency set to the workload's.
+
+    A deployment fits when the ledger says it fits and memory holds `concurrency` sequences of
+    `context_tokens` tokens at once. A prediction that cannot be made is "unknown", never "fits".
+    """
+    from evalkit.ledger import GB, deployment_row, hardware_from_config
+
+    out: dict[str, MemoryFit] = {}
+    try:
+        hw = hardware_from_config(config)
+    except Exception as e:  # a prediction must never stop a report
+        return {d.name: MemoryFit(None, None, None, note=f"memory plan unavailable: {e}") for d in config.deployments}
+    for dep in config.deployments:
+        opts = dep.options
+        names = type(opts).model_fields
+        update: dict[str, Any] = {k: workload.context_tokens for k in CONTEXT_OPTIONS if k in names}
+        update |= {k: max(int(getattr(opts, k)), workload.concurrency) for k in CONCURRENCY_OPTIONS if k in names}
+        at_load = dep.model_copy(update={"options": opts.model_copy(update=update)})
+        try:
+            row = deployment_row(at_load, Path(config_file), hw)
+        except Exception as e:
+            out[dep.name] = MemoryFit(None, None, None, note=f"memory plan unavailable: {e}")
+            continue
+        fits, why = row.fits, []
+        if fits and row.max_context is not None and row.max_context < workload.context_tokens:
+            fits, why = False, why + [f"holds at most {row.max_context:,} tokens of context"]
+        if fits and row.max_concurrency is not None and row.max_concurrency < workload.concurrency:
+            fits, why = False, why + [f"holds {row.max_concurrency} sequence(s) of {workload.context_tokens:,} tokens at once"]
+        out[dep.name] = MemoryFit(
+            fits, row.per_device_bytes / GB if row.per_device_bytes else None,
+            row.device_budget_bytes / GB if row.device_budget_bytes else None, row.devices, row.max_context,
+            row.max_concurrency, "; ".join(why + ([row.notes] if row.notes else [])))
+    return out
+
+
+# -- the decision -------------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "?" if x is None else f"{x:.{digits}g}"
+
+
+def _workload_text(w: Any) -> str:
+    s = f"{w.concurrency} concurrent request{'s' if w.concurrency != 1 else ''} at {w.context_tokens:,} tokens of context"
+    limits = ([f"first token within {w.max_ttft_ms:g} ms"] if w.max_ttft_ms else []) + \
+             ([f"at least {w.min_tokens_per_s:g} tokens/s per request"] if w.min_tokens_per_s else [])
+    return s + (f" ({', '.join(limits)})" if limits else "")
+
+
+def _margin_reason(m: MarginResult) -> tuple[str, str]:
+    """(why it fails, what would change that) for a margin that is not non-inferior."""
+    what = f"{m.key} ({'difference from the reference' if m.basis == 'difference' else 'value'} "
+    what += f"{_fmt(m.estimate)} [{_fmt(m.ci_low)}, {_fmt(m.ci_high)}], margin {m.margin:g})"
+    if m.decision == "inferior":
+        return f"inferior on {what}", f"a margin looser than {_fmt(m.bound)} on {m.key}"
+    if m.note == "no result for this deployment":
+        return f"no {m.key} result", f"running the {m.key.split('/')[0]} suite for it"
+    if m.n_needed is not None:
+        return (f"inconclusive on {what}",
+                f"about {m.n_needed:,} items on {m.key} instead of {m.n:,} (same variance), or a margin looser than {_fmt(m.bound)}")
+    return f"inconclusive on {what}", f"more items on {m.key}"
+
+
+def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.DataFrame, margins: dict[str, float],
+                     workload: Any, memory: MemoryFit | None) -> DeploymentDecision:
+    results = [judge_margin(scores, comps, dep, reference, k, v) for k, v in margins.items()]
+    reasons, changes = [], []
+    for m in results:
+        if m.decision in ("inferior", "inconclusive"):
+            why, change = _margin_reason(m)
+            reasons.append(why)
+            changes.append(change)
+    non_inferior = all(m.decision in ("non-inferior", "reference") for m in results)
+
+    memory_ok = memory.fits if memory else None
+    if memory_ok is False:
+        need = f"needs {_fmt(memory.per_device_gb)} GB per device of {_fmt(memory.budget_gb)} GB" if memory else ""
+        reasons.append(f"does not fit in memory at this load ({need}{'; ' + memory.note if memory and memory.note else ''})")
+        more = (memory.per_device_gb or 0) - (memory.budget_gb or 0) if memory else 0
+        changes.append(f"about {more:.2g} GB more memory per device, or a shorter context / fewer concurrent requests"
+                       if more > 0 else "a shorter context or fewer concurrent requests")
+    elif memory_ok is None:
+        reasons.append(f"memory fit unknown ({memory.note if memory else 'no memory plan'})")
+
+    cost = cost_at(scores, dep, workload.concurrency)
+    latency_ok: bool | None = True
+    for limit, value, label, worse_if_above in (
+        (workload.max_ttft_ms, cost.ttft_ms if cost else None, "median time to first token", True),
+        (workload.min_tokens_per_s, cost.per_request_tokens_per_s if cost else None, "tokens/s per request", False),
+    ):
+        if not limit:
+            continue
+        if value is None:
+            latency_ok = None if latency_ok is not False else False
+            reasons.append(f"{label} at concurrency {workload.concurrency} unknown ({cost.how if cost else 'no cost suite'})")
+            changes.append(f"measuring concurrency {workload.concurrency} (suites.cost.concurrency)")
+        elif (value > limit) if worse_if_above else (value < limit):
+            latency_ok = False
+            unit = " ms" if worse_if_above else ""
+            reasons.append(f"{label} {value:.4g}{unit} at concurrency {workload.concurrency} ({cost.how if cost else ''}) "
+                           f"{'exceeds' if worse_if_above else 'is below'} the limit {limit:g}{unit}")
+            changes.append(f"a {'looser' if worse_if_above else 'lower'} limit than {value:.4g}{unit}, or fewer concurrent requests")
+    feasible = None if memory_ok is None or latency_ok is None else bool(memory_ok and latency_ok)
+    if memory_ok is False or latency_ok is False:
+        feasible = False
+    return DeploymentDecision(dep, dep == reference, memory, cost, memory_ok, latency_ok, feasible, results,
+                              non_inferior, bool(feasible) and non_inferior, reasons, changes)
+
+
+def _rank_key(d: DeploymentDecision) -> tuple[float, float, str]:
+    tps = d.cost.tokens_per_s if d.cost and d.cost.tokens_per_s is not None else -math.inf
+    mem = d.memory.per_device_gb if d.memory and d.memory.per_device_gb is not None else math.inf
+    return (-tps, mem, d.deployment)
+
+
+def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.DataFrame, reference: str,
+                    deployments: list[str], margins: dict[str, float], memory: dict[str, MemoryFit]) -> ScenarioDecision:
+    table = [judge_deployment(d, reference, scores, comps, margins, workload, memory.get(d)) for d in deployments]
+    ranked = sorted((d for d in table if d.qualifies), key=_rank_key)
+    load = _workload_text(workload)
+    reasons: list[str] = []
+    change: list[str] = []
+    if ranked:
+        best = ranked[0]
+        cost = f"{_fmt(best.cost.tokens_per_s)} tokens/s, {best.cost.how}" if best.cost and best.cost.tokens_per_s is not None \
+            else "throughput not measured at this load"
+        mem = f"{_fmt(best.memory.per_device_gb)} of {_fmt(best.memory.budget_gb)} GB per device" if best.memory else "memory unknown"
+        quality = "the reference" if best.reference else f"non-inferior on all {len(margins)} margin(s)"
+        runner = f"; next: {ranked[1].deployment}" if len(ranked) > 1 else ""
+        summary = (f"Serve {best.deployment} for {load}: it fits ({mem}), is {quality}, and has the highest "
+                   f"throughput of the {len(ranked)} deployment(s) that qualify ({cost}){runner}.")
+        reasons.append(f"{best.deployment}: qualifies with the highest throughput ({cost}); {mem}.")
+    else:
+        summary = f"No deployment qualifies for {load}: " + "; ".join(
+            f"{d.deployment} {d.reasons[0]}" if d.reasons else f"{d.deployment} not feasible" for d in table) + "."
+        change = [f"{d.deployment}: " + "; or ".join(d.changes) for d in table if d.changes]
+    for d in table:
+        if not d.qualifies:
+            reasons.append(f"{d.deployment}: " + ("; ".join(d.reasons) or "not feasible") + ".")
+        elif ranked and d is not ranked[0]:
+            reasons.append(f"{d.deployment}: qualifies, lower throughput"
+                           f" ({_fmt(d.cost.tokens_per_s) if d.cost else '?'} tokens/s).")
+    return ScenarioDecision(name, workload.model_dump(mode="json"), ranked[0].deployment if ranked else None,
+                            summary, reasons, table, change)
+
+
+def decide(scores: pd.DataFrame, comps: pd.DataFrame, reference: str, deployments: list[str], settings: Any,
+           memory: dict[str, dict[str, MemoryFit]], alpha: float = 0.05) -> Decision:
+    """Decide every workload of `settings` (config.DecisionSettings); `memory` maps scenario name -> plan."""
+    workloads = [(PRIMARY, settings.workload)] + [(s.name, s) for s in settings.scenarios]
+    margins = dict(settings.margins)
+    out = [decide_scenario(name, w, scores, comps, reference, deployments, margins, memory.get(name, {}))
+           for name, w in workloads]
+    return Decision(RULE, TEST, alpha, margins, out)
+
+
+# -- wiring: scoring, run directories ------------------------------------------------------------------------
+
+
+def rows_frame(rows: Iterable[Any]) -> pd.DataFrame:
+    """ScoreRow / ComparisonRow dataclasses as the DataFrame scores.csv / comparisons.csv read back into."""
+    rows = list(rows)
+    return pd.DataFrame([asdict(r) for r in rows]) if rows else pd.DataFrame()
+
+
+def candidates(manifest: dict[str, Any], config: Any) -> list[str]:
+    """The deployments one could serve: the config's, in run order (not the noise-floor rerun)."""
+    names = {d.name for d in config.deployments}
+    return [d for d in manifest.get("deployment_order", []) if d in names] or sorted(names)
+
+
+def workloads(settings: Any) -> list[tuple[str, Any]]:
+    return [(PRIMARY, settings.workload)] + [(s.name, s) for s in settings.scenarios]
+
+
+def decide_from(config: Any, config_file: Path, manifest: dict[str, Any], scores: pd.DataFrame, comps: pd.DataFrame,
+                settings: Any | None = None) -> Decision | None:
+    """Decide from a run's frames; `settings` overrides the config's `decision:` (None: the config's)."""
+    settings = settings if settings is not None else getattr(config, "decision", None)
+    if settings is None:
+        return None
+    memory = {name: memory_plan(config, config_file, w) for name, w in workloads(settings)}
+    alpha = getattr(getattr(config, "stats", None), "alpha", 0.05)
+    return decide(scores, comps, manifest.get("reference", config.reference), candidates(manifest, config), settings, memory, alpha)
+
+
+def annotate_comparisons(decision: Decision, comparisons: list[Any], scores: list[Any]) -> list[Any]:
+    """comparisons.csv rows with `margin` and `decision` filled where a margin applies (stated workload).
+
+    A margin on a value that only exists against the reference (e.g. perplexity ratio) has no comparison
+    row: one is added with that value, its interval, and no difference (diff empty)."""
+    out = list(comparisons)
+    has_fields = {"margin", "decision"} <= {f.name for f in fields(type(out[0]))} if out else False
+    if not out and scores:
+        from evalkit.store import ComparisonRow
+
+        has_fields = {"margin", "decision"} <= {f.name for f in fields(ComparisonRow)}
+    if not has_fields:
+        return out
+    from evalkit.store import ComparisonRow
+
+    for d in decision.primary.deployments:
+        for m in d.margins:
+            if m.decision == "reference" or m.estimate is None:
+                continue
+            mk = MarginKey.parse(m.key)
+            hit = False
+            for i, c in enumerate(out):
+                if (c.deployment, c.suite, str(c.category), c.metric) == (d.deployment, mk.suite, m.category, mk.metric):
+                    if m.basis == "difference":
+                        out[i] = replace(c, margin=m.margin, decision=m.decision)
+                        hit = True
+            if not hit:
+                ref = next((c.reference for c in out), "")
+                out.append(ComparisonRow(d.deployment, ref, mk.suite, str(m.category), mk.metric, m.estimate, math.nan,
+                                         math.nan, m.ci_low, m.ci_high, None, int(m.n or 0),
+                                         "non-inferiority on the deployment's own value (it exists only against the "
+                                         "reference; interval from scores.csv); no difference", False,
+                                         margin=m.margin, decision=m.decision))
+    return out
+
+
+def write_decision(path: Path, decision: Decision | None) -> None:
+    from evalkit.store import atomic_write_text
+
+    target = path / DECISION_JSON
+    if decision is None:
+        target.unlink(missing_ok=True)  # a config without `decision:` must not keep a stale one
+        return
+    atomic_write_text(target, json.dumps(decision.to_json(), indent=2, ensure_ascii=False, allow_nan=False,
+                                         default=_json_default) + "\n")
+
+
+def _json_default(x: Any) -> Any:
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def load_decision(path: Path) -> Decision | None:
+    f = Path(path) / DECISION_JSON
+    return Decision.from_json(json.loads(f.read_text(encoding="utf-8"))) if f.exists() else None

@@ -1,0 +1,97 @@
+"""Non-inferiority: is a deployment's loss against the reference smaller than the largest acceptable one?
+
+"Not significantly different" is not "good enough": with few items every interval is wide and nothing is
+significant. A non-inferiority test asks the question a decision needs. Given a margin M (the worst
+acceptable value of the tested quantity) and the paired interval [lo, hi] already in comparisons.csv /
+scores.csv, the bound of the interval that faces the margin decides:
+
+    direction "higher" (e.g. accuracy difference, margin -0.02):  lo > M -> non-inferior
+                                                                  hi < M -> inferior
+    direction "lower"  (e.g. perplexity ratio, margin 1.05):      hi < M -> non-inferior
+                                                                  lo > M -> inferior
+    otherwise (the interval contains M, or there is no interval): inconclusive
+
+The interval is the run's two-sided (1 - alpha) interval, so each one-sided test runs at level alpha/2
+(2.5% for alpha = 0.05): the convention of non-inferiority trials (CONSORT), and the same interval the
+report prints, so what is shown and what is decided never disagree.
+
+The tested quantity is the paired difference (deployment - reference) for metrics both sides have
+(accuracy, chrF, ...), and the deployment's own value for metrics that only exist against a reference
+(perplexity ratio, KL-divergence, top-1 agreement): see `tested_quantity`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Direction = Literal["higher", "lower"]
+Verdict = Literal["non-inferior", "inferior", "inconclusive"]
+Basis = Literal["difference", "value"]
+VERDICTS: tuple[Verdict, ...] = ("non-inferior", "inferior", "inconclusive")
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """One margin's outcome for one deployment."""
+
+    estimate: float  # the tested quantity (difference or value)
+    ci_low: float | None
+    ci_high: float | None
+    margin: float
+    direction: Direction
+    decision: Verdict
+    n: int  # items (tokens for perplexity) behind the interval
+    n_needed: int | None  # inconclusive only: items that would make it conclusive at the observed variance
+    basis: Basis = "difference"
+
+    @property
+    def bound(self) -> float | None:
+        """The one-sided bound that is compared with the margin (the worse end of the interval)."""
+        return self.ci_low if self.direction == "higher" else self.ci_high
+
+    def looser_margin(self) -> float | None:
+        """Inferior or inconclusive: the margin the observed interval would just clear (its worse bound)."""
+        return self.bound
+
+
+def non_inferiority(estimate: float, ci_low: float | None, ci_high: float | None, n: int, margin: float,
+                    direction: Direction, basis: Basis = "difference") -> NonInferiority:
+    """Classify one paired interval against a margin (see the module doc for the rule)."""
+    if direction not in ("higher", "lower"):
+        raise ValueError(f"a margin needs a better direction (got {direction!r})")
+    ok = [x is not None and math.isfinite(x) for x in (estimate, ci_low, ci_high)]
+    if not all(ok):
+        return NonInferiority(estimate, ci_low, ci_high, margin, direction, "inconclusive", n, None, basis)
+    lo, hi = float(ci_low), float(ci_high)  # type: ignore[arg-type]
+    good, bad = (lo, hi) if direction == "higher" else (hi, lo)  # bound facing the margin, the other one
+    sign = 1.0 if direction == "higher" else -1.0  # + : larger is better
+    if sign * (good - margin) > 0:
+        verdict: Verdict = "non-inferior"
+    elif sign * (bad - margin) < 0:
+        verdict = "inferior"
+    else:
+        verdict = "inconclusive"
+    needed = items_needed(estimate, lo, hi, n, margin) if verdict == "inconclusive" else None
+    return NonInferiority(estimate, lo, hi, margin, direction, verdict, n, needed, basis)
+
+
+def items_needed(estimate: float, ci_low: float, ci_high: float, n: int, margin: float) -> int | None:
+    """Items that would make an inconclusive interval conclusive, at the observed variance.
+
+    An interval's half-width is z * s / sqrt(n): with the per-item spread s unchanged, it shrinks as
+    1 / sqrt(n). The result becomes conclusive once the half-width on the side facing the margin, h,
+    is smaller than the distance from the estimate to the margin, |estimate - M|:
+
+        n_needed = ceil( n * (h / |estimate - M|)^2 )
+
+    h is the lower half-width (estimate - ci_low) when the estimate lies above the margin and the upper
+    one (ci_high - estimate) when below, so asymmetric intervals (Wilson, BCa bootstrap) are read on the
+    side that matters. An estimate exactly on the margin never becomes conclusive: None.
+    """
+    gap = abs(estimate - margin)
+    if n <= 0 or gap == 0:
+        return None
+    h = (estimate - ci_low) if estimate > margin else (ci_high - estimate)
+    ratio = n * (h / gap) ** 2
+    return max(n + 1, math.ceil(round(ratio, 6)))  # round: 0.04/0.01 squared is 16.000000000000004

@@ -1,0 +1,146 @@
+"""The report's opening section: the recommendation in one sentence, its table, and a Pareto plot.
+
+Reads decision.json (written by scoring, evalkit/decision.py); nothing is decided here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from evalkit.decision import Decision, DeploymentDecision, MarginResult, ScenarioDecision
+from evalkit.report import plots as P
+from evalkit.report.cells import Cell, Table, signed
+
+VERDICT_LABEL = {"non-inferior": "non-inferior ✓", "inferior": "inferior ✗", "inconclusive": "inconclusive ?",
+                 "reference": "reference"}
+
+
+def _g(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None or not math.isfinite(x) else signed(f"{x:.{digits}g}")
+
+
+def _margin_cell(m: MarginResult) -> Cell:
+    if m.decision == "reference":
+        return Cell("reference")
+    if m.estimate is None:
+        return Cell(VERDICT_LABEL[m.decision], note=m.note)
+    what = "Δ " if m.basis == "difference" else ""
+    interval = f"{what}{_g(m.estimate)} [{_g(m.ci_low)}, {_g(m.ci_high)}] vs {_g(m.margin)}"
+    more = f"; ~{m.n_needed:,} items would settle it (now {m.n:,})" if m.n_needed else ""
+    return Cell(VERDICT_LABEL[m.decision], interval + more, note=f"n = {m.n}; {m.basis}; {m.note}".rstrip("; "))
+
+
+def _memory_cell(d: DeploymentDecision) -> Cell:
+    if d.memory is None or d.memory.fits is None:
+        return Cell("unknown", d.memory.note if d.memory else "")
+    return Cell("fits" if d.memory.fits else "does not fit",
+                f"{_g(d.memory.per_device_gb)} of {_g(d.memory.budget_gb)} GB per device", note=d.memory.note)
+
+
+def _cost_cell(d: DeploymentDecision, key: str) -> Cell:
+    if d.cost is None:
+        return Cell("–", "no cost suite")
+    v = getattr(d.cost, key)
+    return Cell(_g(v), "" if d.cost.measured else d.cost.how)  # interpolated or missing: say so
+
+
+def decision_table(sc: ScenarioDecision, margins: dict[str, float], key: str = "decision") -> Table:
+    c = sc.workload.get("concurrency")
+    header = ["deployment", "qualifies", "memory at this load", f"tokens/s at {c} concurrent", "median TTFT (ms)"]
+    header += [f"{k} (margin {v:g})" for k, v in margins.items()]
+    rows = []
+    for d in sc.deployments:
+        status = "recommended ★" if d.deployment == sc.recommended else "yes" if d.qualifies else "no"
+        rows.append([Cell(d.deployment, "(reference)" if d.reference else ""), Cell(status, "; ".join(d.reasons)),
+                     _memory_cell(d), _cost_cell(d, "tokens_per_s"), _cost_cell(d, "ttft_ms")]
+                    + [_margin_cell(m) for m in d.margins])
+    return Table(key, f"Workload: {_workload(sc)}", header, rows, caption=sc.summary)
+
+
+def _workload(sc: ScenarioDecision) -> str:
+    w = sc.workload
+    out = f"{w['concurrency']} concurrent, {w['context_tokens']:,} tokens of context"
+    if w.get("max_ttft_ms"):
+        out += f", TTFT ≤ {w['max_ttft_ms']:g} ms"
+    if w.get("min_tokens_per_s"):
+        out += f", ≥ {w['min_tokens_per_s']:g} tokens/s per request"
+    return out
+
+
+def scenarios_table(decision: Decision) -> Table:
+    rows = [[Cell(sc.name), Cell(_workload(sc)), Cell(sc.recommended or "none"), Cell(sc.summary)] for sc in decision.scenarios]
+    return Table("decision-scenarios", "Recommendation per workload", ["scenario", "workload", "recommended", "why"], rows)
+
+
+def pareto_plot(decision: Decision) -> P.Plot | None:
+    """Per margin: quality (estimate, interval, margin line) against throughput at the stated load;
+    marker area = memory per device. The Pareto front (more throughput, less loss) is joined by a line."""
+    sc = decision.primary
+    pts = [d for d in sc.deployments if d.cost and d.cost.tokens_per_s is not None]
+    if not pts or not decision.margins:
+        return None
+    keys = list(decision.margins)
+    fig, axes = P._figure(4.2 * len(keys) + 0.6, 3.4, ncols=len(keys))
+    mems = [d.memory.per_device_gb for d in pts if d.memory and d.memory.per_device_gb]
+    top = max(mems) if mems else 1.0
+    for ax, key in zip(axes, keys):
+        xs, ys = [], []
+        for i, d in enumerate(pts):
+            m = next(m for m in d.margins if m.key == key)
+            x = float(d.cost.tokens_per_s)  # type: ignore[union-attr]
+            y = 0.0 if m.decision == "reference" and m.basis == "difference" else m.estimate
+            size = 40 + 400 * ((d.memory.per_device_gb or 0) / top if d.memory and d.memory.per_device_gb else 0)
+            color = P.REFERENCE_COLOR if d.reference else P.PALETTE[i % len(P.PALETTE)]
+            if y is None:
+                ax.axvline(x, color=color, ls=":", lw=1)
+                ax.annotate(f"{d.deployment} (reference)", (x, 0.02), xycoords=("data", "axes fraction"), fontsize=7, rotation=90)
+                continue
+            err = None
+            if m.ci_low is not None and m.ci_high is not None:
+                err = np.array([[y - m.ci_low], [m.ci_high - y]])
+            ax.errorbar([x], [y], yerr=err, fmt="none", ecolor=color, elinewidth=1.2, capsize=3)
+            ax.scatter([x], [y], s=size, color=color, alpha=0.75 if d.qualifies else 0.3,
+                       edgecolors="black" if d.deployment == sc.recommended else color, linewidths=2 if d.deployment == sc.recommended else 0.5,
+                       label=d.deployment + (" ★" if d.deployment == sc.recommended else ""))
+            ax.annotate(d.deployment, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
+            xs.append(x)
+            ys.append(y)
+        direction = next((m.direction for d in pts for m in d.margins if m.key == key), "higher")
+        front = _front(xs, ys, direction)
+        if len(front) > 1:
+            ax.plot(*zip(*front), "-", color="#888888", lw=1, zorder=0)
+        ax.axhline(decision.margins[key], color="#cc0000", ls="--", lw=1)
+        ax.annotate(f"margin {decision.margins[key]:g}", (0.01, decision.margins[key]), xycoords=("axes fraction", "data"),
+                    fontsize=7, color="#cc0000", va="bottom")
+        ax.set_xlabel(f"output tokens/s at {sc.workload['concurrency']} concurrent")
+        basis = next((m.basis for d in pts for m in d.margins if m.key == key and m.decision != "reference"), "difference")
+        ax.set_ylabel(f"{key} ({'Δ vs reference' if basis == 'difference' else 'value'}; "
+                      f"{'higher' if direction == 'higher' else 'lower'} is better)", fontsize=8)
+        ax.grid(alpha=0.3)
+    P._legend(fig, axes[0])
+    return P.Plot("decision", "Quality against throughput at the stated load (marker area: memory per device)",
+                  P._png(fig), "Scatter of each margin's estimate with its interval against throughput; marker size is memory")
+
+
+def _front(xs: list[float], ys: list[float], direction: str) -> list[tuple[float, float]]:
+    """Points no other point beats on both throughput and quality, by throughput."""
+    sign = 1.0 if direction == "higher" else -1.0
+    pts = list(zip(xs, ys))
+    keep = [p for p in pts if not any(q != p and q[0] >= p[0] and sign * q[1] >= sign * p[1] for q in pts)]
+    return sorted(keep)
+
+
+def decision_parts(decision: Decision | None) -> dict[str, Any] | None:
+    """What the template and report.md show; None when the run has no `decision:`."""
+    if decision is None:
+        return None
+    tables = [decision_table(decision.primary, decision.margins)]
+    if len(decision.scenarios) > 1:
+        tables += [scenarios_table(decision)] + [decision_table(sc, decision.margins, f"decision-{i}")
+                                                for i, sc in enumerate(decision.scenarios[1:], 1)]
+    plot = pareto_plot(decision)
+    change = decision.primary.what_would_change
+    return {"summary": decision.summary, "rule": decision.rule, "test": decision.test, "tables": tables,
+            "plots": [plot] if plot else [], "what_would_change": change}
