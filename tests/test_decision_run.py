@@ -8,6 +8,7 @@ two cost levels) and then re-decided from its files alone with other margins.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,9 +42,16 @@ decision:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+def data_dir(request: pytest.FixtureRequest) -> Path:
+    """../shared/data, or EVALKIT_SHARED_DATA (a git worktree has no ../shared beside it)."""
+    env = os.environ.get("EVALKIT_SHARED_DATA")
+    return Path(env) if env else request.getfixturevalue("shared_data")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
     cfg = tmp_path_factory.mktemp("cfg") / "decision.yaml"
-    cfg.write_text(_config(shared_data))
+    cfg.write_text(_config(data_dir))
     out = tmp_path_factory.mktemp("runs")
     proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(out)],
                           capture_output=True, text=True, timeout=1800)
@@ -101,8 +109,6 @@ def test_notebook_api_re_decides(run_dir: Path) -> None:
 
 def test_decision_notebook_runs_on_the_real_run(run_dir: Path) -> None:
     pytest.importorskip("nbclient")
-    import os
-
     import nbformat
     from nbclient import NotebookClient
 
