@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from evalkit.metrics.declarations import all_metrics, metric_spec
 from evalkit.metrics.noninferiority import NonInferiority, non_inferiority
 
 DECISION_JSON = "decision.json"
@@ -60,41 +61,21 @@ class MarginKey:
         raise ValueError(f"margin key {key!r}: expected 'suite/metric' or 'suite/category/metric'")
 
 
-def _declared() -> dict[tuple[str, str], str]:
-    """(suite, metric) -> direction ("higher" / "lower" / "none") of every declared metric."""
-    try:
-        from evalkit.metrics.declarations import all_metrics
-    except ImportError:  # until the declarations module lands: the metrics the suites emit today
-        return dict(_PROVISIONAL)
-    return {(m.suite, m.name): m.direction for m in all_metrics()}
-
-
-_PROVISIONAL = {
-    **{("prompts", m): "higher" for m in ("pass@1", "exact_match", "contains", "bleu", "chrf")},
-    **{("perplexity", m): "lower" for m in ("ppl", "ppl_ratio", "ln_ppl_ratio", "bits_per_byte", "kld", "kld_mean", "delta_p_rms")},
-    ("perplexity", "top1_agreement"): "higher",
-    ("mmlu", "accuracy"): "higher", ("mmlu", "flip_rate"): "lower", ("mmlu", "flips_right_to_wrong"): "lower",
-    ("longcontext", "recall_accuracy"): "higher", ("longcontext", "distinct_2"): "higher",
-    **{("longcontext", f"seq_rep_{n}"): "lower" for n in (2, 3, 4)},
-    ("humaneval", "pass@1"): "higher", ("humaneval", "flip_rate"): "lower",
-    ("ratings", "mean"): "higher",
-}
-
-
 def direction_of(suite: str, metric: str) -> str | None:
-    return _declared().get((suite, metric))
+    """The declared direction ("higher" / "lower" / "none") of a metric, None when undeclared."""
+    spec = metric_spec(suite, metric)
+    return spec.direction if spec else None
 
 
 def check_margin_key(key: str) -> MarginKey:
     """A margin key that names a declared metric with a better direction; ValueError (one line) otherwise."""
     mk = MarginKey.parse(key)
-    declared = _declared()
     if mk.suite == COST_SUITE:
         raise ValueError(f"margin {key!r}: cost is not a quality margin; state limits under decision.workload "
                          "(max_ttft_ms, min_tokens_per_s)")
-    direction = declared.get((mk.suite, mk.metric))
+    direction = direction_of(mk.suite, mk.metric)
     if direction is None:
-        names = sorted(f"{s}/{m}" for (s, m), d in declared.items() if s != COST_SUITE and d != "none")
+        names = sorted(f"{m.suite}/{m.name}" for m in all_metrics() if m.suite != COST_SUITE and m.direction != "none")
         close = difflib.get_close_matches(f"{mk.suite}/{mk.metric}", names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"margin {key!r}: unknown metric {mk.suite}/{mk.metric}{hint}")
