@@ -66,7 +66,11 @@ def score_run(run: RunDir) -> None:
     atomic_write_text(run.path / "parity.csv", _items_csv(parity) if parity else "")
     from evalkit.decision import annotate_comparisons, decide_from, rows_frame, write_decision
 
-    decision = decide_from(config, ctx.config_file, ctx.manifest, rows_frame(scores), rows_frame(comparisons))
+    try:
+        decision = decide_from(config, ctx.config_file, ctx.manifest, rows_frame(scores), rows_frame(comparisons))
+    except Exception as e:  # the decision must never cost the run its scores and report
+        print(f"evalkit: warning: no decision made: {type(e).__name__}: {e}", file=sys.stderr)
+        decision = None
     if decision is not None:
         comparisons = annotate_comparisons(decision, comparisons, scores)
     write_decision(run.path, decision)
