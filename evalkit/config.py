@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
@@ -76,47 +76,52 @@ def engine_options_model(engine: str) -> type[BaseModel]:
     return engine_spec(engine).options_model
 
 
+PositiveInt = Annotated[int, Field(ge=1)]
+Seed = Annotated[int, Field(ge=0)]  # numpy's Generator (MMLU sampling, passkeys) rejects negative seeds
+
+
 class PromptsSettings(_Strict):
-    path: str = "prompts/"
-    categories: list[Literal["code", "reasoning", "translation", "qa"]] = list(CATEGORIES)
-    limit_per_category: int | None = None
-    code_timeout_s: float = 10.0
+    path: str = Field(default="prompts/", min_length=1)
+    categories: list[Literal["code", "reasoning", "translation", "qa"]] = Field(default=list(CATEGORIES), min_length=1)
+    limit_per_category: PositiveInt | None = None
+    code_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class PerplexitySettings(_Strict):
-    text: str = "texts/ppl_default.txt"
-    n_ctx: int = 512
-    max_chunks: int | None = 4
+    text: str = Field(default="texts/ppl_default.txt", min_length=1)
+    # Tokens from n_ctx//2 + 1 on are scored (llama-perplexity's rule): 3 is the least with one scored token.
+    n_ctx: int = Field(default=512, ge=3)
+    max_chunks: PositiveInt | None = 4
     top_k: int = Field(default=20, ge=1)
 
 
 class MmluSettings(_Strict):
-    source: str = "builtin"  # "builtin", "hf" (cais/mmlu via datasets) or a local directory
-    subjects: list[str] | None = None
-    per_subject: int | None = 20
+    source: str = Field(default="builtin", min_length=1)  # "builtin", "hf" (cais/mmlu via datasets) or a local directory
+    subjects: list[str] | None = Field(default=None, min_length=1)
+    per_subject: PositiveInt | None = 20
     shots: int = Field(default=5, ge=0, le=5)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class LongContextSettings(_Strict):
-    lengths: list[int] = [1024, 2048, 4096, 8192]
-    depths: list[float] = [0.1, 0.5, 0.9]
-    continuation_tokens: int = 128
-    seed: int = 0
-    filler: str = "texts/longcontext_filler.txt"
+    lengths: list[PositiveInt] = Field(default=[1024, 2048, 4096, 8192], min_length=1)
+    depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default=[0.1, 0.5, 0.9], min_length=1)
+    continuation_tokens: PositiveInt = 128
+    seed: Seed = 0
+    filler: str = Field(default="texts/longcontext_filler.txt", min_length=1)
 
 
 class HumanEvalSettings(_Strict):
-    path: str
-    limit: int | None = None
-    timeout_s: float = 10.0
+    path: str = Field(min_length=1)
+    limit: PositiveInt | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
 
 
 class CostSettings(_Strict):
-    concurrency: list[int] = [1, 4, 8, 16]
-    prompt_tokens: int = 128
-    output_tokens: int = 256
-    repeats: int = 3
+    concurrency: list[PositiveInt] = Field(default=[1, 4, 8, 16], min_length=1)
+    prompt_tokens: PositiveInt = 128
+    output_tokens: PositiveInt = 256
+    repeats: PositiveInt = 3
 
 
 class Suites(_Strict):
@@ -132,7 +137,8 @@ class Sampling(_Strict):
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(default=256, ge=1)
-    seed: int = 0
+    # llama.cpp takes a uint32 seed and treats 0xFFFFFFFF as "pick a random one": never reproducible.
+    seed: int = Field(default=0, ge=0, le=2**32 - 2)
 
 
 class StatsSettings(_Strict):

@@ -56,6 +56,22 @@ def test_embedded_default_is_valid() -> None:
         ("- just\n- a list\n", "expected a mapping"),
         (GOOD.replace("categories: [qa]", "categories: [poetry]"), "suites.prompts.categories[0]"),
         (GOOD.replace("    engine: llamacpp\n", ""), "missing field 'engine'"),
+        # numeric ranges (the schema is the one place they are checked)
+        (GOOD.replace("suites:\n", "suites:\n  perplexity: {n_ctx: -5}\n"), "suites.perplexity.n_ctx: Input should be greater than or equal to 3 (got -5)"),
+        (GOOD.replace("categories: [qa]", "categories: [qa], limit_per_category: 0"), "suites.prompts.limit_per_category"),
+        (GOOD.replace("categories: [qa]", "categories: []"), "suites.prompts.categories"),
+        (GOOD.replace("suites:\n", "suites:\n  longcontext: {depths: [0.5, 1.5]}\n"), "suites.longcontext.depths[1]: Input should be less than or equal to 1"),
+        (GOOD.replace("suites:\n", "suites:\n  longcontext: {lengths: [0]}\n"), "suites.longcontext.lengths[0]"),
+        (GOOD.replace("suites:\n", "suites:\n  mmlu: {seed: -1}\n"), "suites.mmlu.seed"),
+        (GOOD.replace("suites:\n", "suites:\n  mmlu: {shots: 6}\n"), "suites.mmlu.shots"),
+        (GOOD.replace("suites:\n", "suites:\n  humaneval: {path: h.jsonl, timeout_s: 0}\n"), "suites.humaneval.timeout_s"),
+        (GOOD.replace("suites:\n", "suites:\n  cost: {concurrency: [1, 0]}\n"), "suites.cost.concurrency[1]"),
+        (GOOD.replace("suites:\n", "suites:\n  cost: {repeats: 0}\n"), "suites.cost.repeats"),
+        (GOOD.replace("max_tokens: 8", "max_tokens: 8, seed: 4294967295"), "sampling.seed"),  # llama.cpp: random seed
+        (GOOD.replace("max_tokens: 8", "max_tokens: 8, top_p: 0"), "sampling.top_p"),
+        (GOOD.replace("temperature: 0.0", "temperature: -0.1"), "sampling.temperature"),
+        (GOOD + "hardware: {gpus: -1}\n", "hardware.gpus"),
+        (GOOD + "hardware: {gpus: 1, gpu_memory_gb: 0}\n", "hardware.gpu_memory_gb"),
     ],
 )
 def test_config_errors_are_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
