@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,3 +130,93 @@ def test_drift_summary_is_llamacpps_block() -> None:
     top = same.mean()
     assert s.same_top == pytest.approx(top) and s.same_top_se == pytest.approx(math.sqrt(top * (1 - top) / (n - 1)))
     assert s.exact
+
+
+# -- the suite's exact path, plumbing with a stand-in engine (the real engines: tests/test_kld_peer.py) ---
+
+
+class _FakeDistEngine:
+    """Byte tokenizer and synthetic full distributions: row for position p depends on (seed, p, token)."""
+
+    name = "llamacpp"
+
+    def __init__(self, seed: int, noise: float, vocab: int = 2000) -> None:
+        self.seed, self.noise, self.vocab, self.calls = seed, noise, vocab, 0
+
+    def info(self) -> Any:
+        from evalkit.engines.base import EngineInfo
+
+        return EngineInfo("llamacpp", "0", "fake.gguf", True, 2, None, self.vocab, 64, 0.0)
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        return ([2] if add_bos else []) + [b + 3 for b in text.encode()]
+
+    def detokenize(self, ids: Any) -> str:
+        return bytes(max(i - 3, 32) for i in ids).decode("latin-1")
+
+    def rows(self, tokens: list[int], first: int) -> np.ndarray:
+        out = []
+        for p in range(first, len(tokens)):
+            base = np.random.default_rng(p * 7919 + tokens[p - 1]).standard_normal(self.vocab) * 3
+            base[: self.vocab // 4] -= 35  # ids far below the top, as real vocabularies have
+            noise = np.random.default_rng(self.seed * 100003 + p).standard_normal(self.vocab) * self.noise
+            out.append(_log_softmax(base + noise))
+        return np.array(out)
+
+    def token_distributions(self, tokens: Any, first: int) -> Any:
+        self.calls += 1
+        rows = self.rows(list(tokens), first).astype(np.float32)
+        for b in range(0, len(rows), 5):  # blocks, as real engines yield them
+            yield first + b, rows[b : b + 5]
+
+    def close(self) -> None:
+        pass
+
+
+def _suite_run(suite: Any, engine: Any, run_dir: Path, name: str) -> list[dict[str, Any]]:
+    from evalkit.suites.base import RunBinding
+
+    suite.bind(RunBinding(run_dir, name, "ref"))
+    out: list[dict[str, Any]] = []
+    suite.run(engine, suite.items(), None, out.extend)
+    return [{**r, "deployment": name} for r in out if "nll" in r]
+
+
+def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evalkit.cache import CachedEngine
+    from evalkit.config import PerplexitySuite as PplSettings
+    from evalkit.suites.base import ScoreContext
+    from evalkit.suites.perplexity import PerplexitySuite, store_dir
+
+    monkeypatch.setenv("EVALKIT_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "t.txt").write_text("The quick brown fox jumps over the lazy dog, twice: the quick brown fox.")
+    suite = PerplexitySuite(PplSettings(text="t.txt", n_ctx=16, max_chunks=2, top_k=5), None, tmp_path / "c.yaml")
+    fakes = {"ref": _FakeDistEngine(1, 0.0), "q": _FakeDistEngine(2, 0.8)}
+
+    def run_all(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+        return {n: _suite_run(suite, CachedEngine(f, {"deployment": n}, root=tmp_path / "results", measurements=True),
+                              run_dir, n) for n, f in fakes.items()}
+
+    recs = run_all(tmp_path / "run1")
+    assert sorted(p.name for p in store_dir(tmp_path / "run1", "ref").iterdir()) == ["chunk-0000.evkld", "chunk-0001.evkld"]
+    direct, same = [], []
+    for r in recs["ref"]:
+        a, b = fakes["ref"].rows(r["token_ids"], r["scored_from"]), fakes["q"].rows(r["token_ids"], r["scored_from"])
+        direct.append(kl_divergence(a, b))
+        same.append(a.argmax(1) == b.argmax(1))
+    assert np.concatenate([r["kld"] for r in recs["q"]]) == pytest.approx(np.concatenate(direct), rel=1e-4, abs=1e-7)
+    ctx = ScoreContext(deployments=["ref", "q"], reference="ref", config=None, config_file=tmp_path / "c.yaml", manifest={})
+    scores = {(s.deployment, s.metric): s.value for s in suite.score(recs, ctx)}
+    assert scores[("q", "kld_exact")] == 1.0
+    assert scores[("q", "kld_mean")] == pytest.approx(np.concatenate(direct).mean(), rel=1e-4)
+    assert scores[("q", "top1_agreement")] == pytest.approx(np.concatenate(same).mean())
+    assert 0 < scores[("q", "kld_bound_bias")] < 1  # the top-5 bound reads low against the exact value
+    comp = next(c for c in suite.compare(recs, ctx) if c.metric == "kld")
+    assert "exact" in comp.method and comp.value == pytest.approx(scores[("q", "kld_mean")])
+
+    calls = {n: f.calls for n, f in fakes.items()}
+    again = run_all(tmp_path / "run2")  # a new run directory, same cache: no engine pass at all
+    assert {n: f.calls for n, f in fakes.items()} == calls
+    assert (store_dir(tmp_path / "run2", "ref") / "chunk-0001.evkld").read_bytes() == \
+        (store_dir(tmp_path / "run1", "ref") / "chunk-0001.evkld").read_bytes()
+    assert [r["kld"] for r in again["q"]] == [r["kld"] for r in recs["q"]]

@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from scipy import stats
 from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import ConfigError, DataError
+from evalkit.metrics.kld import FORMAT_VERSION as KLD_FORMAT
 from evalkit.metrics.kld import DistributionReader, DistributionWriter, StoreMismatch, bytes_per_token_bound, kld_against
 from evalkit.metrics.likelihood import (
     DELTA_P_PERCENTILES,
@@ -147,8 +150,8 @@ class PerplexitySuite(Suite):
             extra: dict[str, Any] = {}
             path = store / f"{item.item_id}{STORE_SUFFIX}" if store is not None else None
             if distributions is not None and path is not None and (is_reference or path.is_file()):
-                full = score_chunk_full(distributions, chunk, first, s.top_k, info.vocab_size, path,
-                                        write=is_reference, meta={"deployment": binding.deployment})  # type: ignore[union-attr]
+                full = cached_chunk_full(engine, distributions, chunk, first, s.top_k, info.vocab_size, path,
+                                         write=is_reference, meta={"deployment": binding.deployment})  # type: ignore[union-attr]
                 nll, top = full.pop("nll"), full.pop("top")
                 extra = {**full, **({"kld_reference": binding.reference} if "kld" in full else {})}  # type: ignore[union-attr]
             else:
@@ -308,6 +311,56 @@ def distribution_source(engine: Engine) -> Distributions | None:
         return fn(tokens, first)
 
     return source
+
+
+def cached_chunk_full(
+    engine: Engine, distributions: Distributions, chunk: list[int], first: int, top_k: int, vocab: int, path: Path, *,
+    write: bool, meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`score_chunk_full` through the engine-result cache (when the engine has one), so a re-run does not load
+    the model: the reference's store is kept in the cache too (content-addressed) and copied back into the
+    run; a deployment's result is keyed by the exact reference store it was compared with."""
+    lookup = getattr(engine, "measurement", None)
+    keep = getattr(engine, "store_measurement", None)
+    if lookup is None or keep is None:
+        return score_chunk_full(distributions, chunk, first, top_k, vocab, path, write=write, meta=meta)
+    payload: dict[str, Any] = {"token_ids": chunk, "first": first, "top_k": top_k, "store_format": KLD_FORMAT}
+    if not write:
+        payload["reference_store_sha256"] = _file_sha256(path)
+    kind = "perplexity_reference_chunk" if write else "perplexity_kld_chunk"
+    hit = lookup(kind, payload)
+    kept = _kept_stores() / f"{hit.get('store_sha256')}{STORE_SUFFIX}" if write and isinstance(hit, dict) else None
+    if isinstance(hit, dict) and (not write or (kept is not None and kept.is_file())):
+        if kept is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.copy")
+            shutil.copyfile(kept, tmp)
+            os.replace(tmp, path)
+        return {**hit, "cached": True}
+    out = score_chunk_full(distributions, chunk, first, top_k, vocab, path, write=write, meta=meta)
+    if write:
+        digest = _file_sha256(path)
+        _kept_stores().mkdir(parents=True, exist_ok=True)
+        tmp = _kept_stores() / f".{digest}.{os.getpid()}.tmp"
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, _kept_stores() / f"{digest}{STORE_SUFFIX}")
+        out["store_sha256"] = digest
+    keep(kind, payload, out)
+    return out
+
+
+def _kept_stores() -> Path:
+    from evalkit.models import cache_dir
+
+    return cache_dir() / "kld-stores"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def score_chunk_full(
