@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit import peer
-from evalkit.config import PerplexitySuite as PplSettings
+from evalkit.config import PerplexitySettings as PplSettings
 from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
 from evalkit.suites.base import RunBinding, ScoreContext
 from evalkit.suites.perplexity import PerplexitySuite

@@ -184,7 +184,7 @@ def _suite_run(suite: Any, engine: Any, run_dir: Path, name: str) -> list[dict[s
 
 def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from evalkit.cache import CachedEngine
-    from evalkit.config import PerplexitySuite as PplSettings
+    from evalkit.config import PerplexitySettings as PplSettings
     from evalkit.suites.base import ScoreContext
     from evalkit.suites.perplexity import PerplexitySuite, store_dir
 

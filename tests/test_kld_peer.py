@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from evalkit import peer
-from evalkit.config import PerplexitySuite as PplSettings
+from evalkit.config import PerplexitySettings as PplSettings
 from evalkit.metrics.likelihood import kl_divergence
 from evalkit.suites.base import RunBinding, ScoreContext
 from evalkit.suites.perplexity import STORE_SUFFIX, PerplexitySuite, scored_from, store_dir
