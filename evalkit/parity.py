@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from evalkit.records import Record
 from evalkit.suites.base import ScoreContext
 
 _TOKEN_FIELDS = ("prompt_token_ids", "token_ids")
 
 
-def _tokens(rec: dict[str, Any]) -> list[int] | None:
+def _tokens(rec: Record) -> list[int] | None:
     for f in _TOKEN_FIELDS:
-        if f in rec and rec[f] is not None:
-            return rec[f]
+        ids = getattr(rec, f, None)
+        if ids is not None:
+            return list(ids)
     return None
 
 
@@ -26,20 +28,20 @@ def _first_diff(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def token_parity_rows(by_suite: dict[str, dict[str, list[dict[str, Any]]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+def token_parity_rows(by_suite: dict[str, dict[str, list[Record]]], ctx: ScoreContext) -> list[dict[str, Any]]:
     """One row per (suite, item, deployment) whose prompt tokens differ from the reference's
     deployment of the same source model; plus one summary row per deployment pair."""
     sources = {name: d.get("source") for name, d in ctx.manifest["deployments"].items()}
     ref = ctx.reference
     rows: list[dict[str, Any]] = []
     for suite, per_dep in by_suite.items():
-        ref_recs = {r["item_id"]: _tokens(r) for r in per_dep.get(ref, [])}
+        ref_recs = {r.item_id: _tokens(r) for r in per_dep.get(ref, [])}
         for dep, recs in per_dep.items():
             if dep == ref or sources.get(dep) != sources.get(ref):
                 continue  # different models have different tokenizers by design
             compared = mismatched = 0
             for r in recs:
-                mine, theirs = _tokens(r), ref_recs.get(r["item_id"])
+                mine, theirs = _tokens(r), ref_recs.get(r.item_id)
                 if mine is None or theirs is None:
                     continue
                 compared += 1
@@ -47,7 +49,7 @@ def token_parity_rows(by_suite: dict[str, dict[str, list[dict[str, Any]]]], ctx:
                     mismatched += 1
                     at = _first_diff(mine, theirs)
                     rows.append({
-                        "suite": suite, "item_id": r["item_id"], "deployment": dep, "reference": ref,
+                        "suite": suite, "item_id": r.item_id, "deployment": dep, "reference": ref,
                         "status": "mismatch", "first_difference_at": at,
                         "deployment_tokens": str(mine[max(0, at - 2): at + 3]),
                         "reference_tokens": str(theirs[max(0, at - 2): at + 3]),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.config import Config
+from evalkit.records import Record, parse_record
 from evalkit.store import COMPARISON_COLUMNS, SCORE_COLUMNS, RunDir, atomic_write_text, rows_to_csv
 from evalkit.suites import enabled_suites
 from evalkit.suites.base import ScoreContext
@@ -24,11 +25,14 @@ def neutralize_cell(value: Any) -> Any:
     return neutralize(value) if isinstance(value, str) else value
 
 
-def records_by_suite(run: RunDir, deployments: list[str]) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+def records_by_suite(run: RunDir, deployments: list[str]) -> dict[str, dict[str, list[Record]]]:
+    """suite -> deployment -> typed records (older layouts upgraded; a newer schema is refused)."""
+    out: dict[str, dict[str, list[Record]]] = {}
     for dep in deployments:
-        for rec in run.records(dep):
-            out.setdefault(rec["suite"], {}).setdefault(dep, []).append(rec)
+        where = str(run.records_path(dep))
+        for raw in run.records(dep):
+            rec = parse_record({**raw, "deployment": raw.get("deployment") or dep}, where)
+            out.setdefault(rec.suite, {}).setdefault(dep, []).append(rec)
     return out
 
 

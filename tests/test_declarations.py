@@ -45,3 +45,28 @@ def test_declarations_are_consistent() -> None:
             assert s.direction == "none" and s.paired_test == "none"
         if s.paired_test == "mcnemar":
             assert s.kind == "rate"  # McNemar needs pass/fail items
+
+
+def test_report_marks_follow_the_declared_direction(scored_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flip a metric's declared direction and the report's better/worse mark flips: it reads the declaration."""
+    import dataclasses
+
+    from evalkit.metrics import declarations
+    from evalkit.report.view import RunView
+    from evalkit.results import Run
+
+    view = RunView(Run(scored_run))
+    comps = view.comps
+    sig = comps[comps.significant.astype(bool) & (comps["diff"] != 0)]
+    sig = sig[[declarations.metric_spec(s, m) is not None and declarations.metric_spec(s, m).direction != "none"
+               and (s, m) in declarations._EXACT for s, m in zip(sig.suite, sig.metric)]]
+    assert not sig.empty
+    row = sig.iloc[0]
+    spec = declarations.metric_spec(row.suite, row.metric)
+    expected = "better" if row["diff"] * spec.better > 0 else "worse"
+    assert view.cell(row.deployment, row.suite, str(row.category), row.metric).mark == expected
+    flipped = dataclasses.replace(spec, direction="lower" if spec.direction == "higher" else "higher")
+    monkeypatch.setitem(declarations._EXACT, (row.suite, row.metric), flipped)
+    assert view.cell(row.deployment, row.suite, str(row.category), row.metric).mark == {"better": "worse", "worse": "better"}[expected]
+    monkeypatch.delitem(declarations._EXACT, (row.suite, row.metric))  # undeclared: no direction, no guess
+    assert view.cell(row.deployment, row.suite, str(row.category), row.metric).mark == "changed"

@@ -14,6 +14,7 @@ from evalkit.errors import DataError
 from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff
 from evalkit.resources import resource_path
 from evalkit.suites.base import ScoreContext
+from evalkit.records import MmluRecord, MmluTimings, dump_record
 from evalkit.suites.mmlu import (
     BUILTIN_LABEL, MmluSuite, Question, format_prompt, load_mc_data, select_questions,
 )
@@ -184,9 +185,13 @@ def test_subset_is_seeded_sorted_and_per_subject_independent() -> None:
 
 
 def _records(correct: list[bool], subject: str = "s") -> list[dict]:
-    return [{"suite": "mmlu", "item_id": f"{subject}/{i}", "category": subject, "correct": c, "pred": "A" if c else "B",
-             "gold": "A", "choice_logprobs": [-1.0, -2.0, -3.0, -4.0], "n_prompt_tokens": 10, "method": "one-pass"}
-            for i, c in enumerate(correct)]
+    """Records lines in the suite's own type (evalkit.records.MmluRecord)."""
+    return [dump_record(MmluRecord(
+        item_id=f"{subject}/{i}", category=subject, correct=c, pred="A" if c else "B", gold="A",
+        choice_logprobs=[-1.0, -2.0, -3.0, -4.0], n_prompt_tokens=10, method="one-pass",
+        prompt_token_ids=list(range(10)), prompt_sha256="0" * 64, letter_token_ids=[11, 12, 13, 14],
+        timings=MmluTimings(batch_s=1.0, batch_size=20, per_item_s=0.05),
+    )) for i, c in enumerate(correct)]
 
 
 def test_compare_flips_and_mcnemar_match_direct_computation() -> None:

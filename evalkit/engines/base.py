@@ -36,6 +36,10 @@ class GenResult:
     finish_reason: str
     ttft_s: float | None
     total_s: float
+    # Provenance (records carry it): served from the result cache, and when the engine produced it (UTC
+    # ISO time; None when unknown). Not part of equality: a cached result equals the fresh one.
+    cached: bool = field(default=False, compare=False)
+    measured_at: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class TokenScores:
     token_ids: list[int]
     logprobs: list[float | None]
     top: list[list[tuple[int, float]]] | None = None
+    cached: bool = field(default=False, compare=False)  # as GenResult's
+    measured_at: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

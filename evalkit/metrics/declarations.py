@@ -100,8 +100,8 @@ _DECLARED: list[MetricSpec] = [
     # -- cost ------------------------------------------------------------------------------------
     _m("cost", "tokens_per_s", "tokens/s", "higher", "continuous", "num", "none", "total output tokens / wall time"),
     _m("cost", "per_request_tokens_per_s", "tokens/s", "higher", "continuous", "num", "none"),
-    _m("cost", "latency_median_s", "s", "lower", "continuous", "ms", "none"),
-    _m("cost", "latency_p90_s", "s", "lower", "continuous", "ms", "none"),
+    _m("cost", "latency_median_s", "s", "lower", "continuous", "s", "none"),
+    _m("cost", "latency_p90_s", "s", "lower", "continuous", "s", "none"),
     _m("cost", "ttft_median_s", "s", "lower", "continuous", "ms", "none"),
     _m("cost", "ttft_p90_s", "s", "lower", "continuous", "ms", "none"),
     _m("cost", "output_tokens_mean", "tokens", "none", "continuous", "num", "none"),

@@ -4,12 +4,17 @@ Values, intervals and significance come from what scoring wrote; this module onl
 """
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pandas as pd
+
+from evalkit.metrics.declarations import metric_spec
+
+log = logging.getLogger(__name__)
 
 Mark = Literal["better", "worse", "changed", "same", "na"]
 MARKS: dict[str, tuple[str, str]] = {  # mark -> (symbol, legend)
@@ -88,34 +93,26 @@ class Table:
 class Spec:
     """How a metric is shown: `kind` picks the format, `better` is +1 (higher is better), -1 or 0."""
 
-    kind: str  # pct, score, rating, num, kld, ms, s, mb, count
+    kind: str  # pct, score, rating, num, kld, ms, s, mb, count (MetricSpec.fmt)
     better: int
 
 
-def metric_spec(metric: str) -> Spec:
-    m = metric.lower()
-    if m in ("pass@1", "contains", "exact_match", "accuracy", "recall_accuracy", "top1_agreement", "distinct_2",
-             "flips_wrong_to_right", "win_rate") or m.startswith("distinct"):
-        return Spec("pct", +1)
-    if m in ("flip_rate", "flips_right_to_wrong", "loss_rate") or m.startswith("seq_rep"):
-        return Spec("pct", -1)
-    if m.startswith(("bleu", "chrf")):
-        return Spec("score", +1)
-    if m in ("rating", "mean"):
-        return Spec("rating", +1)
-    if m.startswith("kld") or m == "delta_p_rms":
-        return Spec("kld", -1)
-    if m in ("ppl", "bits_per_byte", "nll_mean", "ppl_ratio"):
-        return Spec("num", -1)
-    if "ttft" in m or "latency" in m:
-        return Spec("ms", -1)
-    if m.endswith("tokens_per_s"):
-        return Spec("num", +1)
-    if m.endswith("_s"):
-        return Spec("s", -1)
-    if m.endswith("_mb"):
-        return Spec("mb", -1)
-    return Spec("num", 0)
+def spec_for(suite: str, metric: str) -> Spec:
+    """The display spec from the metric's declaration (evalkit.metrics.declarations), never from its name.
+
+    An undeclared metric (a newer evalkit's run, say) is shown as a plain number with no better/worse
+    mark, and logged; tests require every emitted metric to be declared.
+    """
+    declared = metric_spec(suite, metric)
+    if declared is None:
+        log.warning("metric %s/%s is not declared: shown without a better/worse mark", suite, metric)
+        return Spec("num", 0)
+    return Spec(declared.fmt, declared.better)
+
+
+def better_note(suite: str, metric: str) -> str:
+    """" (↑ better)" / " (↓ better)" from the metric's declared direction; "" when it has none."""
+    return {1: " (↑ better)", -1: " (↓ better)"}.get(spec_for(suite, metric).better, "")
 
 
 def isnum(x: Any) -> bool:

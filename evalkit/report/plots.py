@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, isnum
+from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, better_note, isnum
 from evalkit.report.view import RunView, measured_peak
 
 DPI = 110
@@ -116,9 +116,9 @@ def prompts_plot(view: RunView) -> Plot | None:
     mt = sorted({str(m) for m in s.metric if str(m).startswith(("chrf_en-", "bleu_en-"))}) if not s.empty else []
     if not shares and not mt:
         return None
-    panels = [p for p in ((shares, "share of items (%)", 100.0), ([(m.replace("_", " ").replace("chrf", "chrF")
-                                                                     .replace("bleu", "BLEU"), "translation", m) for m in mt],
-                                                                   "score (0–100)", 1.0)) if p[0]]
+    panels = [p for p in ((shares, "share of items (%)" + (better_note("prompts", shares[0][2]) if shares else ""), 100.0),
+                          ([(m.replace("_", " ").replace("chrf", "chrF").replace("bleu", "BLEU"), "translation", m)
+                            for m in mt], "score (0–100)" + (better_note("prompts", mt[0]) if mt else ""), 1.0)) if p[0]]
     fig, axes = _figure(4.2 * len(panels) + 0.6, 3.2, ncols=len(panels))
     for ax, (cols, ylabel, scale) in zip(axes, panels):
         vals = {d: [_triple(view.score(d, "prompts", cat, m)) for _, cat, m in cols] for d in view.deployments}
@@ -207,7 +207,7 @@ def perplexity_plot(view: RunView) -> Plot | None:
                     label=d if exact else f"{d} (lower bound)")
         ax.set_yscale("log")
         ax.set_xticks(range(len(KLD_POINTS)), [p for p, _ in KLD_POINTS], fontsize=7, rotation=45)
-        ax.set_ylabel("KL(reference ‖ deployment), nats")
+        ax.set_ylabel("KL(reference ‖ deployment), nats" + better_note("perplexity", "kld"))
         ax.set_title("Distribution of per-token KLD (percentiles)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8, loc="best")
@@ -224,7 +224,7 @@ def perplexity_plot(view: RunView) -> Plot | None:
         for k, (d, v) in enumerate(zip(deps, data), start=1):
             ax.plot(k + rng.uniform(-0.12, 0.12, len(v)), v, "o", color=col[d], ms=3.5)
         ax.set_xticks(range(1, len(deps) + 1), deps, fontsize=8)
-        ax.set_ylabel("perplexity of each chunk")
+        ax.set_ylabel("perplexity of each chunk" + better_note("perplexity", "ppl"))
         ax.set_title("PPL by text chunk", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     return Plot("perplexity", "Perplexity: KLD distribution and PPL per chunk", _png(fig),
@@ -245,7 +245,7 @@ def mmlu_plot(view: RunView) -> Plot | None:
     ax = axes[0]
     _dots(ax, view, [x.replace("_", " ") for x in subjects], vals, 100.0, horizontal=True)
     ax.set_xlim(-2, 102)
-    ax.set_xlabel("accuracy (%) with Wilson 95% interval")
+    ax.set_xlabel("accuracy (%) with Wilson interval" + better_note("mmlu", "accuracy"))
     ax.axhline(len(subjects) - 1.5, color="#999999", lw=0.8)
     _legend(fig, ax)
     return Plot("mmlu-subjects", f"{view.mmlu_label} accuracy by subject (95% intervals)", _png(fig),
@@ -282,8 +282,10 @@ def longcontext_plots(view: RunView) -> list[Plot]:
             v = np.array([p[1] for p in pts]) * 100
             ax2.errorbar([p[0] for p in pts], v[:, 0], yerr=[v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]], fmt="o-",
                          color=col[d], capsize=3, label=_label(view, d))
-    for ax, title, ylabel in ((ax1, "Repetition of the continuation", "seq-rep-4 (% repeated 4-grams)"),
-                              (ax2, "Pass-key recall", "recall (%) with Wilson 95% interval")):
+    for ax, title, ylabel in ((ax1, "Repetition of the continuation",
+                               "seq-rep-4 (% repeated 4-grams)" + better_note("longcontext", "seq_rep_4")),
+                              (ax2, "Pass-key recall",
+                               "recall (%) with Wilson interval" + better_note("longcontext", "recall_accuracy"))):
         _length_axis(ax, lengths)
         ax.set_ylim(-4, 104)
         ax.set_title(title, fontsize=10)
@@ -353,7 +355,7 @@ def cost_plot(view: RunView) -> Plot | None:
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.minorticks_off()
         ax.set_xlabel("concurrent requests")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel + better_note("cost", metric))
         ax.grid(alpha=0.3)
     axes[2].set_yscale("log")
     _legend(fig, axes[0])

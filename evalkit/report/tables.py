@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from evalkit.report.cells import (
-    CATEGORIES, CATEGORY_LABEL, Cell, Spec, Table, cell, fmt, fmt_interval, isnum, plain, signed,
+    CATEGORIES, CATEGORY_LABEL, Cell, Table, cell, fmt, fmt_interval, isnum, plain, signed, spec_for,
 )
 from evalkit.report.verdict import human_cell, translation_langs
 from evalkit.report.view import RunView, bleu_signatures, measured_peak
@@ -146,7 +146,8 @@ def flips_table(view: RunView, suite: str, category: str, unit: str) -> Table:
         n = int(rate["n"])
         k = {m: round(float(r["value"]) * n) if (r := view.comp(dep, suite, category, m)) is not None else 0
              for m in ("flips_right_to_wrong", "flips_wrong_to_right")}
-        rows.append([Cell(dep), plain(n), Cell(fmt(rate["value"], "pct"), fmt_interval(rate["ci_low"], rate["ci_high"], "pct")),
+        kind = spec_for(suite, "flip_rate").kind
+        rows.append([Cell(dep), plain(n), Cell(fmt(rate["value"], kind), fmt_interval(rate["ci_low"], rate["ci_high"], kind)),
                      plain(k["flips_right_to_wrong"]), plain(k["flips_wrong_to_right"]),
                      Cell(f"{float(rate['p_value']):.3g}" if isnum(rate.get("p_value")) else "–")])
     return Table(f"{suite}-flips", f"Answers that changed against the reference ({unit})",
@@ -208,12 +209,13 @@ def cost_tables(view: RunView) -> list[Table]:
     if not levels:
         return []
     out = []
-    for metric, title, kind in (
-        ("per_request_tokens_per_s", "Output tokens/s per request, by concurrent requests", "num"),
-        ("tokens_per_s", "Output tokens/s, all requests together, by concurrent requests", "num"),
-        ("ttft_median_s", "Time to first token (median), by concurrent requests", "ms"),
-        ("latency_p90_s", "Request latency (p90), by concurrent requests", "s"),
+    for metric, title in (
+        ("per_request_tokens_per_s", "Output tokens/s per request, by concurrent requests"),
+        ("tokens_per_s", "Output tokens/s, all requests together, by concurrent requests"),
+        ("ttft_median_s", "Time to first token (median), by concurrent requests"),
+        ("latency_p90_s", "Request latency (p90), by concurrent requests"),
     ):
+        kind = spec_for("cost", metric).kind
         rows = []
         for dep in view.deployments:
             vals = [view.score(dep, "cost", c, metric) for c in levels]
@@ -228,7 +230,7 @@ def cost_tables(view: RunView) -> list[Table]:
         start = view.score(dep, "cost", "all", "startup_s")
         peak = measured_peak(view, dep)
         if start is not None or peak:
-            rows.append([Cell(dep), Cell(fmt(start["value"], "s") if start is not None else "–"),
+            rows.append([Cell(dep), Cell(fmt(start["value"], spec_for("cost", "startup_s").kind) if start is not None else "–"),
                          Cell(fmt(peak[0] / 2**20, "mb") + f" ({peak[1]})" if peak else "–")])
     if rows:
         out.append(Table("cost-startup", "Start-up and peak memory", ["deployment", "model load", "peak memory"], rows))
@@ -279,12 +281,13 @@ def human_tables(view: RunView) -> list[Table]:
     pw = h.get("pairwise", pd.DataFrame())
     if not pw.empty:
         rows = []
+        pct = spec_for("ratings", "win_rate").kind
         for r in pw.itertuples():
-            net = cell({"value": r.net, "ci_low": r.net_low, "ci_high": r.net_high}, None, Spec("num", +1))
+            net = cell({"value": r.net, "ci_low": r.net_low, "ci_high": r.net_high}, None, spec_for("ratings", "net_preference"))
             rows.append([Cell(r.deployment), Cell(CATEGORY_LABEL.get(r.category, r.category)), plain(r.n_ratings),
-                         Cell(fmt(r.win_rate, "pct"), fmt_interval(r.win_low, r.win_high, "pct")),
-                         Cell(fmt(r.tie_rate, "pct"), fmt_interval(r.tie_low, r.tie_high, "pct")),
-                         Cell(fmt(r.loss_rate, "pct"), fmt_interval(r.loss_low, r.loss_high, "pct")),
+                         Cell(fmt(r.win_rate, pct), fmt_interval(r.win_low, r.win_high, pct)),
+                         Cell(fmt(r.tie_rate, pct), fmt_interval(r.tie_low, r.tie_high, pct)),
+                         Cell(fmt(r.loss_rate, pct), fmt_interval(r.loss_low, r.loss_high, pct)),
                          Cell(signed(f"{r.net:+.2f}"), net.interval)])
         out.append(Table("human-pairwise", f"Side by side with the reference ({view.reference})",
                          ["deployment", "category", "ratings", "win", "tie", "loss", "net (win − loss)"], rows,

@@ -8,7 +8,7 @@ from typing import Callable
 import pandas as pd
 
 from evalkit.report.cells import (
-    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Spec, Table, cell, fmt_interval, isnum, z_score,
+    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Table, cell, fmt_interval, isnum, spec_for, z_score,
 )
 from evalkit.report.view import RunView
 
@@ -46,7 +46,7 @@ def human_cell(view: RunView, dep: str, category: str) -> Cell:
         r = v.iloc[0]
         comp = {"diff": r["diff"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "significant": r["significant"],
                 "method": f"{r['method']}; {int(row['n_raters'])} raters", "n": r["n_items"]}
-    return cell(score, comp, Spec("rating", +1), dep == view.reference)
+    return cell(score, comp, spec_for("ratings", "rating"), dep == view.reference)
 
 
 def _flips_cell(view: RunView, dep: str, suite: str = "mmlu", category: str = "all") -> Cell:
@@ -64,7 +64,7 @@ def _flips_cell(view: RunView, dep: str, suite: str = "mmlu", category: str = "a
     if bool(rate["significant"]):
         mark = "worse" if k_r2w > k_w2r else "better"
     p = rate.get("p_value")
-    return Cell(f"{k_r2w + k_w2r} of {n}", fmt_interval(rate["ci_low"], rate["ci_high"], "pct"),
+    return Cell(f"{k_r2w + k_w2r} of {n}", fmt_interval(rate["ci_low"], rate["ci_high"], spec_for(suite, "flip_rate").kind),
                 "", f"{k_r2w} ✓→✗, {k_w2r} ✗→✓", mark,
                 f"flipped answers vs the reference; p = {float(p):.3g} (McNemar exact: are the flips one-sided?)"
                 if isnum(p) else "", z_score(rate) if mark != "same" else 0.0)
@@ -77,7 +77,7 @@ def _kld_cell(view: RunView, dep: str) -> Cell:
     comp = view.comp(dep, "perplexity", "text", "kld")
     if comp is not None and not isnum(comp.get("value")):  # not computed (e.g. tokenizations differ)
         return Cell("–", note=str(comp.get("method")))
-    c = cell(score, comp, Spec("kld", -1))
+    c = cell(score, comp, spec_for("perplexity", "kld"))
     # The value is the difference (the reference's KLD is 0): shown once, with its interval beside the mark.
     return Cell(c.value, "", "", c.interval, c.mark, c.note, c.raw)
 

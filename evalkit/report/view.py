@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from evalkit.report.cells import Cell, cell, metric_spec
+from evalkit.report.cells import Cell, cell, spec_for
 from evalkit.results import Run
 
 
@@ -37,7 +37,7 @@ class RunView:
         return None if no_diff else row
 
     def cell(self, dep: str, suite: str, category: str, metric: str, comp_metric: str | None = None) -> Cell:
-        spec = metric_spec(metric)
+        spec = spec_for(suite, metric)
         return cell(self.score(dep, suite, category, metric), self.comp(dep, suite, category, comp_metric or metric),
                     spec, dep == self.reference)
 

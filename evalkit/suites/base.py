@@ -7,13 +7,21 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
-from evalkit.config import StatsSettings
+from pydantic import BaseModel
+
+from evalkit.config import Config, StatsSettings
 from evalkit.engines.base import Engine, SamplingParams
+from evalkit.records import Record
 from evalkit.store import ComparisonRow, ScoreRow
 
-Emit = Callable[[list[dict[str, Any]]], None]  # appends a batch of finished records (flushed per call)
+# Appends a batch of finished records, each `dump_record(<the suite's Record type>)` (flushed per call).
+Emit = Callable[[list[dict[str, Any]]], None]
+SettingsT = TypeVar("SettingsT", bound=BaseModel)  # the suite's block of the config (`suites.<name>`)
+RecordT = TypeVar("RecordT", bound=Record)
+# What scoring hands a suite: deployment -> its parsed records of this suite (evalkit.records.parse_record).
+SuiteRecords = Mapping[str, list[RecordT]]
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,7 @@ class ScoreContext:
 
     deployments: list[str]
     reference: str
-    config: Any  # evalkit.config.Config
+    config: Config
     config_file: Path
     manifest: dict[str, Any]
 
@@ -53,7 +61,9 @@ class RunBinding:
     reference: str
 
 
-class Suite(ABC):
+class Suite(ABC, Generic[SettingsT]):
+    """A suite, generic over its settings model (e.g. `class MmluSuite(Suite["MmluSettings"])`)."""
+
     name: str = "suite"
     binding: RunBinding | None = None
 
@@ -61,7 +71,7 @@ class Suite(ABC):
         """Called by the worker before `run`."""
         self.binding = binding
 
-    def __init__(self, settings: Any, config: Any, config_file: Path) -> None:
+    def __init__(self, settings: SettingsT, config: Config, config_file: Path) -> None:
         self.settings = settings
         self.config = config
         self.config_file = config_file
@@ -74,18 +84,18 @@ class Suite(ABC):
     def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
         """Run `items` (only the pending ones are passed) and emit one record per item.
 
-        Each record is a JSON-able dict with at least `suite`, `item_id` and `category`.
+        Each record is built as the suite's type in evalkit.records and emitted as `dump_record(record)`.
         """
 
     @abstractmethod
-    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
-        """Per-deployment scores from records alone (`records` maps deployment -> its records of this suite)."""
+    def score(self, records: SuiteRecords[Any], ctx: ScoreContext) -> list[ScoreRow]:
+        """Per-deployment scores from records alone (`records` maps deployment -> its typed records)."""
 
-    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+    def compare(self, records: SuiteRecords[Any], ctx: ScoreContext) -> list[ComparisonRow]:
         """Paired differences of each deployment against the reference on the same items."""
         return []
 
-    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+    def item_rows(self, records: SuiteRecords[Any], ctx: ScoreContext) -> list[dict[str, Any]]:
         """Per-item scores for manual review CSVs (item_id, deployment, output, each per-item score)."""
         return []
 

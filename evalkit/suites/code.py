@@ -12,19 +12,24 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.compare import pass_fail_rows
 from evalkit.metrics.stats import wilson_ci
+from evalkit.records import HumanEvalRecord, dump_record, provenance, typed
 from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests
 from evalkit.store import ComparisonRow, ScoreRow
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+
+if TYPE_CHECKING:  # the settings model of this suite (config `suites.humaneval`)
+    from evalkit.config import Config, HumanEvalSettings
 
 log = logging.getLogger(__name__)
 
+Records = SuiteRecords[HumanEvalRecord]
 BATCH = 16  # records per flushed batch
 SANDBOX_WORKERS = 2  # concurrent sandboxes while scoring (the machine's cores are shared)
 _FIELDS = ("task_id", "prompt", "test", "entry_point")
@@ -78,10 +83,10 @@ def load_humaneval(path: str | Path) -> list[Item]:
 # -- the suite -----------------------------------------------------------------------------------
 
 
-class HumanEvalSuite(Suite):
+class HumanEvalSuite(Suite["HumanEvalSettings"]):
     name = "humaneval"
 
-    def __init__(self, settings: Any, config: Any, config_file: Path) -> None:
+    def __init__(self, settings: HumanEvalSettings, config: Config, config_file: Path) -> None:
         super().__init__(settings, config, config_file)
         self.path = resolve_data_path(settings.path, config_file)
         self._items: list[Item] | None = None
@@ -107,30 +112,30 @@ class HumanEvalSuite(Suite):
             emit(batch)
 
     def _record(self, item: Item, res: GenResult) -> dict[str, Any]:
-        return {
-            "suite": self.name, "item_id": item.item_id, "category": "code",
-            "prompt": item.data["prompt"], "prompt_token_ids": res.prompt_token_ids,
-            "output_text": res.output_text, "output_token_ids": res.output_token_ids,
-            "finish_reason": res.finish_reason, "ttft_s": res.ttft_s, "total_s": res.total_s,
-            "entry_point": item.data["entry_point"], "test": item.data["test"],
-        }
+        return dump_record(HumanEvalRecord(
+            item_id=item.item_id, category="code",
+            prompt=item.data["prompt"], prompt_token_ids=res.prompt_token_ids,
+            output_text=res.output_text, output_token_ids=res.output_token_ids,
+            finish_reason=res.finish_reason, ttft_s=res.ttft_s, total_s=res.total_s,
+            entry_point=item.data["entry_point"], test=item.data["test"], **provenance(res),
+        ))
 
     # -- scoring (records only) -----------------------------------------------------------------
 
-    def _run_all(self, records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, SandboxResult]]:
+    def _run_all(self, records: Records) -> dict[str, dict[str, SandboxResult]]:
         """deployment -> item_id -> sandbox result, running each distinct program once."""
-        keyed: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
+        keyed: dict[tuple[str, str], tuple[str, str, HumanEvalRecord]] = {}
         for dep, recs in records.items():
             for r in recs:
                 r = self._with_task(r)
-                code = extract_code(r["output_text"], prompt=r["prompt"], entry_point=r["entry_point"])
-                keyed[(dep, r["item_id"])] = (self._key(code, r), code, r)
+                code = extract_code(r.output_text, prompt=r.prompt, entry_point=r.entry_point)
+                keyed[(dep, r.item_id)] = (self._key(code, r), code, r)
         todo = {k: (code, r) for k, code, r in keyed.values() if k not in self._results}
         timeout = self.settings.timeout_s
 
         def one(key: str) -> tuple[str, SandboxResult]:
             code, r = todo[key]
-            return key, run_tests(code, r["test"], r["entry_point"], timeout_s=timeout)
+            return key, run_tests(code, r.test or "", r.entry_point, timeout_s=timeout)
 
         if todo:
             log.info("humaneval: running %d programs in the sandbox", len(todo))
@@ -141,22 +146,23 @@ class HumanEvalSuite(Suite):
             out[dep][item_id] = self._results[k]
         return out
 
-    def _with_task(self, rec: dict[str, Any]) -> dict[str, Any]:
+    def _with_task(self, rec: HumanEvalRecord) -> HumanEvalRecord:
         """Records carry their task's tests; ones written without them are completed from the data file."""
-        if rec.get("test") and rec.get("entry_point"):
+        if rec.test and rec.entry_point:
             return rec
-        item = {it.item_id: it for it in self.items()}.get(rec["item_id"])
+        item = {it.item_id: it for it in self.items()}.get(rec.item_id)
         if item is None:
-            raise DataError(str(self.path), f"task {rec['item_id']!r} of the records is not in the file")
-        return {**rec, "test": item.data["test"], "entry_point": item.data["entry_point"]}
+            raise DataError(str(self.path), f"task {rec.item_id!r} of the records is not in the file")
+        return rec.model_copy(update={"test": item.data["test"], "entry_point": item.data["entry_point"]})
 
-    def _key(self, code: str, rec: dict[str, Any]) -> str:
+    def _key(self, code: str, rec: HumanEvalRecord) -> str:
         h = hashlib.sha256()
-        for part in (code, rec["test"], rec["entry_point"], repr(self.settings.timeout_s)):
+        for part in (code, rec.test or "", rec.entry_point or "", repr(self.settings.timeout_s)):
             h.update(part.encode("utf-8") + b"\0")
         return h.hexdigest()
 
-    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+    def score(self, records: Records, ctx: ScoreContext) -> list[ScoreRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         results = self._run_all(records)
         rows = []
         for dep, by_item in results.items():
@@ -168,7 +174,8 @@ class HumanEvalSuite(Suite):
             rows.append(ScoreRow(dep, self.name, "code", "pass@1", k / n, lo, hi, n))
         return rows
 
-    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+    def compare(self, records: Records, ctx: ScoreContext) -> list[ComparisonRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         ref = ctx.reference
         if ref not in records:
             return []
@@ -185,20 +192,21 @@ class HumanEvalSuite(Suite):
                                    flips=True, unit="tasks")
         return rows
 
-    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+    def item_rows(self, records: Records, ctx: ScoreContext) -> list[dict[str, Any]]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         results = self._run_all(records)
         ref_by = results.get(ctx.reference, {})
         rows = []
         for dep, recs in records.items():
             for rec in recs:
-                res = results[dep][rec["item_id"]]
-                base = ref_by.get(rec["item_id"]) if dep != ctx.reference else None
+                res = results[dep][rec.item_id]
+                base = ref_by.get(rec.item_id) if dep != ctx.reference else None
                 flip = ""
                 if base is not None and base.passed != res.passed:
                     flip = "right->wrong" if base.passed else "wrong->right"
                 rows.append({
-                    "suite": self.name, "item_id": rec["item_id"], "deployment": dep, "category": "code",
-                    "output": rec["output_text"], "finish_reason": rec.get("finish_reason"),
+                    "suite": self.name, "item_id": rec.item_id, "deployment": dep, "category": "code",
+                    "output": rec.output_text, "finish_reason": rec.finish_reason,
                     "passed": res.passed, "status": res.status, "detail": res.detail,
                     "reference_passed": base.passed if base is not None else None, "flip": flip,
                 })

@@ -23,16 +23,19 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, fields
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import psutil
 
 from evalkit.cache import CachedEngine, uncached
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
+from evalkit.records import CostRecord, CostRequest, dump_record, parse_record, typed, utc_now
 from evalkit.store import ScoreRow
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+
+if TYPE_CHECKING:  # the settings model of this suite (config `suites.cost`)
+    from evalkit.config import CostSettings
 
 WORDS = (
     "river mountain garden window silver market winter candle harbor meadow forest bridge lantern "
@@ -160,7 +163,7 @@ def level_metrics(record: dict[str, Any]) -> dict[str, float]:
     return m
 
 
-class CostSuite(Suite):
+class CostSuite(Suite["CostSettings"]):
     name = "cost"
 
     def items(self) -> list[Item]:
@@ -196,8 +199,8 @@ class CostSuite(Suite):
             stored = store.measurement("cost", self._measurement_key(item, sampling)) if store is not None else None
             if stored is None:
                 todo.append(item)
-            else:
-                emit([{**stored, "cached": True}])
+            else:  # a stored layout from before records were versioned is upgraded on the way
+                emit([dump_record(parse_record({**stored, "cached": True}, "result cache (cost measurement)"))])
         if not todo:
             return
         engine = uncached(engine)  # never serve timings from the cache (a lazy engine loads here)
@@ -213,65 +216,65 @@ class CostSuite(Suite):
                 t0 = time.perf_counter()
                 results = list(engine.generate(reqs, sampling))
                 wall = time.perf_counter() - t0
-            record = {
-                "suite": self.name,
-                "item_id": item.item_id,
-                "category": item.category,
-                "concurrency": c,
-                "repeat": item.data["repeat"],
-                "prompt_tokens": self.settings.prompt_tokens,
-                "output_tokens_requested": self.settings.output_tokens,
-                "ignore_eos": _HAS_IGNORE_EOS,
-                "prompt_construction": PROMPT_RECIPE,
-                "wall_s": wall,
-                "requests": [
-                    {
-                        "key": r.key,
-                        "prompt_tokens": len(r.prompt_token_ids),
-                        "output_tokens": len(r.output_token_ids),
-                        "finish_reason": r.finish_reason,
-                        "ttft_s": r.ttft_s,
-                        "total_s": r.total_s,
-                        "prompt_token_ids": r.prompt_token_ids,
-                        "output_token_ids": r.output_token_ids,
-                    }
+            record = dump_record(CostRecord(
+                item_id=item.item_id,
+                category=item.category,
+                concurrency=c,
+                repeat=item.data["repeat"],
+                prompt_tokens=self.settings.prompt_tokens,
+                output_tokens_requested=self.settings.output_tokens,
+                ignore_eos=_HAS_IGNORE_EOS,
+                prompt_construction=PROMPT_RECIPE,
+                wall_s=wall,
+                requests=[
+                    CostRequest(
+                        key=r.key,
+                        prompt_tokens=len(r.prompt_token_ids),
+                        output_tokens=len(r.output_token_ids),
+                        finish_reason=r.finish_reason,
+                        ttft_s=r.ttft_s,
+                        total_s=r.total_s,
+                        prompt_token_ids=r.prompt_token_ids,
+                        output_token_ids=r.output_token_ids,
+                    )
                     for r in results
                 ],
-                "baseline_rss_mb": sampler.baseline_rss / 2**20,
-                "peak_rss_mb": sampler.peak_rss / 2**20,
-                "gpu": sampler.gpu_summary(),
-                "startup_s": info.load_s,
-                "warmup_s": warmup_s,
-                "engine": info.engine,
-                "engine_version": info.engine_version,
-                "n_ctx": info.n_ctx,  # llama.cpp: one context, requests queued through it
-                "n_threads": info.extra.get("n_threads"),
-                "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed},
-                "cached": False,
-                "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }
+                baseline_rss_mb=sampler.baseline_rss / 2**20,
+                peak_rss_mb=sampler.peak_rss / 2**20,
+                gpu=sampler.gpu_summary(),
+                startup_s=info.load_s,
+                warmup_s=warmup_s,
+                engine=info.engine,
+                engine_version=info.engine_version,
+                n_ctx=info.n_ctx,  # llama.cpp: one context, requests queued through it
+                n_threads=info.extra.get("n_threads"),
+                sampling={"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed},
+                cached=False,
+                measured_at=utc_now(),
+            ))
             if store is not None:
                 store.store_measurement("cost", self._measurement_key(item, sampling), record)
             emit([record])
 
-    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+    def score(self, records: SuiteRecords[CostRecord], ctx: ScoreContext) -> list[ScoreRow]:
         rows: list[ScoreRow] = []
-        for dep, recs in records.items():
+        for dep, recs in typed(records).items():
             levels: dict[int, list[dict[str, float]]] = {}
             for rec in recs:
-                levels.setdefault(rec["concurrency"], []).append(level_metrics(rec))
+                levels.setdefault(rec.concurrency, []).append(level_metrics(rec.model_dump(mode="json")))
             for c in sorted(levels):
                 per_repeat = levels[c]
                 for metric in per_repeat[0]:
                     values = [m[metric] for m in per_repeat if metric in m]
                     rows.append(ScoreRow(dep, self.name, f"c{c}", metric, float(statistics.median(values)), n=len(values)))
             if recs:
-                startup = statistics.median(r["startup_s"] for r in recs)
+                startup = statistics.median(r.startup_s for r in recs)
                 rows.append(ScoreRow(dep, self.name, "all", "startup_s", float(startup), n=1))
         return rows
 
-    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
-        return [{"item_id": r["item_id"], "deployment": dep, **level_metrics(r)} for dep, recs in records.items() for r in recs]
+    def item_rows(self, records: SuiteRecords[CostRecord], ctx: ScoreContext) -> list[dict[str, Any]]:
+        return [{"item_id": r.item_id, "deployment": dep, **level_metrics(r.model_dump(mode="json"))}
+                for dep, recs in typed(records).items() for r in recs]
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ import hashlib
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -25,8 +25,12 @@ from evalkit.metrics.repetition import distinct_n, seq_rep_n, words
 from evalkit.config import StatsSettings
 from evalkit.metrics.compare import continuous_row, pass_fail_rows
 from evalkit.metrics.stats import wilson_ci
+from evalkit.records import GenTimings, LongContextRecord, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+
+if TYPE_CHECKING:  # the settings model of this suite (config `suites.longcontext`)
+    from evalkit.config import LongContextSettings
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\n\nWhat is the pass key? The pass key is"
@@ -34,6 +38,8 @@ RECALL_TOKENS = 16  # enough for " 71432." even with one token per digit, plus s
 SNAP_WINDOW = 64  # tokens to look back for a sentence end before inserting the needle
 REP_METRICS = (("seq_rep_2", seq_rep_n, 2), ("seq_rep_3", seq_rep_n, 3), ("seq_rep_4", seq_rep_n, 4),
                ("distinct_2", distinct_n, 2))
+
+Records = SuiteRecords[LongContextRecord]
 
 
 def passkey(seed: int, length: int, depth: float) -> str:
@@ -52,7 +58,7 @@ def rep_scores(text: str) -> dict[str, float]:
     return {name: fn(w, n) for name, fn, n in REP_METRICS}
 
 
-class LongContextSuite(Suite):
+class LongContextSuite(Suite["LongContextSettings"]):
     name = "longcontext"
 
     def _filler_path(self) -> Path:
@@ -137,89 +143,94 @@ class LongContextSuite(Suite):
 
     def _run_length(self, engine: Engine, items: list[Item], sampling: SamplingParams, n_ctx: int,
                     bos: list[int], filler: list[int], repeats: int) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
+        records: list[LongContextRecord] = []
         requests: list[GenRequest] = []
         meta: dict[str, dict[str, Any]] = {}
         for item in items:
             L, kind = item.data["length"], item.data["kind"]
             new = self.settings.continuation_tokens if kind == "rep" else RECALL_TOKENS
-            base = {"suite": self.name, "item_id": item.item_id, "category": item.category, "kind": kind,
+            base = {"item_id": item.item_id, "category": item.category, "kind": kind,
                     "length_target": L, "depth": item.data.get("depth"), "passkey": item.data.get("passkey"),
                     "n_ctx": n_ctx, "filler_repeats": repeats}
             if L + new > n_ctx:
-                records.append(base | {"skipped": f"length {L} + {new} new tokens exceeds the engine's n_ctx {n_ctx}"})
+                records.append(LongContextRecord(
+                    **base, skipped=f"length {L} + {new} new tokens exceeds the engine's n_ctx {n_ctx}"))
                 continue
             ids, extra = self._prompt(engine, item, filler, bos)
             if "skipped" in extra:
-                records.append(base | extra)
+                records.append(LongContextRecord(**base, **extra))
                 continue
             meta[item.item_id] = base | extra | {"n_prompt_tokens": len(ids), "prompt_sha256": tokens_sha256(ids)}
             requests.append(GenRequest(key=item.item_id, prompt="", chat=False, max_tokens=new, prompt_token_ids=tuple(ids)))
         for res in engine.generate(requests, sampling):
-            rec = meta[res.key] | {
-                "output_text": res.output_text,
-                "output_token_ids": res.output_token_ids,
-                "n_output_tokens": len(res.output_token_ids),
-                "finish_reason": res.finish_reason,
-                "timings": {"ttft_s": res.ttft_s, "total_s": res.total_s},
-            }
-            if rec["kind"] == "recall":
-                rec["correct"] = rec["passkey"] in res.output_text
-            records.append(rec)
-        return records
+            m = meta[res.key]
+            records.append(LongContextRecord(
+                **m,
+                output_text=res.output_text,
+                output_token_ids=res.output_token_ids,
+                n_output_tokens=len(res.output_token_ids),
+                finish_reason=res.finish_reason,
+                timings=GenTimings(ttft_s=res.ttft_s, total_s=res.total_s),
+                correct=(m["passkey"] in res.output_text) if m["kind"] == "recall" else None,
+                **provenance(res),
+            ))
+        return [dump_record(r) for r in records]
 
     # -- scores ---------------------------------------------------------------------------------------
 
-    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+    def score(self, records: Records, ctx: ScoreContext) -> list[ScoreRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         rows: list[ScoreRow] = []
         for dep, recs in records.items():
             for cat in _lengths(recs):
-                of_len = [r for r in recs if r["category"] == cat]
-                skipped = sum("skipped" in r for r in of_len)
+                of_len = [r for r in recs if r.category == cat]
+                skipped = sum(r.skipped is not None for r in of_len)
                 if skipped:
                     rows.append(ScoreRow(dep, self.name, cat, "skipped_items", float(skipped), n=len(of_len)))
-                for r in (r for r in of_len if r["kind"] == "rep" and "skipped" not in r):
-                    for metric, value in rep_scores(r["output_text"]).items():
+                for r in (r for r in of_len if r.kind == "rep" and r.skipped is None):
+                    for metric, value in rep_scores(r.output_text or "").items():
                         rows.append(ScoreRow(dep, self.name, cat, metric, value, n=1))
                 rows.extend(_recall_row(dep, self.name, cat, of_len, ctx.stats.alpha))
             rows.extend(_recall_row(dep, self.name, "all", recs, ctx.stats.alpha))
         return rows
 
-    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+    def compare(self, records: Records, ctx: ScoreContext) -> list[ComparisonRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         ref = ctx.reference
         if ref not in records:
             return []
-        ref_by = {r["item_id"]: r for r in records[ref] if "skipped" not in r}
+        ref_by = {r.item_id: r for r in records[ref] if r.skipped is None}
         rows: list[ComparisonRow] = []
         for dep, recs in records.items():
             if dep == ref:
                 continue
-            pairs = [(ref_by[r["item_id"]], r) for r in recs if "skipped" not in r and r["item_id"] in ref_by]
+            pairs = [(ref_by[r.item_id], r) for r in recs if r.skipped is None and r.item_id in ref_by]
             for cat in _lengths(r for _, r in pairs):
-                rep = [(a, b) for a, b in pairs if b["category"] == cat and b["kind"] == "rep"]
+                rep = [(a, b) for a, b in pairs if b.category == cat and b.kind == "rep"]
                 for metric, _, _ in REP_METRICS:
-                    vals = [(rep_scores(a["output_text"])[metric], rep_scores(b["output_text"])[metric]) for a, b in rep]
+                    vals = [(rep_scores(a.output_text or "")[metric], rep_scores(b.output_text or "")[metric]) for a, b in rep]
                     vals = [(x, y) for x, y in vals if not (math.isnan(x) or math.isnan(y))]
                     if vals:
                         # one item per length -> a difference with n = 1 and no interval
                         rows.append(continuous_row(dep, ref, self.name, cat, metric, [y for _, y in vals],
                                                    [x for x, _ in vals], ctx.stats))
-                rows.extend(_recall_compare(dep, ref, self.name, cat, [(a, b) for a, b in pairs if b["category"] == cat],
+                rows.extend(_recall_compare(dep, ref, self.name, cat, [(a, b) for a, b in pairs if b.category == cat],
                                             ctx.stats))
             rows.extend(_recall_compare(dep, ref, self.name, "all", pairs, ctx.stats))
         return rows
 
-    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+    def item_rows(self, records: Records, ctx: ScoreContext) -> list[dict[str, Any]]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         rows = []
         for dep, recs in records.items():
             for r in recs:
-                row = {"item_id": r["item_id"], "deployment": dep, "category": r["category"], "kind": r["kind"],
-                       "length_target": r["length_target"], "depth": r.get("depth"), "passkey": r.get("passkey"),
-                       "skipped": r.get("skipped", ""), "n_prompt_tokens": r.get("n_prompt_tokens"),
-                       "n_output_tokens": r.get("n_output_tokens"), "output": r.get("output_text"),
-                       "correct": r.get("correct")}
-                if r["kind"] == "rep" and "skipped" not in r:
-                    row |= rep_scores(r["output_text"])
+                row = {"item_id": r.item_id, "deployment": dep, "category": r.category, "kind": r.kind,
+                       "length_target": r.length_target, "depth": r.depth, "passkey": r.passkey,
+                       "skipped": r.skipped or "", "n_prompt_tokens": r.n_prompt_tokens,
+                       "n_output_tokens": r.n_output_tokens, "output": r.output_text,
+                       "correct": r.correct}
+                if r.kind == "rep" and r.skipped is None:
+                    row |= rep_scores(r.output_text or "")
                 rows.append(row)
         return rows
 
@@ -243,21 +254,21 @@ class LongContextSuite(Suite):
 # -- helpers (records only) -----------------------------------------------------------------------
 
 
-def _lengths(recs: Any) -> list[str]:
-    return sorted({r["category"] for r in recs}, key=lambda c: int(c[1:]))
+def _lengths(recs: Iterable[LongContextRecord]) -> list[str]:
+    return sorted({r.category for r in recs}, key=lambda c: int(c[1:]))
 
 
-def _recall_row(dep: str, suite: str, cat: str, recs: list[dict[str, Any]], alpha: float) -> list[ScoreRow]:
-    done = [r for r in recs if r["kind"] == "recall" and "skipped" not in r]
+def _recall_row(dep: str, suite: str, cat: str, recs: list[LongContextRecord], alpha: float) -> list[ScoreRow]:
+    done = [r for r in recs if r.kind == "recall" and r.skipped is None]
     if not done:
         return []
-    k, n = sum(bool(r["correct"]) for r in done), len(done)
+    k, n = sum(bool(r.correct) for r in done), len(done)
     lo, hi = wilson_ci(k, n, alpha)
     return [ScoreRow(dep, suite, cat, "recall_accuracy", k / n, lo, hi, n)]
 
 
-def _recall_compare(dep: str, ref: str, suite: str, cat: str, pairs: list[tuple[dict, dict]],
-                    settings: StatsSettings) -> list[ComparisonRow]:
-    pairs = [(a, b) for a, b in pairs if b["kind"] == "recall"]
-    return pass_fail_rows(dep, ref, suite, cat, "recall_accuracy", [bool(b["correct"]) for _, b in pairs],
-                          [bool(a["correct"]) for a, _ in pairs], settings)
+def _recall_compare(dep: str, ref: str, suite: str, cat: str,
+                    pairs: list[tuple[LongContextRecord, LongContextRecord]], settings: StatsSettings) -> list[ComparisonRow]:
+    pairs = [(a, b) for a, b in pairs if b.kind == "recall"]
+    return pass_fail_rows(dep, ref, suite, cat, "recall_accuracy", [bool(b.correct) for _, b in pairs],
+                          [bool(a.correct) for a, _ in pairs], settings)

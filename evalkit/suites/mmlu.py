@@ -18,7 +18,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -27,9 +27,13 @@ from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.compare import pass_fail_rows
 from evalkit.metrics.stats import wilson_ci
+from evalkit.records import MmluRecord, MmluTimings, batch_provenance, cache_hits, dump_record, typed
 from evalkit.resources import resource_path
 from evalkit.store import ComparisonRow, ScoreRow
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+
+if TYPE_CHECKING:  # the settings model of this suite (config `suites.mmlu`)
+    from evalkit.config import MmluSettings
 
 LETTERS = ("A", "B", "C", "D")
 BUILTIN_LABEL = "evalkit-mc (not MMLU)"
@@ -249,22 +253,22 @@ def format_prompt(q: Question, shots: Sequence[Question]) -> str:
 # -- scoring helpers (records only) -----------------------------------------------------------
 
 
-def _by_item(recs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["item_id"]: r for r in recs}
+def _by_item(recs: list[MmluRecord]) -> dict[str, MmluRecord]:
+    return {r.item_id: r for r in recs}
 
 
-def _categories(recs: Iterable[dict[str, Any]]) -> list[str]:
-    return ["all"] + sorted({r["category"] for r in recs})
+def _categories(recs: Iterable[MmluRecord]) -> list[str]:
+    return ["all"] + sorted({r.category for r in recs})
 
 
-def _in(cat: str, rec: dict[str, Any]) -> bool:
-    return cat == "all" or rec["category"] == cat
+def _in(cat: str, rec: MmluRecord) -> bool:
+    return cat == "all" or rec.category == cat
 
 
 # -- the suite --------------------------------------------------------------------------------
 
 
-class MmluSuite(Suite):
+class MmluSuite(Suite["MmluSettings"]):
     name = "mmlu"
 
     def _data(self) -> McData:
@@ -291,11 +295,9 @@ class MmluSuite(Suite):
     def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
         # Prefix reuse: items arrive subject by subject, so consecutive prompts share the description and
         # few-shot block (most of a 5-shot prompt's tokens). vLLM's prefix caching exploits that within a
-        # batch. The llama.cpp engine's next_token_logprobs re-evaluates every prompt from an empty KV cache
-        # (and computes logits for every position), so ordering buys nothing there yet. Measured on
-        # Gemma-3-270M Q4_K_M, 100 questions x 5 shots: 1465 s as is; 276 s with a prototype that keeps the
-        # shared prefix (reuse point rounded down to 64 tokens, batches cut at absolute n_batch boundaries,
-        # last-position logits only) and gives bit-identical log-probs.
+        # batch; llama.cpp's next_token_logprobs keeps the shared prefix in its KV cache between consecutive
+        # prompts (reuse point aligned so the log-probs stay bit-identical) and computes only the last
+        # position's logits.
         for start in range(0, len(items), BATCH):
             emit(self._run_batch(engine, items[start : start + BATCH]))
 
@@ -312,6 +314,7 @@ class MmluSuite(Suite):
             letter_ids.append([f[-1] for f in fulls] if single else None)
 
         logprobs: list[list[float]] = [[] for _ in items]
+        hits_before = cache_hits(engine)
         start = time.perf_counter()
         # One engine call per candidate set (the letter ids are the same for every prompt of a tokenizer,
         # but group defensively in case a prompt ending changes the merge).
@@ -331,48 +334,52 @@ class MmluSuite(Suite):
                 logprobs[i] = [float(sum(lp for lp in s.logprobs[n_ctx:] if lp is not None))
                                for s in scored[4 * j : 4 * j + 4]]
         elapsed = time.perf_counter() - start
+        lookups = sum(len(idxs) for idxs in groups.values()) + 4 * len(fallback)
+        prov = batch_provenance(engine, hits_before, lookups)
 
         out = []
         for i, item in enumerate(items):
             lps = logprobs[i]
             pred = LETTERS[int(np.argmax(lps))]  # first maximum on ties, as the harness's np.argmax
             ids = prompts[i][0]
-            out.append({
-                "suite": self.name,
-                "item_id": item.item_id,
-                "category": item.category,
+            out.append(dump_record(MmluRecord(
+                item_id=item.item_id,
+                category=item.category,
                 # Kept in full: cross-engine parity checks compare the exact tokens each engine was fed.
-                "prompt_token_ids": ids,
-                "n_prompt_tokens": len(ids),
-                "prompt_sha256": hashlib.sha256(item.data["prompt"].encode("utf-8")).hexdigest(),
-                "letter_token_ids": letter_ids[i],
-                "method": "one-pass" if one_pass[i] else "four-continuations",
-                "choice_logprobs": lps,
-                "pred": pred,
-                "gold": item.data["gold"],
-                "correct": pred == item.data["gold"],
-                "timings": {"batch_s": elapsed, "batch_size": len(items), "per_item_s": elapsed / len(items)},
-            })
+                prompt_token_ids=ids,
+                n_prompt_tokens=len(ids),
+                prompt_sha256=hashlib.sha256(item.data["prompt"].encode("utf-8")).hexdigest(),
+                letter_token_ids=letter_ids[i],
+                method="one-pass" if one_pass[i] else "four-continuations",
+                choice_logprobs=lps,
+                pred=pred,
+                gold=item.data["gold"],
+                correct=pred == item.data["gold"],
+                timings=MmluTimings(batch_s=elapsed, batch_size=len(items), per_item_s=elapsed / len(items)),
+                **prov,
+            )))
         return out
 
     # -- scores -----------------------------------------------------------------------------------
 
-    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+    def score(self, records: SuiteRecords[MmluRecord], ctx: ScoreContext) -> list[ScoreRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         rows: list[ScoreRow] = []
         for dep, recs in records.items():
             if not recs:
                 continue
             for cat in _categories(recs):
                 sel = [r for r in recs if _in(cat, r)]
-                k, n = sum(bool(r["correct"]) for r in sel), len(sel)
+                k, n = sum(r.correct for r in sel), len(sel)
                 lo, hi = wilson_ci(k, n, ctx.stats.alpha)
                 rows.append(ScoreRow(dep, self.name, cat, "accuracy", k / n, lo, hi, n))
-            fell_back = sum(r.get("method") == "four-continuations" for r in recs)
+            fell_back = sum(r.method == "four-continuations" for r in recs)
             if fell_back:  # visible in the report: letters were not single tokens for this tokenizer
                 rows.append(ScoreRow(dep, self.name, "all", "four_continuation_items", float(fell_back), n=len(recs)))
         return rows
 
-    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+    def compare(self, records: SuiteRecords[MmluRecord], ctx: ScoreContext) -> list[ComparisonRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         ref = ctx.reference
         if ref not in records:
             return []
@@ -381,32 +388,33 @@ class MmluSuite(Suite):
         for dep, recs in records.items():
             if dep == ref:
                 continue
-            paired = [(ref_by[r["item_id"]], r) for r in recs if r["item_id"] in ref_by]
+            paired = [(ref_by[r.item_id], r) for r in recs if r.item_id in ref_by]
             for cat in _categories(r for _, r in paired):
                 sel = [(a, b) for a, b in paired if _in(cat, b)]
-                ref_ok = [bool(a["correct"]) for a, _ in sel]
-                dep_ok = [bool(b["correct"]) for _, b in sel]
+                ref_ok = [a.correct for a, _ in sel]
+                dep_ok = [b.correct for _, b in sel]
                 rows += pass_fail_rows(dep, ref, self.name, cat, "accuracy", dep_ok, ref_ok, ctx.stats,
                                        flips=True, unit="questions")
         return rows
 
-    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+    def item_rows(self, records: SuiteRecords[MmluRecord], ctx: ScoreContext) -> list[dict[str, Any]]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         ref_by = _by_item(records.get(ctx.reference, []))
         rows = []
         for dep, recs in records.items():
             for r in recs:
-                base = ref_by.get(r["item_id"])
+                base = ref_by.get(r.item_id)
                 flip = ""
-                if base is not None and dep != ctx.reference and bool(base["correct"]) != bool(r["correct"]):
-                    flip = "right->wrong" if base["correct"] else "wrong->right"
+                if base is not None and dep != ctx.reference and base.correct != r.correct:
+                    flip = "right->wrong" if base.correct else "wrong->right"
                 rows.append({
-                    "item_id": r["item_id"], "deployment": dep, "category": r["category"],
-                    "output": r["pred"], "gold": r["gold"], "correct": bool(r["correct"]),
-                    "reference_pred": base["pred"] if base else None,
-                    "reference_correct": bool(base["correct"]) if base else None,
+                    "item_id": r.item_id, "deployment": dep, "category": r.category,
+                    "output": r.pred, "gold": r.gold, "correct": r.correct,
+                    "reference_pred": base.pred if base else None,
+                    "reference_correct": base.correct if base else None,
                     "flip": flip,
-                    "choice_logprobs": " ".join(f"{L}:{lp:.4f}" for L, lp in zip(LETTERS, r["choice_logprobs"])),
-                    "n_prompt_tokens": r["n_prompt_tokens"], "method": r.get("method"),
+                    "choice_logprobs": " ".join(f"{L}:{lp:.4f}" for L, lp in zip(LETTERS, r.choice_logprobs)),
+                    "n_prompt_tokens": r.n_prompt_tokens, "method": r.method,
                 })
         return rows
 

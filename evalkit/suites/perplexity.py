@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 from scipy import stats
@@ -46,8 +46,12 @@ from evalkit.metrics.likelihood import (
     token_drift,
 )
 from evalkit.metrics.stats import excludes_zero, z_value
+from evalkit.records import PerplexityRecord, batch_provenance, cache_hits, dump_record, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+
+if TYPE_CHECKING:  # the settings model of this suite (config `suites.perplexity`)
+    from evalkit.config import PerplexitySettings
 
 CATEGORY = "text"
 LOGPROB_DECIMALS = 6  # top-k log-probs in records: 1e-6 is below float32 logit noise, halves the size
@@ -81,7 +85,7 @@ def chunk_id(index: int) -> str:
     return f"chunk-{index:04d}"
 
 
-class PerplexitySuite(Suite):
+class PerplexitySuite(Suite["PerplexitySettings"]):
     name = "perplexity"
 
     # -- data -----------------------------------------------------------------------------------
@@ -141,13 +145,14 @@ class PerplexitySuite(Suite):
             index = int(item.data["index"])
             base = {"suite": self.name, "item_id": item.item_id, "category": CATEGORY}
             if index >= n_chunks:
-                emit([{**base, "skipped": f"past the end of the text ({n_chunks} chunks of {s.n_ctx} tokens)"}])
+                emit([_dump({**base, "skipped": f"past the end of the text ({n_chunks} chunks of {s.n_ctx} tokens)"})])
                 continue
             start = time.perf_counter()
             chunk = list(tokens[index * s.n_ctx : (index + 1) * s.n_ctx])
             if bos is not None:
                 chunk[0] = bos
             extra: dict[str, Any] = {}
+            hits_before = cache_hits(engine)
             path = store / f"{item.item_id}{STORE_SUFFIX}" if store is not None else None
             if distributions is not None and path is not None and (is_reference or path.is_file()):
                 full = cached_chunk_full(engine, distributions, chunk, first, s.top_k, info.vocab_size, path,
@@ -157,7 +162,8 @@ class PerplexitySuite(Suite):
             else:
                 nll, top = score_chunk(engine, chunk, first, s.top_k)
             score_s = time.perf_counter() - start
-            emit([{
+            prov = batch_provenance(engine, hits_before, 1)
+            emit([_dump({
                 **base,
                 "chunk_index": index,
                 "n_ctx": s.n_ctx,
@@ -172,7 +178,8 @@ class PerplexitySuite(Suite):
                 "text_sha256": text_sha,
                 **extra,
                 "timings": {"score_s": score_s, "total_s": time.perf_counter() - start},
-            }])
+                **prov,
+            })])
 
     # -- scoring --------------------------------------------------------------------------------
 
@@ -519,9 +526,19 @@ def _llamacpp_score_span(engine: Any, tokens: list[int], first: int, top_k: int)
 # -- scoring helpers (records only) ------------------------------------------------------------
 
 
-def _chunks(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """item_id -> record, for finished (not skipped) chunk records."""
-    return {r["item_id"]: r for r in records if r.get("suite", "perplexity") == "perplexity" and "nll" in r}
+def _dump(fields: dict[str, Any]) -> dict[str, Any]:
+    """A records line built through the suite's record type (evalkit.records.PerplexityRecord)."""
+    return dump_record(PerplexityRecord(**fields))
+
+
+def _chunks(records: list[Any]) -> dict[str, dict[str, Any]]:
+    """item_id -> record, for finished (not skipped) chunk records.
+
+    Records are read through evalkit.records (parsed, older layouts upgraded); the helpers below work on
+    their dict form.
+    """
+    parsed = typed({"": records})[""]
+    return {r.item_id: r.model_dump(mode="json", exclude_none=True) for r in parsed if isinstance(r, PerplexityRecord) and r.scored}
 
 
 def _ordered(chunks: dict[str, Any], ctx: ScoreContext) -> list[str]:

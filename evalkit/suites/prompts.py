@@ -6,7 +6,7 @@ import re
 import string
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -14,8 +14,14 @@ from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics import bleu
+from evalkit.records import PromptRecord, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+
+if TYPE_CHECKING:  # the settings model of this suite (config `suites.prompts`)
+    from evalkit.config import PromptsSettings
+
+Records = SuiteRecords[PromptRecord]
 
 BATCH = 2  # records are flushed at least this often (cheap next to generation; bounds loss on a kill)
 
@@ -125,7 +131,7 @@ def contains_answer(output: str, answers: Sequence[str]) -> bool:
 # -- the suite --------------------------------------------------------------------------------
 
 
-class PromptsSuite(Suite):
+class PromptsSuite(Suite["PromptsSettings"]):
     name = "prompts"
 
     def _path(self) -> Path:
@@ -147,26 +153,25 @@ class PromptsSuite(Suite):
         batch: list[dict[str, Any]] = []
         for result in engine.generate(requests, sampling):
             item = by_key[result.key]
-            batch.append(
-                {
-                    "suite": self.name,
-                    "item_id": item.item_id,
-                    "category": item.category,
-                    "prompt": item.data["prompt"],
-                    "prompt_format": result.prompt_format,
-                    "prompt_token_ids": result.prompt_token_ids,
-                    "output_text": result.output_text,
-                    "output_token_ids": result.output_token_ids,
-                    "n_prompt_tokens": len(result.prompt_token_ids),
-                    "n_output_tokens": len(result.output_token_ids),
-                    "finish_reason": result.finish_reason,
-                    "ttft_s": result.ttft_s,
-                    "total_s": result.total_s,
-                    "reference": item.data.get("reference"),
-                    "target_lang": item.data.get("target_lang"),
-                    "item": item.data,  # everything scoring needs travels with the record
-                }
+            record = PromptRecord(
+                item_id=item.item_id,
+                category=item.category,
+                prompt=item.data["prompt"],
+                prompt_format=result.prompt_format,
+                prompt_token_ids=result.prompt_token_ids,
+                output_text=result.output_text,
+                output_token_ids=result.output_token_ids,
+                n_prompt_tokens=len(result.prompt_token_ids),
+                n_output_tokens=len(result.output_token_ids),
+                finish_reason=result.finish_reason,
+                ttft_s=result.ttft_s,
+                total_s=result.total_s,
+                reference=item.data.get("reference"),
+                target_lang=item.data.get("target_lang"),
+                item=item.data,  # everything scoring needs travels with the record
+                **provenance(result),
             )
+            batch.append(dump_record(record))
             if len(batch) >= BATCH:
                 emit(batch)
                 batch = []
@@ -174,26 +179,27 @@ class PromptsSuite(Suite):
 
     # -- per-item scores ----------------------------------------------------------------------
 
-    def _item_score(self, rec: dict[str, Any]) -> dict[str, Any]:
-        cat = rec["category"]
-        out = rec["output_text"]
+    def _item_score(self, rec: PromptRecord) -> dict[str, Any]:
+        cat = rec.category
+        out = rec.output_text
         if cat in ("reasoning", "qa"):
-            answers = rec["item"]["answers"]
+            answers = rec.item["answers"]
             return {"exact_match": float(exact_match(out, answers)), "contains": float(contains_answer(out, answers))}
         if cat == "code":
             from evalkit.suites.code import score_code_item
 
-            res = score_code_item(out, rec["item"], self.settings.code_timeout_s)
+            res = score_code_item(out, rec.item, self.settings.code_timeout_s)
             return {"pass": float(res["passed"]), "sandbox_status": res["status"], "sandbox_detail": res["detail"]}
         return {}
 
-    def _per_item(self, records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    def _per_item(self, records: Records) -> dict[str, dict[str, dict[str, Any]]]:
         """deployment -> item_id -> per-item scores (memoised: code runs in a sandbox)."""
         if getattr(self, "_memo", None) is None:
-            self._memo = {dep: {r["item_id"]: self._item_score(r) for r in recs} for dep, recs in records.items()}
+            self._memo = {dep: {r.item_id: self._item_score(r) for r in recs} for dep, recs in records.items()}
         return self._memo
 
-    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+    def score(self, records: Records, ctx: ScoreContext) -> list[ScoreRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         from evalkit.metrics.stats import wilson_ci
 
         alpha = ctx.stats.alpha
@@ -201,70 +207,72 @@ class PromptsSuite(Suite):
         rows: list[ScoreRow] = []
         for dep, recs in records.items():
             for cat in self.settings.categories:
-                cat_recs = [r for r in recs if r["category"] == cat]
+                cat_recs = [r for r in recs if r.category == cat]
                 if not cat_recs:
                     continue
                 if cat == "translation":
                     for lang, group in _by_lang(cat_recs).items():
-                        hyps = [r["output_text"].strip() for r in group]
-                        refs = [r["reference"] for r in group]
+                        hyps = [r.output_text.strip() for r in group]
+                        refs = [r.reference or "" for r in group]
                         for s in bleu.corpus_scores(hyps, refs, lang, ctx.stats):
                             rows.append(ScoreRow(dep, self.name, cat, f"{s.metric}_en-{lang}", s.score, s.ci_low, s.ci_high, s.n))
                     continue
                 for metric in ("pass",) if cat == "code" else ("exact_match", "contains"):
-                    values = [per_item[dep][r["item_id"]][metric] for r in cat_recs]
+                    values = [per_item[dep][r.item_id][metric] for r in cat_recs]
                     k, n = int(sum(values)), len(values)
                     lo, hi = wilson_ci(k, n, alpha)
                     rows.append(ScoreRow(dep, self.name, cat, "pass@1" if metric == "pass" else metric, k / n, lo, hi, n))
             rows.append(
-                ScoreRow(dep, self.name, "all", "output_tokens_mean", sum(r["n_output_tokens"] for r in recs) / len(recs), n=len(recs))
+                ScoreRow(dep, self.name, "all", "output_tokens_mean", sum(r.n_output_tokens for r in recs) / len(recs), n=len(recs))
             )
         return rows
 
-    def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
+    def compare(self, records: Records, ctx: ScoreContext) -> list[ComparisonRow]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         from evalkit.metrics.compare import pass_fail_rows
 
         ref = ctx.reference
         if ref not in records:
             return []
         per_item = self._per_item(records)
-        ref_recs = {r["item_id"]: r for r in records[ref]}
+        ref_recs = {r.item_id: r for r in records[ref]}
         rows: list[ComparisonRow] = []
         for dep, recs in records.items():
             if dep == ref:
                 continue
             for cat in self.settings.categories:
-                pairs = [(ref_recs[r["item_id"]], r) for r in recs if r["category"] == cat and r["item_id"] in ref_recs]
+                pairs = [(ref_recs[r.item_id], r) for r in recs if r.category == cat and r.item_id in ref_recs]
                 if not pairs:
                     continue
                 if cat == "translation":
                     for lang, group in _by_lang([p[1] for p in pairs]).items():
-                        ids = [r["item_id"] for r in group]
-                        base = [ref_recs[i]["output_text"].strip() for i in ids]
-                        sys_ = [r["output_text"].strip() for r in group]
-                        refs = [r["reference"] for r in group]
+                        ids = [r.item_id for r in group]
+                        base = [ref_recs[i].output_text.strip() for i in ids]
+                        sys_ = [r.output_text.strip() for r in group]
+                        refs = [r.reference or "" for r in group]
                         for p in bleu.paired_comparison(base, sys_, refs, lang, ctx.stats):
                             rows.append(ComparisonRow(dep, ref, self.name, cat, f"{p.metric}_en-{lang}", p.system, p.baseline,
                                                       p.diff, p.ci_low, p.ci_high, p.p_value, p.n, p.method,
                                                       p.significant))
                     continue
                 metric = "pass" if cat == "code" else "contains"
-                ref_ok = [per_item[ref][b["item_id"]][metric] > 0 for b, _ in pairs]
-                dep_ok = [per_item[dep][d["item_id"]][metric] > 0 for _, d in pairs]
+                ref_ok = [per_item[ref][b.item_id][metric] > 0 for b, _ in pairs]
+                dep_ok = [per_item[dep][d.item_id][metric] > 0 for _, d in pairs]
                 rows += pass_fail_rows(dep, ref, self.name, cat, "pass@1" if metric == "pass" else metric,
                                        dep_ok, ref_ok, ctx.stats)
         return rows
 
-    def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
+    def item_rows(self, records: Records, ctx: ScoreContext) -> list[dict[str, Any]]:
+        records = typed(records)  # raw records lines are parsed here (evalkit.records)
         per_item = self._per_item(records)
         rows = []
         for dep, recs in records.items():
             for r in recs:
                 rows.append({
-                    "suite": self.name, "item_id": r["item_id"], "deployment": dep, "category": r["category"],
-                    "prompt": r["prompt"], "output": r["output_text"], "reference": r.get("reference"),
-                    "n_output_tokens": r["n_output_tokens"], "finish_reason": r["finish_reason"],
-                    **per_item[dep].get(r["item_id"], {}),
+                    "suite": self.name, "item_id": r.item_id, "deployment": dep, "category": r.category,
+                    "prompt": r.prompt, "output": r.output_text, "reference": r.reference,
+                    "n_output_tokens": r.n_output_tokens, "finish_reason": r.finish_reason,
+                    **per_item[dep].get(r.item_id, {}),
                 })
         return rows
 
@@ -281,8 +289,8 @@ class PromptsSuite(Suite):
         }
 
 
-def _by_lang(recs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
+def _by_lang(recs: list[PromptRecord]) -> dict[str, list[PromptRecord]]:
+    out: dict[str, list[PromptRecord]] = {}
     for r in recs:
-        out.setdefault(r.get("target_lang") or "und", []).append(r)
+        out.setdefault(r.target_lang or "und", []).append(r)
     return dict(sorted(out.items()))

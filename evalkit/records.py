@@ -1,0 +1,294 @@
+"""What a records line means: one typed, versioned record per suite item (the bytes are store.py's).
+
+Every line of `records/<deployment>.jsonl` is `record.model_dump(mode="json")` of one of the classes
+below, with `schema_version` on it. `parse_record` reads a line back as its typed record: lines written
+before records were versioned (no `schema_version`, "version 0") are upgraded; a line from a newer
+evalkit (a version this one does not know) is refused with a RunDirError naming the version.
+
+`cached` says whether the engine result behind the record was served from evalkit's result cache;
+`measured_at` is the UTC time the engine produced it (None when unknown, e.g. a cache hit of an entry
+stored without it).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Mapping, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from evalkit.errors import RunDirError
+
+SCHEMA_VERSION = 1
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def provenance(result: Any) -> dict[str, Any]:
+    """`cached` and `measured_at` of an engine result (GenResult/TokenScores, or anything without them).
+
+    A fresh result is stamped now (it was just computed); a cache hit keeps the time stored with it.
+    """
+    cached = bool(getattr(result, "cached", False))
+    measured_at = getattr(result, "measured_at", None)
+    return {"cached": cached, "measured_at": measured_at if (measured_at or cached) else utc_now()}
+
+
+def cache_hits(engine: Any) -> int | None:
+    """Result-cache hits so far of an engine wrapped by evalkit.cache (None when it is not wrapped).
+
+    For engine calls whose results are plain lists (next_token_logprobs, score_span) and so cannot carry
+    a `cached` flag: a suite compares the count before and after its calls.
+    """
+    return getattr(getattr(engine, "stats", None), "hits", None)
+
+
+def batch_provenance(engine: Any, hits_before: int | None, lookups: int) -> dict[str, Any]:
+    """`cached`/`measured_at` for records made from `lookups` engine calls since `hits_before`.
+
+    cached only when every call was a cache hit (a partly fresh batch was measured now); a cached
+    batch's original time is not stored with such results, so it is unknown (None).
+    """
+    after = cache_hits(engine)
+    cached = hits_before is not None and after is not None and lookups > 0 and after - hits_before >= lookups
+    return {"cached": cached, "measured_at": None if cached else utc_now()}
+
+
+class Record(BaseModel):
+    """Fields every record has. Frozen: a record is what was measured, not a working copy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    suite: str
+    item_id: str
+    category: str
+    deployment: str | None = None  # the file a record lives in names it; written for standalone use
+    cached: bool = False
+    measured_at: str | None = None
+
+
+# -- prompts ------------------------------------------------------------------------------------
+
+
+class PromptRecord(Record):
+    suite: Literal["prompts"] = "prompts"
+    prompt: str
+    prompt_format: str
+    prompt_token_ids: list[int]
+    output_text: str
+    output_token_ids: list[int]
+    n_prompt_tokens: int
+    n_output_tokens: int
+    finish_reason: str
+    ttft_s: float | None
+    total_s: float
+    reference: str | None = None
+    target_lang: str | None = None
+    item: dict[str, Any]  # the prompt-file line: everything scoring needs travels with the record
+
+
+# -- perplexity ---------------------------------------------------------------------------------
+
+
+class PerplexityTimings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    score_s: float | None = None
+    total_s: float | None = None
+
+
+class PerplexityRecord(Record):
+    """A scored chunk, or a placeholder past the end of the text (`skipped` set, nothing else)."""
+
+    model_config = ConfigDict(extra="allow")  # the KLD work adds per-chunk fields; they travel untyped
+    suite: Literal["perplexity"] = "perplexity"
+    skipped: str | None = None
+    chunk_index: int | None = None
+    n_ctx: int | None = None
+    token_ids: list[int] | None = None
+    bos_replaced: bool | None = None
+    scored_from: int | None = None
+    nll: list[float] | None = None
+    top_k: int | None = None
+    top: list[list[list[float]]] | None = None  # per scored position: [[token id, logprob], ...]
+    n_bytes: int | None = None
+    n_text_tokens: int | None = None
+    text_sha256: str | None = None
+    timings: PerplexityTimings | None = None
+
+    @property
+    def scored(self) -> bool:
+        return self.skipped is None and self.nll is not None
+
+
+# -- mmlu ---------------------------------------------------------------------------------------
+
+
+class MmluTimings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_s: float
+    batch_size: int
+    per_item_s: float
+
+
+class MmluRecord(Record):
+    suite: Literal["mmlu"] = "mmlu"
+    prompt_token_ids: list[int]
+    n_prompt_tokens: int
+    prompt_sha256: str
+    letter_token_ids: list[int] | None
+    method: Literal["one-pass", "four-continuations"]
+    choice_logprobs: list[float]
+    pred: str
+    gold: str
+    correct: bool
+    timings: MmluTimings
+
+
+# -- longcontext --------------------------------------------------------------------------------
+
+
+class GenTimings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttft_s: float | None
+    total_s: float
+
+
+class LongContextRecord(Record):
+    """A repetition or recall item; `skipped` (with the reason) when its length does not fit."""
+
+    suite: Literal["longcontext"] = "longcontext"
+    kind: Literal["rep", "recall"]
+    length_target: int
+    depth: float | None = None
+    passkey: str | None = None
+    n_ctx: int | None = None  # absent from records written before it was recorded
+    filler_repeats: int
+    skipped: str | None = None
+    needle_token_pos: int | None = None
+    depth_actual: float | None = None
+    n_prompt_tokens: int | None = None
+    prompt_sha256: str | None = None
+    output_text: str | None = None
+    output_token_ids: list[int] | None = None
+    n_output_tokens: int | None = None
+    finish_reason: str | None = None
+    timings: GenTimings | None = None
+    correct: bool | None = None  # recall items only
+
+
+# -- humaneval ----------------------------------------------------------------------------------
+
+
+class HumanEvalRecord(Record):
+    suite: Literal["humaneval"] = "humaneval"
+    prompt: str
+    prompt_token_ids: list[int]
+    output_text: str
+    output_token_ids: list[int]
+    finish_reason: str
+    ttft_s: float | None
+    total_s: float
+    entry_point: str | None = None  # records written before they carried their task: completed from the data
+    test: str | None = None
+
+
+# -- cost ---------------------------------------------------------------------------------------
+
+
+class CostRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+    ttft_s: float | None
+    total_s: float
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+
+class CostRecord(Record):
+    """One (concurrency level, repeat) measurement; `cached` when a re-run reused a stored measurement."""
+
+    suite: Literal["cost"] = "cost"
+    concurrency: int
+    repeat: int
+    prompt_tokens: int
+    output_tokens_requested: int
+    ignore_eos: bool
+    prompt_construction: str
+    wall_s: float
+    requests: list[CostRequest]
+    baseline_rss_mb: float
+    peak_rss_mb: float
+    gpu: list[dict[str, Any]] | None = None
+    startup_s: float
+    warmup_s: float
+    engine: str
+    engine_version: str
+    n_ctx: int | None = None  # absent from records written before it was recorded
+    n_threads: int | None = None
+    sampling: dict[str, Any]
+
+
+AnyRecord = Annotated[
+    Union[PromptRecord, PerplexityRecord, MmluRecord, LongContextRecord, HumanEvalRecord, CostRecord],
+    Field(discriminator="suite"),
+]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyRecord)
+RECORD_TYPES: dict[str, type[Record]] = {
+    "prompts": PromptRecord, "perplexity": PerplexityRecord, "mmlu": MmluRecord,
+    "longcontext": LongContextRecord, "humaneval": HumanEvalRecord, "cost": CostRecord,
+}
+
+
+def _upgrade_v0(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 0: the unversioned layout. Same fields, minus the provenance every record now carries.
+
+    Only the cost suite recorded `cached`/`measured_at`; for the others the result is taken as fresh and
+    its time as unknown (nothing in a v0 record says otherwise).
+    """
+    return {**raw, "schema_version": 1, "cached": bool(raw.get("cached", False)), "measured_at": raw.get("measured_at")}
+
+
+UPGRADES = {0: _upgrade_v0}  # version -> function producing version + 1
+
+
+def parse_record(raw: dict[str, Any], where: str = "records") -> Record:
+    """A records line as its typed record, upgrading older layouts; RunDirError on what cannot be read."""
+    version = raw.get("schema_version", 0)
+    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 0:
+        raise RunDirError(where, f"records schema_version {version!r} is newer than this evalkit reads "
+                                 f"(up to {SCHEMA_VERSION}); upgrade evalkit to read this run")
+    data = dict(raw)
+    while version < SCHEMA_VERSION:
+        data = UPGRADES[version](data)
+        version += 1
+    if data.get("suite") not in RECORD_TYPES:
+        raise RunDirError(where, f"record of unknown suite {data.get('suite')!r} (item {data.get('item_id')!r})")
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"][1:]) or "(record)"
+        raise RunDirError(where, f"{data['suite']} record {data.get('item_id')!r}: {loc}: {err['msg']}") from None
+
+
+def typed(records: Mapping[str, Sequence[Record | dict[str, Any]]]) -> dict[str, list[Any]]:
+    """deployment -> records, each parsed to its type (already typed records pass through).
+
+    Suites call this first in score/compare/item_rows, so callers may hand them raw records lines.
+    """
+    return {dep: [r if isinstance(r, Record) else parse_record(r, f"records/{dep}.jsonl") for r in recs]
+            for dep, recs in records.items()}
+
+
+def dump_record(record: Record) -> dict[str, Any]:
+    """The JSON-able form written as one records line."""
+    return record.model_dump(mode="json")

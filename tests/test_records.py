@@ -1,0 +1,109 @@
+"""Typed, versioned records: every line carries schema_version; old layouts upgrade; newer ones are refused."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalkit.engines.base import GenResult
+from evalkit.errors import RunDirError
+from evalkit.records import (
+    SCHEMA_VERSION, CostRecord, LongContextRecord, MmluRecord, PerplexityRecord, PromptRecord, dump_record, parse_record,
+    provenance,
+)
+from fixtures_run import build_run
+
+PROMPT_V0 = {  # a prompts line as evalkit wrote it before records were versioned
+    "suite": "prompts", "item_id": "qa-01", "category": "qa", "prompt": "Capital of France?", "prompt_format": "chat",
+    "prompt_token_ids": [2, 10, 11], "output_text": "Answer: Paris", "output_token_ids": [5, 6], "n_prompt_tokens": 3,
+    "n_output_tokens": 2, "finish_reason": "stop", "ttft_s": 0.1, "total_s": 0.3, "reference": None,
+    "target_lang": None, "item": {"id": "qa-01", "category": "qa", "prompt": "Capital of France?", "answers": ["Paris"]},
+}
+
+
+def test_v0_line_is_upgraded() -> None:
+    rec = parse_record(PROMPT_V0)
+    assert isinstance(rec, PromptRecord)
+    assert rec.schema_version == SCHEMA_VERSION == 1
+    assert rec.cached is False and rec.measured_at is None  # nothing in a v0 line says otherwise
+    assert rec.output_text == "Answer: Paris" and rec.item["answers"] == ["Paris"]
+
+
+def test_v0_cost_line_keeps_its_provenance() -> None:
+    run = build_run_records()
+    cost = next(r for r in run if r["suite"] == "cost")
+    old = {k: v for k, v in cost.items() if k != "schema_version"} | {"cached": True, "measured_at": "2025-03-01T12:00:00+00:00"}
+    rec = parse_record(old)
+    assert isinstance(rec, CostRecord) and rec.cached and rec.measured_at == "2025-03-01T12:00:00+00:00"
+
+
+def test_dump_carries_schema_version_and_round_trips() -> None:
+    rec = parse_record(PROMPT_V0)
+    line = dump_record(rec)
+    assert line["schema_version"] == SCHEMA_VERSION and json.loads(json.dumps(line)) == line
+    assert parse_record(line) == rec
+
+
+def test_newer_version_is_refused_naming_it() -> None:
+    with pytest.raises(RunDirError, match=r"schema_version 7 is newer .*up to 1"):
+        parse_record(PROMPT_V0 | {"schema_version": 7}, "records/x.jsonl")
+
+
+def test_malformed_record_is_one_line_naming_field() -> None:
+    bad = PROMPT_V0 | {"n_output_tokens": "many"}
+    with pytest.raises(RunDirError, match=r"prompts record 'qa-01': n_output_tokens"):
+        parse_record(bad)
+    with pytest.raises(RunDirError, match="unknown suite 'nope'"):
+        parse_record({"suite": "nope", "item_id": "1", "category": "x"})
+
+
+def test_records_are_frozen() -> None:
+    rec = parse_record(PROMPT_V0)
+    with pytest.raises(Exception):
+        rec.output_text = "changed"  # type: ignore[misc]
+
+
+def test_provenance_from_engine_results() -> None:
+    fresh = GenResult("k", [1], "x", [2], "chat", "stop", 0.1, 0.2)
+    p = provenance(fresh)
+    assert p["cached"] is False and p["measured_at"] and p["measured_at"].endswith("+00:00")
+    hit = GenResult("k", [1], "x", [2], "chat", "stop", 0.1, 0.2, cached=True, measured_at="2025-01-01T00:00:00+00:00")
+    assert provenance(hit) == {"cached": True, "measured_at": "2025-01-01T00:00:00+00:00"}
+    unknown = GenResult("k", [1], "x", [2], "chat", "stop", 0.1, 0.2, cached=True)
+    assert provenance(unknown) == {"cached": True, "measured_at": None}  # a hit never claims "measured now"
+    assert hit == fresh  # provenance is not part of a result's value
+
+
+def build_run_records() -> list[dict]:
+    import tempfile
+
+    root = Path(tempfile.mkdtemp())
+    run = build_run(root, ratings=False)
+    return [json.loads(line) for p in sorted((run / "records").glob("*.jsonl")) for line in p.read_text().splitlines()]
+
+
+def test_every_suite_of_a_realistic_run_parses_to_its_type() -> None:
+    types = {"prompts": PromptRecord, "perplexity": PerplexityRecord, "mmlu": MmluRecord, "longcontext": LongContextRecord,
+             "cost": CostRecord}
+    for raw in build_run_records():
+        rec = parse_record(raw)
+        if raw["suite"] in types:
+            assert isinstance(rec, types[raw["suite"]])
+        assert dump_record(rec)["schema_version"] == SCHEMA_VERSION
+
+
+def test_report_refuses_a_newer_run_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    run = build_run(tmp_path, ratings=False)
+    path = next((run / "records").glob("*.jsonl"))
+    lines = path.read_text().splitlines()
+    lines[0] = json.dumps(json.loads(lines[0]) | {"schema_version": 99})
+    path.write_text("\n".join(lines) + "\n")
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    res = subprocess.run([sys.executable, "-m", "evalkit", "report", str(run)], capture_output=True, text=True)
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "schema_version 99" in err[0] and path.name in err[0]
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
