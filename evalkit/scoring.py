@@ -64,6 +64,12 @@ def score_run(run: RunDir) -> None:
         items = suite.item_rows(records, ctx)
         if items:
             atomic_write_text(run.path / ITEMS_DIR / f"{suite.name}.csv", _items_csv(items))
+    # Imported human ratings are a suite like the others in the tidy tables (evalkit.rating.aggregate).
+    from evalkit.rating.aggregate import tidy_rows
+
+    rated_scores, rated_comps = tidy_rows(run.path)
+    scores += rated_scores
+    comparisons += rated_comps
     from evalkit.parity import token_parity_rows
 
     parity = token_parity_rows(by_suite, ctx)

@@ -120,7 +120,8 @@ _DECLARED: list[MetricSpec] = [
        "pairwise: mean of win = 1, tie = 0, loss = -1; item-bootstrap interval"),
     _m("ratings", "krippendorff_alpha", "alpha", "higher", "continuous", "num", "none",
        "inter-rater agreement (ordinal Krippendorff's alpha)"),
-    _m("ratings", "n_ratings", "ratings", "none", "count", "count", "none"),
+    _m("ratings", "krippendorff_alpha_pairwise", "alpha", "higher", "continuous", "num", "none",
+       "inter-rater agreement on side-by-side choices (ordinal, loss < tie < win)"),
 ]
 
 

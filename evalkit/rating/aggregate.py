@@ -5,6 +5,8 @@ independent observations, so every bootstrap draws whole items (with all their r
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,12 @@ import pandas as pd
 
 from evalkit.config import CATEGORIES, StatsSettings
 from evalkit.metrics.agreement import agreement, as_row
-from evalkit.metrics.stats import clustered_mean, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.stats import clustered_mean, excludes_zero, paired_bootstrap_diff, wilson_ci
 from evalkit.rating.export import SCORE_MAX, SCORE_MIN
 from evalkit.rating.import_ import imported_dir
-from evalkit.store import RunDir
+from evalkit.store import (
+    COMPARISON_COLUMNS, SCORE_COLUMNS, ComparisonRow, RunDir, ScoreRow, atomic_write_text, rows_to_csv,
+)
 
 ALL = "all"
 OUTCOME_VALUE = {"loss": -1, "tie": 0, "win": 1}
@@ -140,3 +144,72 @@ def _agreement(frame: pd.DataFrame, mode: str, column: str, domain: list[int]) -
         rows.append(as_row(agreement(triples, "ordinal", domain), mode=mode, category=cat,
                            n_items=c["item_id"].nunique()))
     return rows
+
+
+# -- ratings as a suite in the tidy tables -----------------------------------------------------------
+
+SUITE = "ratings"
+ALL_DEPLOYMENTS = "all"  # agreement rows: alpha is over every rated output, not one deployment's
+
+
+def _opt(x: Any) -> float | None:
+    """NaN (no interval could be formed) is written as an empty cell, like every other suite's."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if v == v else None  # NaN != NaN
+
+
+def tidy_rows(run_dir: Path) -> tuple[list[ScoreRow], list[ComparisonRow]]:
+    """Imported ratings as suite `ratings` rows of scores.csv and comparisons.csv (none when not rated).
+
+    scores: `rating` (mean 1-5 per deployment and category, item-bootstrap interval); pairwise sheets'
+    `win_rate`/`tie_rate`/`loss_rate` (Wilson) and `net_preference` (item bootstrap); inter-rater
+    `krippendorff_alpha` (absolute sheets) / `krippendorff_alpha_pairwise`, deployment "all".
+    comparisons: `rating` paired by item against the reference; `net_preference` (already a difference).
+    """
+    if ratings_frame(run_dir).empty:
+        return [], []
+    t = aggregate(run_dir)
+    scores: list[ScoreRow] = []
+    comps: list[ComparisonRow] = []
+    for r in t["absolute"].itertuples():
+        scores.append(ScoreRow(r.deployment, SUITE, r.category, "rating", float(r.mean), _opt(r.ci_low), _opt(r.ci_high),
+                               int(r.n_items)))
+    for r in t["absolute_vs_reference"].itertuples():
+        comps.append(ComparisonRow(r.deployment, r.reference, SUITE, r.category, "rating", float(r.value),
+                                   float(r.reference_value), float(r.diff), _opt(r.ci_low), _opt(r.ci_high), None,
+                                   int(r.n_items), f"paired by item (raters averaged per output); {r.method}",
+                                   excludes_zero(_opt(r.ci_low), _opt(r.ci_high))))
+    for r in t["pairwise"].itertuples():
+        for outcome in ("win", "tie", "loss"):
+            scores.append(ScoreRow(r.deployment, SUITE, r.category, f"{outcome}_rate", float(getattr(r, f"{outcome}_rate")),
+                                   _opt(getattr(r, f"{outcome}_low")), _opt(getattr(r, f"{outcome}_high")),
+                                   int(r.n_ratings)))
+        lo, hi = _opt(r.net_low), _opt(r.net_high)
+        scores.append(ScoreRow(r.deployment, SUITE, r.category, "net_preference", float(r.net), lo, hi, int(r.n_items)))
+        comps.append(ComparisonRow(r.deployment, r.reference, SUITE, r.category, "net_preference", float(r.net), 0.0,
+                                   float(r.net), lo, hi, None, int(r.n_items),
+                                   "side by side: win = 1, tie = 0, loss = -1; item bootstrap", excludes_zero(lo, hi)))
+    for r in t["agreement"].itertuples():
+        metric = "krippendorff_alpha" if r.mode == "absolute" else "krippendorff_alpha_pairwise"
+        if _opt(r.alpha) is None:
+            continue  # undefined (one rater, or no variation): nothing to put in a number column
+        scores.append(ScoreRow(ALL_DEPLOYMENTS, SUITE, r.category, metric, float(r.alpha), None, None,
+                               int(r.n_pairable_units)))
+    return scores, comps
+
+
+def refresh_tidy_tables(run_dir: Path) -> None:
+    """Replace the `ratings` rows of scores.csv and comparisons.csv (after `rate import`); other rows stay
+    byte for byte. Files not written yet are left alone: `evalkit report` writes them with the ratings."""
+    from evalkit.scoring import COMPARISONS_CSV, SCORES_CSV
+
+    scores, comps = tidy_rows(run_dir)
+    for name, rows, columns in ((SCORES_CSV, scores, SCORE_COLUMNS), (COMPARISONS_CSV, comps, COMPARISON_COLUMNS)):
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        kept = [r for r in csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))) if r.get("suite") != SUITE]
+        atomic_write_text(path, rows_to_csv([*kept, *rows], columns))

@@ -33,20 +33,13 @@ def translation_langs(view: RunView, prefix: str) -> list[str]:
 
 
 def human_cell(view: RunView, dep: str, category: str) -> Cell:
+    """A mean rating cell, read like any metric: suite `ratings` of scores.csv / comparisons.csv."""
+    c = view.cell(dep, "ratings", category, "rating")
     absolute = view.human.get("absolute", pd.DataFrame())
-    versus = view.human.get("absolute_vs_reference", pd.DataFrame())
     a = absolute[(absolute.deployment == dep) & (absolute.category == category)] if not absolute.empty else absolute
-    if a.empty:
-        return Cell("–")
-    row = a.iloc[0]
-    score = {"value": row["mean"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]}
-    v = versus[(versus.deployment == dep) & (versus.category == category)] if not versus.empty else versus
-    comp = None
-    if not v.empty:
-        r = v.iloc[0]
-        comp = {"diff": r["diff"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "significant": r["significant"],
-                "method": f"{r['method']}; {int(row['n_raters'])} raters", "n": r["n_items"]}
-    return cell(score, comp, spec_for("ratings", "rating"), dep == view.reference)
+    if a.empty or not c.note or c.note == "reference":
+        return c
+    return replace(c, note=f"{c.note}; {int(a.iloc[0]['n_raters'])} raters")
 
 
 def _flips_cell(view: RunView, dep: str, suite: str = "mmlu", category: str = "all") -> Cell:
