@@ -55,7 +55,7 @@ def test_embedded_default_is_valid() -> None:
         (GOOD.replace("deployments:", "deployments: [\n"), "YAML syntax error at line"),
         ("- just\n- a list\n", "expected a mapping"),
         (GOOD.replace("categories: [qa]", "categories: [poetry]"), "suites.prompts.categories[0]"),
-        (GOOD.replace("    engine: llamacpp\n", ""), "missing field 'engine'"),
+        (GOOD.replace("    engine: llamacpp\n", ""), "missing field 'deployments[0].engine'"),
         # numeric ranges (the schema is the one place they are checked)
         (GOOD.replace("suites:\n", "suites:\n  perplexity: {n_ctx: -5}\n"), "suites.perplexity.n_ctx: Input should be greater than or equal to 3 (got -5)"),
         (GOOD.replace("categories: [qa]", "categories: [qa], limit_per_category: 0"), "suites.prompts.limit_per_category"),
