@@ -69,7 +69,12 @@ def ordered_deployments(config: Config) -> list[str]:
 
 
 def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool) -> RunDir:
-    deployments = resolve_deployments(config)  # before creating anything: a bad model file writes nothing
+    from evalkit.preflight import preflight
+
+    # Before creating anything: a mistake in suite data or a bad model file writes nothing.
+    suites = preflight(config, config_file)  # cheap: read all suite data first
+    deployments = resolve_deployments(config)
+    ledger = _ledger(config, config_file)
     run = RunDir.create(out_dir)
     run.write_manifest(
         {
@@ -82,8 +87,8 @@ def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool) -
             "deployment_order": ordered_deployments(config),
             "deployments": deployments,
             "use_cache": use_cache,
-            "ledger": _ledger(config, config_file),
-            "suites": _provenance(config, config_file),
+            "ledger": ledger,
+            "suites": suites,
             "environment": {"machine": machine(), "accelerators": accelerators(), "libraries": library_versions()},
         }
     )
@@ -101,13 +106,6 @@ def _ledger(config: Config, config_file: Path) -> list[dict[str, Any]]:
     except Exception as e:  # a prediction must never stop a run
         print(f"evalkit: warning: memory ledger not computed: {e}", file=sys.stderr)
         return []
-
-
-def _provenance(config: Config, config_file: Path) -> dict[str, Any]:
-    """Each suite's data files, hashes, seeds and signatures, as they were when the run started."""
-    from evalkit.suites import enabled_suites
-
-    return {s.name: s.describe() for s in enabled_suites(config, config_file)}
 
 
 def run_workers(run: RunDir, names: list[str]) -> dict[str, int]:
@@ -145,20 +143,28 @@ def warn_hardware(run: RunDir) -> None:
 def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: bool = True) -> RunDir:
     if resume is not None:
         run_dir = RunDir.open(resume)
-        names = run_dir.manifest()["deployment_order"]
+        manifest = run_dir.manifest()
+        names = manifest["deployment_order"]
+        from evalkit.preflight import preflight
+
+        # The suite data may have moved or changed since the run started: say so before any worker starts.
+        preflight(Config.model_validate(manifest["config"]), Path(manifest["config_file"]))
     else:
         config, config_file = load_config(config_path)
         run_dir = new_run(config, config_file, out_dir, use_cache)
         names = ordered_deployments(config)
-    print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
-    warn_hardware(run_dir)
-    codes = run_workers(run_dir, names)
-    from evalkit.scoring import score_run
-    from evalkit.report.render import render_report
+    with run_dir.exclusive():  # a second run --resume of this directory is refused, not run twice
+        print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
+        warn_hardware(run_dir)
+        codes = run_workers(run_dir, names)
+        from evalkit.scoring import score_run
+        from evalkit.report.render import render_report
 
-    score_run(run_dir)
-    render_report(run_dir)
-    failed = [n for n, c in codes.items() if c != 0 and pending_items(run_dir, n)]
+        score_run(run_dir)
+        render_report(run_dir)
+    # Finished means every item recorded, whatever the exit code: a worker that exits 0 with items still
+    # pending has failed, and one that crashed after its last record (vLLM at teardown) has not.
+    failed = [n for n in codes if pending_items(run_dir, n)]
     if failed:
         raise EvalkitError(str(run_dir.path), f"deployment(s) {', '.join(failed)} did not finish; rerun with --resume {run_dir.path}")
     return run_dir

@@ -1,23 +1,32 @@
 """The run directory: manifest, append-only records, scores. Crash-safe by construction.
 
 Records are JSON lines appended and fsynced per batch. A process killed mid-write leaves at most one
-torn last line; readers ignore it and writers cut it off before appending, so resume never loses or
-duplicates a finished item.
+torn last line: any bytes after the last newline, even a complete JSON object whose newline never made it.
+Readers (and so `done_keys`, which decides what a resume re-runs) count only newline-terminated lines, and
+writers cut the unterminated tail off before appending: both see the file exactly as the writer will leave
+it, so resume never loses or duplicates a finished item. Appends take the records file's lock (`filelock`),
+so several processes may append to one file; a complete line that is not JSON is corruption, not a tear,
+and is reported with its line number.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from filelock import FileLock, Timeout
+
 from evalkit.errors import RunDirError
 
 MANIFEST = "manifest.json"
 RECORDS_DIR = "records"
+RUN_LOCK = ".evalkit.lock"
 
 
 @dataclass(frozen=True)
@@ -83,38 +92,60 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def complete_part(data: bytes) -> bytes:
+    """The newline-terminated prefix of a records file: what survives a writer's tail repair."""
+    return data[: data.rfind(b"\n") + 1]
+
+
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Complete JSON lines of `path`; a torn last line (no newline / bad JSON) is skipped."""
+    """The records of `path`: its newline-terminated lines. Bytes after the last newline are a torn
+    write (a writer cuts them before appending) and are ignored, even when they parse as JSON."""
     if not path.exists():
         return
     with path.open("rb") as f:
-        data = f.read()
-    for raw in data.split(b"\n"):
+        data = complete_part(f.read())
+    for n, raw in enumerate(data.split(b"\n")[:-1], start=1):
         if not raw.strip():
             continue
         try:
-            yield json.loads(raw)
-        except json.JSONDecodeError:
-            continue  # only a torn tail can be malformed: writers only append whole lines
+            record = json.loads(raw)
+        except json.JSONDecodeError as e:
+            # Writers append whole lines under a lock and repair a tear first: this is not a crash's trace.
+            raise RunDirError(f"{path}:{n}", f"corrupt record (not JSON: {e.msg}); the records file was edited or damaged") from None
+        if not isinstance(record, dict):
+            raise RunDirError(f"{path}:{n}", "corrupt record (not a JSON object)")
+        yield record
+
+
+def lock_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
 
 
 class RecordWriter:
-    """Appends records to one JSONL file; each batch is flushed and fsynced before returning."""
+    """Appends records to one JSONL file; each batch is one write, flushed and fsynced before returning.
+
+    Every append holds the file's lock and first cuts a torn tail (a writer that died mid-batch), so
+    concurrent writers (shards of one deployment, two resumes) never interleave or glue lines together."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair_torn_tail()
+        self._lock = FileLock(lock_path(path))
         self._file = path.open("ab")
+        with self._lock:
+            self._repair_torn_tail()
 
     def _repair_torn_tail(self) -> None:
-        if not self.path.exists():
+        """Cut everything after the last newline. Call with the lock held: then no live writer is mid-batch."""
+        size = self.path.stat().st_size
+        if size == 0:
             return
         with self.path.open("rb+") as f:
-            data = f.read()
-            if not data or data.endswith(b"\n"):
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
                 return
-            cut = data.rfind(b"\n") + 1  # keep every complete line, drop the torn one
+            f.seek(0)
+            cut = f.read().rfind(b"\n") + 1  # keep every complete line, drop the torn one
             f.truncate(cut)
             f.flush()
             os.fsync(f.fileno())
@@ -125,9 +156,11 @@ class RecordWriter:
         )
         if not payload:
             return
-        self._file.write(payload)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        with self._lock:
+            self._repair_torn_tail()
+            self._file.write(payload)  # O_APPEND: lands at the (repaired) end whoever wrote last
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()
@@ -147,14 +180,20 @@ class RunDir:
 
     @classmethod
     def create(cls, out_dir: Path, run_id: str | None = None) -> "RunDir":
-        run_id = run_id or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        path = Path(out_dir) / run_id
-        suffix = 1
-        while path.exists():
-            suffix += 1
-            path = Path(out_dir) / f"{run_id}-{suffix}"
-        (path / RECORDS_DIR).mkdir(parents=True)
-        return cls(path)
+        """A new, empty run directory named `run_id` (default: the UTC time to the second), else
+        `<run_id>-2`, `-3`, ...: mkdir is atomic, so of two runs started in the same second in one
+        `--out` each gets its own directory and neither fails."""
+        base = run_id or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        for suffix in itertools.count(1):
+            path = Path(out_dir) / (base if suffix == 1 else f"{base}-{suffix}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            (path / RECORDS_DIR).mkdir()
+            return cls(path)
+        raise AssertionError("unreachable")
 
     @classmethod
     def open(cls, path: Path) -> "RunDir":
@@ -191,6 +230,20 @@ class RunDir:
 
     def writer(self, deployment: str) -> RecordWriter:
         return RecordWriter(self.records_path(deployment))
+
+    @contextmanager
+    def exclusive(self) -> Iterator["RunDir"]:
+        """Held by the process running or resuming this run: a second one is refused at once (two
+        resumes would run the same pending items twice)."""
+        lock = FileLock(self.path / RUN_LOCK, timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise RunDirError(str(self.path), "in use by another evalkit process (a run or resume of it is still going)") from None
+        try:
+            yield self
+        finally:
+            lock.release()
 
 
 def rows_to_csv(rows: Iterable[Any], columns: list[str]) -> str:

@@ -33,6 +33,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from filelock import FileLock
+
 from evalkit.config import VARIANTS
 from evalkit.engines import ENGINES, engine_spec
 from evalkit.errors import EvalkitError, VariantError
@@ -83,18 +85,25 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
     if not force and _is_done(final):
         return _model_path(final)
     base.mkdir(parents=True, exist_ok=True)
-    _sweep_stale(base)
-    tmp = base / f".tmp-{variant}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    started = time.monotonic()
-    _say(progress, f"evalkit: preparing variant {variant} of {source} ...")
-    try:
-        extra = _build(variant, source, path, kind, tmp, progress=progress)
-        record = _provenance(source, path, sha, kind, variant, extra, time.monotonic() - started)
-        _write_json(tmp / PROVENANCE, record)  # last: its presence marks a finished variant
-        _publish(tmp, final, force=force)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already if published
+    # One builder per variant across processes sharing the cache: the others wait, then find it done
+    # (without the lock each would spend minutes building the same thing, and --force could move a
+    # variant aside while another process loads it).
+    with FileLock(base / f".{variant}.lock"):
+        if not force and _is_done(final):
+            _say(progress, f"evalkit: variant {variant} of {source} was prepared by another process: {_model_path(final)}")
+            return _model_path(final)
+        _sweep_stale(base)
+        tmp = base / f".tmp-{variant}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        started = time.monotonic()
+        _say(progress, f"evalkit: preparing variant {variant} of {source} ...")
+        try:
+            extra = _build(variant, source, path, kind, tmp, progress=progress)
+            record = _provenance(source, path, sha, kind, variant, extra, time.monotonic() - started)
+            _write_json(tmp / PROVENANCE, record)  # last: its presence marks a finished variant
+            _publish(tmp, final, force=force)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already if published
     _say(progress, f"evalkit: variant {variant} ready in {time.monotonic() - started:.1f}s: {_model_path(final)}")
     return _model_path(final)
 
