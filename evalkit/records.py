@@ -117,6 +117,14 @@ class PerplexityRecord(Record):
     n_text_tokens: int | None = None
     text_sha256: str | None = None
     timings: PerplexityTimings | None = None
+    # Full-distribution engines (evalkit.metrics.kld): each scored token's argmax; the reference's chunk
+    # store (bytes, sha256); a deployment's exact KL(ref || dep) per token and the reference's argmax.
+    argmax: list[int] | None = None
+    store_bytes: int | None = None
+    store_sha256: str | None = None
+    kld: list[float] | None = None
+    ref_argmax: list[int] | None = None
+    kld_reference: str | None = None
 
     @property
     def scored(self) -> bool:

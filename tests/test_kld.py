@@ -220,3 +220,4 @@ def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pyte
     assert (store_dir(tmp_path / "run2", "ref") / "chunk-0001.evkld").read_bytes() == \
         (store_dir(tmp_path / "run1", "ref") / "chunk-0001.evkld").read_bytes()
     assert [r["kld"] for r in again["q"]] == [r["kld"] for r in recs["q"]]
+    assert all(r["cached"] for rs in again.values() for r in rs) and not any(r["cached"] for rs in recs.values() for r in rs)

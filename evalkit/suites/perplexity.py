@@ -46,7 +46,7 @@ from evalkit.metrics.likelihood import (
     token_drift,
 )
 from evalkit.metrics.stats import excludes_zero, z_value
-from evalkit.records import PerplexityRecord, batch_provenance, cache_hits, dump_record, typed
+from evalkit.records import PerplexityRecord, batch_provenance, cache_hits, dump_record, typed, utc_now
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 
@@ -157,12 +157,13 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             if distributions is not None and path is not None and (is_reference or path.is_file()):
                 full = cached_chunk_full(engine, distributions, chunk, first, s.top_k, info.vocab_size, path,
                                          write=is_reference, meta={"deployment": binding.deployment})  # type: ignore[union-attr]
-                nll, top = full.pop("nll"), full.pop("top")
+                nll, top, hit = full.pop("nll"), full.pop("top"), bool(full.pop("cached", False))
                 extra = {**full, **({"kld_reference": binding.reference} if "kld" in full else {})}  # type: ignore[union-attr]
+                prov = {"cached": hit, "measured_at": None if hit else utc_now()}
             else:
                 nll, top = score_chunk(engine, chunk, first, s.top_k)
+                prov = batch_provenance(engine, hits_before, 1)
             score_s = time.perf_counter() - start
-            prov = batch_provenance(engine, hits_before, 1)
             emit([_dump({
                 **base,
                 "chunk_index": index,
