@@ -391,6 +391,14 @@ def _workload_text(w: Any) -> str:
     return s + (f" ({', '.join(limits)})" if limits else "")
 
 
+# What `n` counts in a suite's intervals, where it is not items (perplexity's are over scored tokens).
+N_UNIT = {"perplexity": "scored tokens"}
+
+
+def _unit(key: str) -> str:
+    return N_UNIT.get(key.split("/")[0], "items")
+
+
 def _margin_reason(m: MarginResult) -> tuple[str, str]:
     """(why it fails, what would change that) for a margin that is not non-inferior."""
     what = f"{m.key} ({'difference from the reference' if m.basis == 'difference' else 'value'} "
@@ -401,7 +409,7 @@ def _margin_reason(m: MarginResult) -> tuple[str, str]:
         return f"no {m.key} result", f"running the {m.key.split('/')[0]} suite for it"
     if m.n_needed is not None:
         return (f"inconclusive on {what}",
-                f"about {m.n_needed:,} items on {m.key} instead of {m.n:,} (same variance), or a margin looser than {_fmt(m.bound)}")
+                f"about {m.n_needed:,} {_unit(m.key)} on {m.key} instead of {m.n:,} (same variance), or a margin looser than {_fmt(m.bound)}")
     return f"inconclusive on {what}", f"more items on {m.key}"
 
 

@@ -46,7 +46,7 @@ def _cost_cell(d: DeploymentDecision, key: str) -> Cell:
     return Cell(_g(v), "" if d.cost.measured else d.cost.how)  # interpolated or missing: say so
 
 
-def decision_table(sc: ScenarioDecision, margins: dict[str, float], key: str = "decision") -> Table:
+def decision_table(sc: ScenarioDecision, margins: dict[str, float], key: str = "decision", caption: bool = False) -> Table:
     c = sc.workload.get("concurrency")
     header = ["deployment", "qualifies", "memory at this load", f"tokens/s at {c} concurrent", "median TTFT (ms)"]
     header += [f"{k} (margin {v:g})" for k, v in margins.items()]
@@ -56,7 +56,7 @@ def decision_table(sc: ScenarioDecision, margins: dict[str, float], key: str = "
         rows.append([Cell(d.deployment, "(reference)" if d.reference else ""), Cell(status, "; ".join(d.reasons)),
                      _memory_cell(d), _cost_cell(d, "tokens_per_s"), _cost_cell(d, "ttft_ms")]
                     + [_margin_cell(m) for m in d.margins])
-    return Table(key, f"Workload: {_workload(sc)}", header, rows, caption=sc.summary)
+    return Table(key, f"Workload: {_workload(sc)}", header, rows, caption=sc.summary if caption else "")
 
 
 def _workload(sc: ScenarioDecision) -> str:
@@ -138,7 +138,7 @@ def decision_parts(decision: Decision | None) -> dict[str, Any] | None:
         return None
     tables = [decision_table(decision.primary, decision.margins)]
     if len(decision.scenarios) > 1:
-        tables += [scenarios_table(decision)] + [decision_table(sc, decision.margins, f"decision-{i}")
+        tables += [scenarios_table(decision)] + [decision_table(sc, decision.margins, f"decision-{i}", caption=True)
                                                 for i, sc in enumerate(decision.scenarios[1:], 1)]
     plot = pareto_plot(decision)
     change = decision.primary.what_would_change
