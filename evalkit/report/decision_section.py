@@ -99,7 +99,8 @@ def pareto_plot(decision: Decision) -> P.Plot | None:
                 continue
             err = None
             if m.ci_low is not None and m.ci_high is not None:
-                err = np.array([[y - m.ci_low], [m.ci_high - y]])
+                # max(0, ...): an exact test's interval need not contain the point estimate
+                err = np.array([[max(0.0, y - m.ci_low)], [max(0.0, m.ci_high - y)]])
             ax.errorbar([x], [y], yerr=err, fmt="none", ecolor=color, elinewidth=1.2, capsize=3)
             ax.scatter([x], [y], s=size, color=color, alpha=0.75 if d.qualifies else 0.3,
                        edgecolors="black" if d.deployment == sc.recommended else color, linewidths=2 if d.deployment == sc.recommended else 0.5,

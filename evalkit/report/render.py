@@ -149,8 +149,14 @@ def context(run: Run) -> dict[str, Any]:
     m = run.manifest
     from evalkit.report.decision_section import decision_parts
 
+    warnings = T.warnings(view)
+    try:
+        decision = decision_parts(run.decision)
+    except Exception as e:  # the decision section must never cost the run its report
+        decision = None
+        warnings.append(("decision", f"decision section not rendered ({type(e).__name__}: {e}); see decision.json"))
     return {
-        "run": run, "manifest": m, "decision": decision_parts(run.decision), "verdict": table, "sure": how_sure(view, table), "warnings": T.warnings(view),
+        "run": run, "manifest": m, "decision": decision, "verdict": table, "sure": how_sure(view, table), "warnings": warnings,
         "marks": MARKS, "sections": [s for s in sections(view) if s.tables or s.plots or s.examples or s.details],
         "suites": [k for k, v in ((m.get("config") or {}).get("suites") or {}).items() if v is not None],
     }
