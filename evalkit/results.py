@@ -65,8 +65,12 @@ class Run:
 
     @cached_property
     def records(self) -> pd.DataFrame:
-        """Raw records (one row per finished item and deployment)."""
-        rows = [r for d in self.deployments for r in self.run_dir.records(d)]
+        """Records (one row per finished item and deployment), read through evalkit.records: older layouts
+        upgraded, so every row has schema_version, deployment, cached and measured_at."""
+        from evalkit.records import parse_record
+
+        rows = [parse_record({**r, "deployment": r.get("deployment") or d}, str(self.run_dir.records_path(d)))
+                .model_dump(mode="json") for d in self.deployments for r in self.run_dir.records(d)]
         return pd.DataFrame(rows)
 
     @cached_property

@@ -107,3 +107,34 @@ def test_report_refuses_a_newer_run_with_one_line_and_writes_nothing(tmp_path: P
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and "schema_version 99" in err[0] and path.name in err[0]
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+
+
+@pytest.mark.engine
+def test_real_engine_records_say_whether_they_came_from_the_cache(gemma_engine, tmp_path: Path) -> None:
+    """Prompts (generate) and perplexity (score_span) through evalkit's result cache on llama.cpp: a first run
+    is measured now, a second identical run is served from the cache and its records say so."""
+    from evalkit.cache import CachedEngine, key_parts_from_info
+    from evalkit.config import PerplexitySettings, PromptsSettings
+    from evalkit.engines.base import SamplingParams
+    from evalkit.resources import resource_path
+    from evalkit.suites.perplexity import PerplexitySuite
+    from evalkit.suites.prompts import PromptsSuite
+
+    config_file = resource_path("default.yaml")
+    suites = [PromptsSuite(PromptsSettings(categories=["qa"], limit_per_category=2), None, config_file),  # type: ignore[arg-type]
+              PerplexitySuite(PerplexitySettings(n_ctx=64, max_chunks=1, top_k=5), None, config_file)]  # type: ignore[arg-type]
+    parts = key_parts_from_info(gemma_engine.info(), None, gemma_engine.options)
+    runs = []
+    for _ in range(2):
+        engine = CachedEngine(gemma_engine, parts, root=tmp_path / "cache")
+        lines: list[dict] = []
+        for suite in suites:
+            suite.run(engine, suite.items(), SamplingParams(max_tokens=8), lines.extend)
+        runs.append([parse_record(r) for r in lines])
+    first, second = runs
+    assert len(first) == len(second) == 3 and all(r.schema_version == SCHEMA_VERSION for r in first)
+    assert all(not r.cached and r.measured_at for r in first)
+    assert all(r.cached for r in second)
+    for a, b in zip(first, second):
+        assert a.model_dump(exclude={"cached", "measured_at", "timings", "ttft_s", "total_s"}) == \
+            b.model_dump(exclude={"cached", "measured_at", "timings", "ttft_s", "total_s"})
