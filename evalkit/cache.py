@@ -8,7 +8,7 @@ written atomically (temp file + fsync + rename): a process killed mid-write leav
 file, which is never read. An unreadable or mismatching entry is a miss and is overwritten.
 
 Timing-sensitive work (the cost suite) must not be served from here as engine calls: it calls
-`uncached(engine)`. It may store whole measurements (`CachedEngine.measurement` / `store_measurement`),
+`engine.uncached()`. It may store whole measurements (`CachedEngine.measurement` / `store_measurement`),
 which it marks as such when reused (see evalkit/suites/cost.py); only the worker's engine enables that.
 
 A re-run starts no engine for what is cached (`open_engine`, the worker's entry point): the engine's
@@ -296,43 +296,36 @@ class CachedEngine(Engine):
                 out[i] = res
         return [r for r in out if r is not None]  # every slot is filled by now
 
-    def score_span(self, tokens: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
-        """The perplexity suite's per-chunk scoring (it asks for `score_span` when an engine has one), cached.
-
-        A miss runs exactly what the suite runs on an unwrapped engine (`score_chunk` on the real engine:
-        llama.cpp's fast path, or a sliced `score`), so cached and uncached runs give the same numbers.
-        """
-        from evalkit.suites.perplexity import score_chunk
-
-        def compute() -> tuple[list[float], list[list[list[float]]]]:
-            return score_chunk(loaded(self.inner), list(tokens), first, top_k)
-
+    def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+        """`Engine.score_span` (the perplexity suite's per-chunk scoring), cached; a miss runs the inner
+        engine's own score_span, so cached and uncached runs give the same numbers."""
         if not self.enabled:
-            return compute()
-        key = self._key("score_span", {"token_ids": list(tokens), "first": first, "top_k": top_k})
+            return self.inner.score_span(token_ids, first, top_k)
+        key = self._key("score_span", {"token_ids": list(token_ids), "first": first, "top_k": top_k})
         hit = self.store.get(key)
         if hit is not None:
             self.stats.hits += 1
             return hit[0], hit[1]
         self.stats.misses += 1
-        nll, top = compute()
+        nll, top = self.inner.score_span(token_ids, first, top_k)
         self.store.put(key, [nll, top])
         return nll, top
 
+    def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, Any]]:
+        # Full-vocabulary rows are megabytes per token: never cached, always computed.
+        return self.inner.token_distributions(token_ids, first)
+
+    def uncached(self) -> Engine:
+        return self.inner.uncached()
+
+    def run_stats(self) -> dict[str, Any]:
+        return {**self.inner.run_stats(), "cache_hits": self.stats.hits, "cache_misses": self.stats.misses}
 
 
 def uncached(engine: Engine) -> Engine:
-    """The engine underneath any cache wrapper: for work whose timings are the point (a `LazyEngine`
-    underneath loads the real engine on its first model call)."""
-    while isinstance(engine, CachedEngine):
-        engine = engine.inner
-    return engine
-
-
-def loaded(engine: Engine) -> Engine:
-    """The real engine underneath cache and lazy wrappers, loading it if it was not yet."""
-    engine = uncached(engine)
-    return engine.real() if isinstance(engine, LazyEngine) else engine
+    """The engine underneath any cache wrapper (`Engine.uncached`): for work whose timings are the point
+    (a `LazyEngine` underneath loads the real engine on its first model call)."""
+    return engine.uncached()
 
 
 class LazyEngine(Engine):
@@ -411,6 +404,15 @@ class LazyEngine(Engine):
 
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
         return self.real().next_token_logprobs(prompts, candidates)
+
+    def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+        return self.real().score_span(token_ids, first, top_k)
+
+    def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, Any]]:
+        return self.real().token_distributions(token_ids, first)
+
+    def run_stats(self) -> dict[str, Any]:
+        return {**(self.engine.run_stats() if self.engine is not None else {}), "engine_loaded": self.is_loaded}
 
     def close(self) -> None:
         if self._tok is not None:

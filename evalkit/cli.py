@@ -12,7 +12,7 @@ from evalkit.errors import EXIT_USER_ERROR, EvalkitError
 def _cmd_run(args: argparse.Namespace) -> int:
     from evalkit.pipeline import run
 
-    run_dir = run(args.config, Path(args.out), Path(args.resume) if args.resume else None, use_cache=not args.no_cache)
+    run_dir = run(args.config, Path(args.out), Path(args.resume) if args.resume else None, use_cache=not args.no_cache, strict=args.strict)
     print(f"evalkit: report at {run_dir.path / 'report.html'}")
     return 0
 
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports", help="where run directories are created (default: reports/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run (its own config is used)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the engine-result cache")
+    p.add_argument("--strict", action="store_true", help="refuse a suite a deployment's engine cannot run (default: skip it)")
     p.set_defaults(func=_cmd_run)
 
     p = verbs.add_parser("report", help="re-score and re-render a run from its records (never loads a model)")

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
+
+from evalkit.models import GgufHeader, read_gguf_header  # noqa: F401  (GgufHeader: re-exported for callers)
 
 GB = 10**9
 GIB = 2**30
@@ -258,77 +259,6 @@ class WeightsInfo:
     non_embedding_bytes: int = 0  # safetensors: bytes outside embedding/lm_head (for FP8 arithmetic)
     source: str = ""  # where the size came from ("gguf tensors", "safetensors", "safetensors index")
     note: str = ""  # e.g. a GGUF whose data section is incomplete
-
-
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_STRING, _GGUF_ARRAY, _SMALL_ARRAY = 8, 9, 4096
-
-
-@dataclass(frozen=True)
-class GgufHeader:
-    meta: dict[str, Any]  # scalars, and arrays of at most _SMALL_ARRAY elements as lists
-    array_lengths: dict[str, int]  # every array's length (the vocabulary is one)
-    tensors: list[tuple[str, tuple[int, ...], int, int]]  # name, shape, ggml type, offset in the data section
-    data_offset: int = 0  # where the tensor data section starts (after the header, aligned)
-    file_size: int = 0
-
-
-def read_gguf_header(path: Path) -> GgufHeader:
-    """GGUF v2/v3 metadata and tensor infos, skipping large arrays.
-
-    Written here because gguf.GGUFReader builds numpy views for every array element: 26 s for Gemma 3's
-    262,144-token vocabulary on this machine, for a ledger that needs a dozen scalars and tensor shapes.
-    """
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        pos = 0
-
-        def take(fmt: str) -> Any:
-            nonlocal pos
-            (v,) = struct.unpack_from(fmt, buf, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        def string() -> str:
-            nonlocal pos
-            n = take("<Q")
-            pos += n
-            return bytes(buf[pos - n : pos]).decode("utf-8", "replace")
-
-        def value(kind: int, key: str) -> Any:
-            nonlocal pos
-            if kind == _GGUF_STRING:
-                return string()
-            if kind != _GGUF_ARRAY:
-                return take(_GGUF_SCALARS[kind])
-            elem, n = take("<I"), take("<Q")
-            lengths[key] = n
-            if n <= _SMALL_ARRAY:
-                return [value(elem, key) for _ in range(n)]
-            if elem == _GGUF_STRING:
-                for _ in range(n):
-                    skip = take("<Q")  # not `pos += take(...)`: that would add to the pre-call pos
-                    pos += skip
-            else:
-                pos += n * struct.calcsize(_GGUF_SCALARS[elem])
-            return None
-
-        pos = 4
-        if bytes(buf[:4]) != b"GGUF" or take("<I") < 2:  # v1 used 32-bit lengths
-            raise ValueError(f"{path}: not a GGUF v2+ file")
-        n_tensors, n_kv = take("<Q"), take("<Q")
-        meta: dict[str, Any] = {}
-        lengths: dict[str, int] = {}
-        for _ in range(n_kv):
-            key = string()
-            meta[key] = value(take("<I"), key)
-        tensors = []
-        for _ in range(n_tensors):
-            name = string()
-            shape = tuple(take("<Q") for _ in range(take("<I")))
-            tensors.append((name, shape, take("<I"), take("<Q")))
-        align = int(meta.get("general.alignment") or 32)
-        size = len(buf)
-    return GgufHeader(meta, lengths, tensors, -(-pos // align) * align, size)
 
 
 def gguf_tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:

@@ -68,11 +68,15 @@ def ordered_deployments(config: Config) -> list[str]:
     return [config.reference] + rerun + [n for n in names if n != config.reference]
 
 
-def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool) -> RunDir:
+def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool, strict: bool = False) -> RunDir:
+    from evalkit.capabilities import check_capabilities
     from evalkit.preflight import preflight
 
     # Before creating anything: a mistake in suite data or a bad model file writes nothing.
+    skipped = check_capabilities(config, config_file, strict)  # (deployment, suite) pairs an engine cannot run
     suites = preflight(config, config_file)  # cheap: read all suite data first
+    for s in skipped:
+        print(f"evalkit: skipping suite {s['suite']} for {s['deployment']}: {s['reason']}", file=sys.stderr)
     deployments = resolve_deployments(config)
     ledger = _ledger(config, config_file)
     run = RunDir.create(out_dir)
@@ -86,6 +90,7 @@ def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool) -
             "reference": config.reference,
             "deployment_order": ordered_deployments(config),
             "deployments": deployments,
+            "skipped": skipped,  # (deployment, suite) pairs the engine cannot run, with the reason
             "use_cache": use_cache,
             "ledger": ledger,
             "suites": suites,
@@ -124,13 +129,15 @@ def run_workers(run: RunDir, names: list[str]) -> dict[str, int]:
 
 def pending_items(run: RunDir, name: str) -> int:
     """How many items of a deployment have no record yet (0: it finished, whatever its exit code)."""
+    from evalkit.capabilities import runnable_suites
     from evalkit.scoring import score_context
     from evalkit.store import record_key
     from evalkit.suites import enabled_suites
 
     ctx, config = score_context(run)
     done = run.done_keys(name)
-    return sum(1 for s in enabled_suites(config, ctx.config_file) for i in s.items() if record_key(s.name, i.item_id) not in done)
+    suites = runnable_suites(enabled_suites(config, ctx.config_file), run.manifest(), name)
+    return sum(1 for s in suites for i in s.items() if record_key(s.name, i.item_id) not in done)
 
 
 def warn_hardware(run: RunDir) -> None:
@@ -140,7 +147,7 @@ def warn_hardware(run: RunDir) -> None:
             print(f"evalkit: warning: {name}: {warning}", file=sys.stderr)
 
 
-def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: bool = True) -> RunDir:
+def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: bool = True, strict: bool = False) -> RunDir:
     if resume is not None:
         run_dir = RunDir.open(resume)
         manifest = run_dir.manifest()
@@ -151,7 +158,7 @@ def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: 
         preflight(Config.model_validate(manifest["config"]), Path(manifest["config_file"]))
     else:
         config, config_file = load_config(config_path)
-        run_dir = new_run(config, config_file, out_dir, use_cache)
+        run_dir = new_run(config, config_file, out_dir, use_cache, strict=strict)
         names = ordered_deployments(config)
     with run_dir.exclusive():  # a second run --resume of this directory is refused, not run twice
         print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)

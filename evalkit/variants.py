@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import functools
 import json
-import mmap
 import os
 import shutil
 import signal
@@ -38,7 +37,7 @@ from filelock import FileLock
 from evalkit.config import VARIANTS
 from evalkit.engines import ENGINES, engine_spec
 from evalkit.errors import EvalkitError, VariantError
-from evalkit.models import cache_dir, check_model, fingerprint, resolve_source
+from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, read_gguf_header, resolve_source
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +45,8 @@ if TYPE_CHECKING:
     from evalkit.config import Config
 
 LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
-HF_VARIANTS = ("hf", "fp8-weight")
+HF_VARIANT = "hf"  # the GGUF dequantized into a Hugging Face checkpoint
+HF_VARIANTS = (HF_VARIANT, "fp8-weight")
 PROVENANCE = "evalkit_variant.json"
 FP8_E4M3_MAX = 448.0
 # Strings whose tokenization must match llama.cpp's (spaces, newlines, unicode, code, digits, a special token).
@@ -73,9 +73,9 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
         return path
     if variant not in VARIANTS:
         raise VariantError(source, f"unknown variant {variant!r} (expected one of {', '.join(VARIANTS)})")
-    if variant == "hf" and kind == "hf":
+    if variant == HF_VARIANT and kind == HF_KIND:
         return path  # already a Hugging Face checkpoint
-    if variant in LADDER and kind != "gguf":
+    if variant in LADDER and kind != GGUF_KIND:
         raise VariantError(
             source, f"variant {variant} is made by llama.cpp's quantizer and needs a GGUF source, not a Hugging Face checkpoint"
         )
@@ -124,11 +124,11 @@ def prepare_all(config: "Config", *, force: bool = False, progress: bool = True)
     for dep in config.deployments:
         variant = dep.model.variant
         spec = engine_spec(dep.engine)
-        if variant in HF_VARIANTS and not spec.loads_kind("hf"):
+        if variant in HF_VARIANTS and not spec.loads_kind(HF_KIND):
             raise VariantError(
                 f"deployment {dep.name}",
                 f"engine {dep.engine} cannot load the {variant} variant (a Hugging Face checkpoint); use a GGUF variant "
-                f"or an engine that loads one ({', '.join(n for n in ENGINES if engine_spec(n).loads_kind('hf'))})",
+                f"or an engine that loads one ({', '.join(n for n in ENGINES if engine_spec(n).loads_kind(HF_KIND))})",
             )
         out.append((dep.name, prepare_variant(dep.model.source, variant, force=force, progress=progress)))
     return out
@@ -249,10 +249,10 @@ def _provenance(
 
 
 def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, progress: bool) -> dict[str, Any]:
-    if variant == "hf":
+    if variant == HF_VARIANT:
         return _build_hf(source, path, out, progress)
     if variant == "fp8-weight":
-        hf_dir = path if kind == "hf" else prepare_variant(source, "hf", progress=progress)
+        hf_dir = path if kind == HF_KIND else prepare_variant(source, HF_VARIANT, progress=progress)
         return _build_fp8(hf_dir, out, progress)
     return _build_gguf(source, path, variant, out)
 
@@ -403,9 +403,10 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
     except ImportError:
         raise VariantError(str(path), "the gguf package is not installed (pip install 'evalkit[prepare]')") from None
     try:
-        kv, tensor_types = _read_gguf_header(path)
+        head = read_gguf_header(path)
     except (OSError, ValueError, struct.error) as e:
         raise VariantError(str(path), f"cannot read GGUF metadata: {_first_line(e)}") from None
+    kv, tensor_types = head.meta, [t for _, _, t, _ in head.tensors]
     file_type = kv.get("general.file_type")
     try:
         file_type_name = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
@@ -429,58 +430,6 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
         "tensor_types": types,
         "is_16bit": set(types) <= _16BIT_GGUF_TYPES,
     }
-
-
-# GGUF value type id -> struct format (8: string, 9: array are handled apart).
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[int]]:
-    """Scalar/string metadata and tensor type ids of a GGUF file; arrays (the vocabulary) are skipped.
-
-    Hand-rolled because gguf.GGUFReader materialises every array element as a numpy view: ~5-30 s for
-    Gemma's 262k-token vocabulary, and this runs on every `run` (manifest) as well as every prepare.
-    """
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        if m[:4] != b"GGUF":
-            raise ValueError("not a GGUF file")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
-        pos = 24
-
-        def string(p: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", m, p)
-            return m[p + 8 : p + 8 + n].decode("utf-8", errors="replace"), p + 8 + n
-
-        def value(vtype: int, p: int, keep: bool) -> tuple[Any, int]:
-            if vtype == 8:
-                return string(p)
-            if vtype == 9:
-                etype, count = struct.unpack_from("<IQ", m, p)
-                p += 12
-                if etype in _GGUF_SCALARS:  # fixed size: jump over
-                    return None, p + count * struct.calcsize(_GGUF_SCALARS[etype])
-                for _ in range(count):
-                    _, p = value(etype, p, False)
-                return None, p
-            fmt = _GGUF_SCALARS[vtype]
-            return (struct.unpack_from(fmt, m, p)[0] if keep else None), p + struct.calcsize(fmt)
-
-        kv: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            (vtype,) = struct.unpack_from("<I", m, pos)
-            kv[key], pos = value(vtype, pos + 4, True)
-        types = []
-        for _ in range(n_tensors):
-            _, pos = string(pos)
-            (n_dims,) = struct.unpack_from("<I", m, pos)
-            pos += 4 + 8 * n_dims
-            (ttype,) = struct.unpack_from("<I", m, pos)
-            types.append(ttype)
-            pos += 4 + 8
-    return kv, types
 
 
 def _require_transformers(source: str) -> tuple[Any, Any]:

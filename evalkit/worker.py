@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from evalkit.capabilities import runnable_suites
 from evalkit.config import Config
 from evalkit.engines import load_engine
 from evalkit.engines.base import SamplingParams
@@ -31,7 +32,8 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
     config_file = Path(manifest["config_file"])
     resolved = manifest["deployments"][deployment_name]
     deployment = config.deployment(resolved.get("base", deployment_name))  # a noise-floor rerun uses its base's spec
-    suites = enabled_suites(config, config_file)
+    # Suites the plan skipped for this deployment (its engine lacks a capability) are not run.
+    suites = runnable_suites(enabled_suites(config, config_file), manifest, deployment_name)
     for suite in suites:
         suite.bind(RunBinding(run.path, deployment_name, manifest["reference"]))
 
@@ -67,16 +69,11 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
             suite.run(engine, items, sampling, emit)
             bar.close()
             print(f"{deployment_name} · {suite.name}: {len(items)} items in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    stats = getattr(engine, "stats", None)  # CachedEngine: how much engine work the cache saved
-    if stats is not None:
-        from evalkit.cache import LazyEngine, uncached
-
-        lazy = uncached(engine)
+    stats = engine.run_stats()  # wrappers say what the cache saved and whether the engine loaded at all
+    if stats:
         # The real engine's description when it was loaded during this run (its load_s is this run's).
         described.update({"deployment": deployment_name, "worker_pid": os.getpid(), **engine.info().__dict__})
-        described.update(cache_hits=stats.hits, cache_misses=stats.misses)
-        if isinstance(lazy, LazyEngine):
-            described["engine_loaded"] = lazy.is_loaded
+        described.update(stats)
         atomic_write_text(engine_file, json.dumps(described, indent=2, default=str) + "\n")
     engine.close()
 

@@ -321,11 +321,14 @@ def test_records_topk_are_the_model_top_tokens(engine: Any, ref_records: list[di
 
 @pytest.mark.engine
 def test_generic_score_path_agrees_with_fast_path(engine: Any, ref_records: list[dict[str, Any]]) -> None:
-    """Engines without the llama.cpp fast path (vLLM) go through Engine.score; both must agree."""
+    """Engines without the llama.cpp fast path (vLLM) go through the default Engine.score_span (a sliced
+    Engine.score); both must agree."""
+    from evalkit.engines.base import Engine
     from evalkit.suites.perplexity import score_chunk
 
-    class Plain:  # exposes only the Engine interface
+    class Plain:  # exposes only the Engine interface, with its default score_span
         name = "plain"
+        score_span = Engine.score_span
 
         def score(self, seqs: Any, top_k: int = 0) -> Any:
             return engine.score(seqs, top_k=top_k)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,49 @@ class Engine(ABC):
     @abstractmethod
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
         """For each prompt, full-vocabulary log-softmax at the last position, read at `candidates`."""
+
+    def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+        """Teacher-forced NLL and top-k `[[id, logprob], ...]` (highest first) for every position p >= first
+        of `token_ids`, each predicted from token_ids[:p] (one pass; `first` >= 1).
+
+        This default slices `score` (top-k at every position); engines with a cheaper way override it.
+        """
+        scores = self.score([list(token_ids)], top_k=top_k)[0]
+        nll = [-float(scores.logprobs[p]) for p in range(first, len(token_ids))]  # type: ignore[arg-type]
+        assert scores.top is not None or top_k == 0
+        top = [
+            [[int(t), float(lp)] for t, lp in sorted(scores.top[p], key=lambda e: -e[1])] if scores.top is not None else []
+            for p in range(first, len(token_ids))
+        ]
+        return nll, top
+
+    def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Teacher-forced, one forward pass over token_ids (len <= n_ctx): the full-vocabulary log-softmax
+        (float32) for every position p >= first (>= 1) predicting token_ids[p], yielded in blocks
+        (start_p, array[n, vocab]) whose row j is position start_p + j.
+
+        Only engines with the FULL_DISTRIBUTION capability implement it.
+        """
+        raise NotImplementedError(f"engine {self.name!r} cannot give full next-token distributions")
+
+    # -- wrappers (result cache, lazy loading) answer these; a plain engine has no cache -------------
+
+    def uncached(self) -> "Engine":
+        """The engine that computes fresh results, underneath any result cache: for work whose timings
+        are the point (the cost suite). A lazily loaded engine loads on its first model call."""
+        return self
+
+    def measurement(self, kind: str, payload: Mapping[str, Any]) -> Any | None:
+        """A whole measurement stored by an earlier run of this deployment (None: none, or no cache)."""
+        return None
+
+    def store_measurement(self, kind: str, payload: Mapping[str, Any], value: Any) -> None:
+        """Keep a whole measurement for later runs (a plain engine has nowhere to keep it)."""
+
+    def run_stats(self) -> dict[str, Any]:
+        """What this run's engine calls cost, for the run's engine description (cache hits, whether a
+        lazily loaded engine loaded at all); empty for a plain engine."""
+        return {}
 
     def close(self) -> None:
         """Release the model. Worker processes exit afterwards anyway."""

@@ -193,8 +193,66 @@ class LlamaCppEngine(Engine):
         return results
 
     def full_logprobs(self, tokens: Sequence[int]) -> Iterator[tuple[int, np.ndarray]]:
-        """Full-vocabulary log-probabilities per position (for KL-divergence); see `_forward_logprobs`."""
+        """Full-vocabulary log-probabilities at every position (row j of a block at `start` predicts
+        tokens[start + j + 1]); see `_forward_logprobs`. `token_distributions` is the interface method."""
         return self._forward_logprobs(tokens)
+
+    def _decode_rows(self, tokens: Sequence[int], first: int) -> Iterator[tuple[list[int], np.ndarray]]:
+        """One teacher-forced pass over `tokens` from an empty cache, asking the context for logits only at
+        rows first-1 .. n-2 (as llama-perplexity asks only for rows >= n_ctx/2); yields, per llama batch,
+        the positions whose logits were computed and a view of those raw logits (valid until the next step).
+        """
+        llm = self._llm
+        n = len(tokens)
+        if n > self.options.n_ctx:
+            raise ValueError(f"sequence of {n} tokens exceeds n_ctx={self.options.n_ctx}")
+        if not 1 <= first <= n:
+            raise ValueError(f"first={first} must be in 1..{n}")
+        n_vocab = llm.n_vocab()
+        llm.reset()
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        batch = llm._batch.batch
+        try:
+            for start in range(0, n, llm.n_batch):
+                piece = tokens[start : start + llm.n_batch]
+                batch.n_tokens = len(piece)
+                rows = []
+                for i, tok in enumerate(piece):
+                    pos = start + i
+                    batch.token[i] = tok
+                    batch.pos[i] = pos
+                    batch.seq_id[i][0] = 0
+                    batch.n_seq_id[i] = 1
+                    want = first - 1 <= pos < n - 1  # row at pos predicts token pos + 1
+                    batch.logits[i] = want
+                    if want:
+                        rows.append(pos)
+                llm._ctx.decode(llm._batch)
+                if rows:
+                    yield rows, np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(rows), n_vocab))
+        finally:
+            llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
+
+    def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+        """The fast path for long spans (perplexity): logits only for the scored rows, then logsumexp +
+        gather + bucketed top-k (`nll_and_topk`) instead of a full log-softmax and argpartition per row."""
+        from evalkit.metrics.likelihood import nll_and_topk
+
+        tokens = list(token_ids)
+        nll: list[float] = []
+        top: list[list[list[float]]] = []
+        for rows, logits in self._decode_rows(tokens, first):
+            b_nll, ids, lps = nll_and_topk(logits, [tokens[p + 1] for p in rows], top_k)
+            nll += b_nll.tolist()
+            top += [[[int(t), float(lp)] for t, lp in zip(ti, li)] for ti, li in zip(ids, lps)]
+        return nll, top
+
+    def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Full-vocabulary float32 log-softmax for positions >= first, one block per llama batch (rows are
+        copied out of the context: they stay valid after the next batch)."""
+        tokens = list(token_ids)
+        for rows, logits in self._decode_rows(tokens, first):
+            yield rows[0] + 1, log_softmax(logits)  # log_softmax allocates a new array
 
     _REUSE_ALIGN = 64  # reuse point rounded down so every row keeps the batch layout a fresh pass gives it
 

@@ -325,6 +325,8 @@ def warnings(view: RunView) -> list[tuple[str, str]]:
         w = ((view.run.manifest["deployments"].get(name) or {}).get("hardware") or {}).get("warning")
         if w:
             out.append((name, str(w)))
+    # Pairs the plan skipped because the deployment's engine lacks a capability the suite needs.
+    out += [(s["deployment"], f"suite {s['suite']} skipped: {s['reason']}") for s in view.run.manifest.get("skipped", [])]
     return out
 
 

@@ -100,6 +100,7 @@ def describe_suites(run: Run) -> dict[str, dict[str, Any]]:
     """
     from evalkit.config import Config
     from evalkit.suites import enabled_suites
+    from evalkit.suites.mmlu import HUB_SOURCE
 
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -108,8 +109,8 @@ def describe_suites(run: Run) -> dict[str, dict[str, Any]]:
     except Exception as e:  # an old or hand-edited manifest: say so instead of failing the report
         return {"*": {"error": f"{type(e).__name__}: {e}"}}
     for suite in suites:
-        if suite.name == "mmlu" and getattr(suite.settings, "source", "") == "hf":
-            out[suite.name] = {"source": "hf", "note": "not described offline (data on the hub)"}
+        if suite.name == "mmlu" and getattr(suite.settings, "source", "") == HUB_SOURCE:
+            out[suite.name] = {"source": HUB_SOURCE, "note": "not described offline (data on the hub)"}
             continue
         try:
             out[suite.name] = suite.describe()

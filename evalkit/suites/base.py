@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from evalkit.config import Config, StatsSettings
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.records import Record
+from evalkit.engines.spec import Capability
 from evalkit.store import ComparisonRow, ScoreRow
 
 # Appends a batch of finished records, each `dump_record(<the suite's Record type>)` (flushed per call).
@@ -66,6 +67,9 @@ class Suite(ABC, Generic[SettingsT]):
 
     name: str = "suite"
     binding: RunBinding | None = None
+    # What the engine must be able to do; a deployment whose engine lacks one is skipped at plan time
+    # (evalkit/capabilities.py). An instance may narrow or widen it from its settings.
+    requires: frozenset[Capability] = frozenset()
 
     def bind(self, binding: RunBinding) -> None:
         """Called by the worker before `run`."""

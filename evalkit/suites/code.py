@@ -22,6 +22,7 @@ from evalkit.metrics.stats import wilson_ci
 from evalkit.records import HumanEvalRecord, dump_record, provenance, typed
 from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests
 from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.humaneval`)
@@ -85,6 +86,7 @@ def load_humaneval(path: str | Path) -> list[Item]:
 
 class HumanEvalSuite(Suite["HumanEvalSettings"]):
     name = "humaneval"
+    requires = frozenset({Capability.GENERATE})
 
     def __init__(self, settings: HumanEvalSettings, config: Config, config_file: Path) -> None:
         super().__init__(settings, config, config_file)

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import psutil
 
-from evalkit.cache import CachedEngine, uncached
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.records import CostRecord, CostRequest, dump_record, parse_record, typed, utc_now
 from evalkit.store import ScoreRow
+from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.cost`)
@@ -165,6 +165,7 @@ def level_metrics(record: dict[str, Any]) -> dict[str, float]:
 
 class CostSuite(Suite["CostSettings"]):
     name = "cost"
+    requires = frozenset({Capability.GENERATE, Capability.TOKENIZER})
 
     def items(self) -> list[Item]:
         out, first = [], 0
@@ -193,17 +194,16 @@ class CostSuite(Suite["CostSettings"]):
         return {"item_id": item.item_id, **item.data, "settings": settings, "sampling": asdict(sampling), "recipe": PROMPT_RECIPE}
 
     def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
-        store = engine if isinstance(engine, CachedEngine) else None
         todo: list[Item] = []
         for item in items:  # measurements stored by an earlier run of this deployment (see the module doc)
-            stored = store.measurement("cost", self._measurement_key(item, sampling)) if store is not None else None
+            stored = engine.measurement("cost", self._measurement_key(item, sampling))
             if stored is None:
                 todo.append(item)
             else:  # a stored layout from before records were versioned is upgraded on the way
                 emit([dump_record(parse_record({**stored, "cached": True}, "result cache (cost measurement)"))])
         if not todo:
             return
-        engine = uncached(engine)  # never serve timings from the cache (a lazy engine loads here)
+        store, engine = engine, engine.uncached()  # never serve timings from the cache (a lazy engine loads here)
         warm = self._requests(engine, -1, 1, "warmup", min(WARMUP_TOKENS, self.settings.output_tokens))  # -1: no item's prompt
         start = time.perf_counter()
         list(engine.generate(warm, sampling))
@@ -252,8 +252,7 @@ class CostSuite(Suite["CostSettings"]):
                 cached=False,
                 measured_at=utc_now(),
             ))
-            if store is not None:
-                store.store_measurement("cost", self._measurement_key(item, sampling), record)
+            store.store_measurement("cost", self._measurement_key(item, sampling), record)
             emit([record])
 
     def score(self, records: SuiteRecords[CostRecord], ctx: ScoreContext) -> list[ScoreRow]:

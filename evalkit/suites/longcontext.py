@@ -27,6 +27,7 @@ from evalkit.metrics.compare import continuous_row, pass_fail_rows
 from evalkit.metrics.stats import wilson_ci
 from evalkit.records import GenTimings, LongContextRecord, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.longcontext`)
@@ -60,6 +61,7 @@ def rep_scores(text: str) -> dict[str, float]:
 
 class LongContextSuite(Suite["LongContextSettings"]):
     name = "longcontext"
+    requires = frozenset({Capability.GENERATE, Capability.TOKENIZER})
 
     def _filler_path(self) -> Path:
         return resolve_data_path(self.settings.filler, self.config_file)

@@ -30,6 +30,7 @@ from evalkit.metrics.stats import wilson_ci
 from evalkit.records import MmluRecord, MmluTimings, batch_provenance, cache_hits, dump_record, typed
 from evalkit.resources import resource_path
 from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.mmlu`)
@@ -61,6 +62,9 @@ class McData:
 # -- loading ----------------------------------------------------------------------------------
 
 
+HUB_SOURCE = "hf"  # suites.mmlu.source: cais/mmlu from the Hugging Face hub
+
+
 def load_mc_data(source: str, config_file: Path) -> McData:
     """Resolve `suites.mmlu.source` ("builtin", "hf" or a directory) into test/dev questions per subject."""
     if source == "builtin":
@@ -69,7 +73,7 @@ def load_mc_data(source: str, config_file: Path) -> McData:
             raise DataError(str(root), f"evalkit's built-in multiple-choice set is missing; {LOCAL_HINT}")
         data = _load_csv_layout(root)
         return McData(data.test, data.dev, f"builtin:{root}", BUILTIN_LABEL)
-    if source == "hf":
+    if source == HUB_SOURCE:
         return _load_hf()
     root = resolve_data_path(source, config_file)
     if not root.is_dir():
@@ -270,6 +274,7 @@ def _in(cat: str, rec: MmluRecord) -> bool:
 
 class MmluSuite(Suite["MmluSettings"]):
     name = "mmlu"
+    requires = frozenset({Capability.NEXT_TOKEN_LOGPROBS, Capability.PROMPT_LOGPROBS, Capability.TOKENIZER})
 
     def _data(self) -> McData:
         if getattr(self, "_cached", None) is None:

@@ -15,7 +15,6 @@ from records alone (`evalkit.metrics.likelihood`).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import os
@@ -48,6 +47,7 @@ from evalkit.metrics.likelihood import (
 from evalkit.metrics.stats import excludes_zero, z_value
 from evalkit.records import PerplexityRecord, batch_provenance, cache_hits, dump_record, typed, utc_now
 from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.perplexity`)
@@ -87,6 +87,7 @@ def chunk_id(index: int) -> str:
 
 class PerplexitySuite(Suite["PerplexitySettings"]):
     name = "perplexity"
+    requires = frozenset({Capability.PROMPT_LOGPROBS, Capability.TOKENIZER})
 
     # -- data -----------------------------------------------------------------------------------
 
@@ -460,68 +461,12 @@ def _llamacpp_token_distributions(engine: Any, tokens: list[int], first: int, bl
 
 
 def score_chunk(engine: Engine, chunk: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
-    """NLL and top-k [[id, logprob], ...] of chunk[first:], each predicted from its prefix in the chunk.
-
-    Engines with a `score_span(tokens, first, top_k)` method (llama.cpp: logits only for the scored rows)
-    use it; otherwise `Engine.score` (full pass, top-k at every position) is sliced.
-    """
-    span = getattr(engine, "score_span", None)
-    if span is None and getattr(engine, "name", "") == "llamacpp" and hasattr(engine, "_llm"):
-        span = functools.partial(_llamacpp_score_span, engine)  # until llamacpp.py has score_span
-
-    if span is not None:
-        nll, top = span(chunk, first, top_k)
-    else:
-        scores = engine.score([chunk], top_k=top_k)[0]
-        nll = [-float(scores.logprobs[p]) for p in range(first, len(chunk))]  # type: ignore[arg-type]
-        assert scores.top is not None
-        top = [[[int(t), float(lp)] for t, lp in sorted(scores.top[p], key=lambda e: -e[1])]
-               for p in range(first, len(chunk))]
+    """NLL and top-k [[id, logprob], ...] of chunk[first:], each predicted from its prefix in the chunk
+    (`Engine.score_span`: llama.cpp computes logits only for the scored rows; the default slices `score`),
+    with the log-probs rounded for the records."""
+    nll, top = engine.score_span(chunk, first, top_k)
     top = [[[int(t), round(float(lp), LOGPROB_DECIMALS)] for t, lp in row] for row in top]
     return [float(x) for x in nll], top
-
-
-def _llamacpp_score_span(engine: Any, tokens: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
-    """llama.cpp fast path: ask the context for logits only at rows first-1 .. n-2 (as llama-perplexity
-    asks only for rows >= n_ctx/2), then logsumexp + gather + bucketed top-k (`nll_and_topk`) instead of
-    a full log-softmax and argpartition per row. Uses the engine's llama_cpp.Llama directly; belongs in
-    LlamaCppEngine.score_span (see the report), after which this function goes.
-    """
-    llm = engine._llm
-    n = len(tokens)
-    if n > engine.options.n_ctx:
-        raise ValueError(f"sequence of {n} tokens exceeds n_ctx={engine.options.n_ctx}")
-    n_vocab = llm.n_vocab()
-    llm.reset()
-    llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-    batch = llm._batch.batch
-    nll: list[float] = []
-    top: list[list[list[float]]] = []
-    try:
-        for start in range(0, n, llm.n_batch):
-            piece = tokens[start : start + llm.n_batch]
-            batch.n_tokens = len(piece)
-            rows = []
-            for i, tok in enumerate(piece):
-                pos = start + i
-                batch.token[i] = tok
-                batch.pos[i] = pos
-                batch.seq_id[i][0] = 0
-                batch.n_seq_id[i] = 1
-                want = first - 1 <= pos < n - 1  # row at pos predicts token pos + 1
-                batch.logits[i] = want
-                if want:
-                    rows.append(pos)
-            llm._ctx.decode(llm._batch)
-            if not rows:
-                continue
-            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(rows), n_vocab))
-            b_nll, ids, lps = nll_and_topk(logits, [tokens[p + 1] for p in rows], top_k)
-            nll += b_nll.tolist()
-            top += [[[int(t), float(lp)] for t, lp in zip(ti, li)] for ti, li in zip(ids, lps)]
-    finally:
-        llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
-    return nll, top
 
 
 # -- scoring helpers (records only) ------------------------------------------------------------

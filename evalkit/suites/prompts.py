@@ -16,6 +16,7 @@ from evalkit.errors import DataError
 from evalkit.metrics import bleu
 from evalkit.records import PromptRecord, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.prompts`)
@@ -133,6 +134,7 @@ def contains_answer(output: str, answers: Sequence[str]) -> bool:
 
 class PromptsSuite(Suite["PromptsSettings"]):
     name = "prompts"
+    requires = frozenset({Capability.GENERATE, Capability.TOKENIZER})
 
     def _path(self) -> Path:
         return resolve_data_path(self.settings.path, self.config_file)

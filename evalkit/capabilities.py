@@ -1,0 +1,67 @@
+"""Plan-time capability check: which (deployment, suite) pairs cannot run, and why, before anything loads.
+
+A suite declares what it needs (`Suite.requires`), an engine what it can do (`EngineSpec.capabilities`).
+A pair whose engine lacks something is skipped with the reason in the run's manifest (`skipped`) and
+report, or refused as a user error with `run --strict`. Nothing then fails mid-run for a missing capability.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from evalkit.engines import engine_spec
+from evalkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from evalkit.suites.base import Suite
+
+
+@dataclass(frozen=True)
+class Skip:
+    deployment: str
+    suite: str
+    reason: str
+
+
+def plan_skips(config: Any, config_file: Path, suites: "list[Suite] | None" = None) -> list[Skip]:
+    """Every (deployment, enabled suite) pair the deployment's engine cannot run, in config order."""
+    if suites is None:
+        from evalkit.suites import enabled_suites
+
+        suites = enabled_suites(config, config_file)
+    out: list[Skip] = []
+    for dep in config.deployments:
+        spec = engine_spec(dep.engine)
+        for suite in suites:
+            missing = spec.missing(frozenset(suite.requires))
+            if missing:
+                what = ", ".join(c.value for c in missing)
+                out.append(Skip(dep.name, suite.name, f"engine {dep.engine} cannot give {what}"))
+    return out
+
+
+def check_capabilities(config: Any, config_file: Path, strict: bool) -> list[dict[str, str]]:
+    """The manifest's `skipped` list; with `strict`, any skip is a ConfigError (nothing is written)."""
+    skips = plan_skips(config, config_file)
+    if strict and skips:
+        first = skips[0]
+        more = f" (and {len(skips) - 1} more)" if len(skips) > 1 else ""
+        raise ConfigError(
+            str(config_file),
+            f"deployment {first.deployment} cannot run suite {first.suite}: {first.reason}{more}; "
+            "drop --strict to skip such pairs",
+        )
+    return [asdict(s) for s in skips]
+
+
+def skipped_suites(manifest: Mapping[str, Any], deployment: str) -> dict[str, str]:
+    """suite -> reason for the suites this run skips for `deployment` (a noise-floor rerun shares its base's)."""
+    base = (manifest.get("deployments", {}).get(deployment) or {}).get("base", deployment)
+    return {s["suite"]: s["reason"] for s in manifest.get("skipped", []) if s["deployment"] == base}
+
+
+def runnable_suites(suites: "list[Suite]", manifest: Mapping[str, Any], deployment: str) -> "list[Suite]":
+    """`suites` without those the plan skipped for `deployment`."""
+    skipped = skipped_suites(manifest, deployment)
+    return [s for s in suites if s.name not in skipped]
