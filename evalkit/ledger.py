@@ -643,7 +643,9 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     source, variant, arch = dep.model.source, dep.model.variant, info.arch
     quant = str(getattr(dep.options, "quantization", None) or "")
     notes = (info.note,) if info.note else ()
-    if variant is not None and not (variant == "hf" and path.is_dir()):
+    from evalkit.variants import HF_VARIANT
+
+    if variant is not None and not (variant == HF_VARIANT and path.is_dir()):
         built = _built_variant(source, path, variant)
         if built is not None:
             made = hf_weights(built) if built.is_dir() else gguf_weights(built)

@@ -112,7 +112,7 @@ def built_variant(source: str, variant: str) -> Path | None:
     """The model path of `variant` of `source` when it is already prepared in the cache, else None.
     Never builds (the memory plan reads exact sizes from it when it exists)."""
     path = resolve_source(source)
-    if variant == "hf" and path.is_dir():
+    if variant == HF_VARIANT and path.is_dir():
         return path
     final = cache_dir() / "variants" / fingerprint(path).sha256[:16] / variant
     return _model_path(final) if _is_done(final) else None

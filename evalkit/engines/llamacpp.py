@@ -247,12 +247,19 @@ class LlamaCppEngine(Engine):
             top += [[[int(t), float(lp)] for t, lp in zip(ti, li)] for ti, li in zip(ids, lps)]
         return nll, top
 
+    _DIST_BLOCK = 32  # rows per yielded block: 32 x 262k float32 = 34 MB
+
     def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
-        """Full-vocabulary float32 log-softmax for positions >= first, one block per llama batch (rows are
-        copied out of the context: they stay valid after the next batch)."""
+        """Full-vocabulary float32 log-softmax for positions >= first, in blocks of rows copied out of the
+        context (valid after the next batch). The normaliser is summed in float64, as llama-perplexity's
+        KL-divergence mode does in double."""
         tokens = list(token_ids)
         for rows, logits in self._decode_rows(tokens, first):
-            yield rows[0] + 1, log_softmax(logits)  # log_softmax allocates a new array
+            for b0 in range(0, len(rows), self._DIST_BLOCK):
+                x = logits[b0 : b0 + self._DIST_BLOCK].astype(np.float32)  # a copy
+                m = x.max(axis=1, keepdims=True)
+                lse = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
+                yield rows[b0] + 1, x - lse
 
     _REUSE_ALIGN = 64  # reuse point rounded down so every row keeps the batch layout a fresh pass gives it
 

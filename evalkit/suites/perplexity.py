@@ -309,15 +309,7 @@ def distribution_source(engine: Engine) -> Distributions | None:
         return None
 
     def source(tokens: list[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
-        from evalkit.cache import loaded
-
-        real = loaded(engine)
-        fn = getattr(real, "token_distributions", None)
-        if fn is None and getattr(real, "name", "") == "llamacpp":
-            return _llamacpp_token_distributions(real, tokens, first)  # until llamacpp.py has it
-        if fn is None:
-            raise TypeError(f"engine {spec.name} declares FULL_DISTRIBUTION but has no token_distributions")
-        return fn(tokens, first)
+        return engine.token_distributions(tokens, first)  # wrappers pass it through (a lazy engine loads here)
 
     return source
 
@@ -419,45 +411,6 @@ def score_chunk_full(
     else:
         out.update(kld=[float(f"{k:.9g}") for k in kld], ref_argmax=ref_argmax)
     return out
-
-
-def _llamacpp_token_distributions(engine: Any, tokens: list[int], first: int, block: int = 32) -> Iterator[tuple[int, np.ndarray]]:
-    """llama.cpp: logits only for rows first-1 .. n-2 (as llama-perplexity asks only for rows >= n_ctx/2),
-    log-softmax per block of rows. Stand-in for LlamaCppEngine.token_distributions."""
-    llm = engine._llm
-    n = len(tokens)
-    if n > engine.options.n_ctx:
-        raise ValueError(f"sequence of {n} tokens exceeds n_ctx={engine.options.n_ctx}")
-    n_vocab = llm.n_vocab()
-    llm.reset()
-    llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-    batch = llm._batch.batch
-    try:
-        for start in range(0, n, llm.n_batch):
-            piece = tokens[start : start + llm.n_batch]
-            batch.n_tokens = len(piece)
-            rows = []
-            for i, tok in enumerate(piece):
-                pos = start + i
-                batch.token[i] = tok
-                batch.pos[i] = pos
-                batch.seq_id[i][0] = 0
-                batch.n_seq_id[i] = 1
-                want = first - 1 <= pos < n - 1  # row at pos predicts token pos + 1
-                batch.logits[i] = want
-                if want:
-                    rows.append(pos)
-            llm._ctx.decode(llm._batch)
-            if not rows:
-                continue
-            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(rows), n_vocab))
-            for b0 in range(0, len(rows), block):
-                x = logits[b0 : b0 + block].astype(np.float32)
-                m = x.max(axis=1, keepdims=True)
-                lse = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
-                yield rows[b0] + 1, x - lse
-    finally:
-        llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
 
 
 def score_chunk(engine: Engine, chunk: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
