@@ -305,7 +305,7 @@ def explain_validation_error(err: ValidationError, raw: Any = None) -> str:
         if loc[-1] == "engine":
             from evalkit.engines import ENGINES
 
-            return f"{_location(loc[:-1])}: missing field 'engine' (registered engines: {', '.join(ENGINES)})"
+            return f"missing field {where!r} (registered engines: {', '.join(ENGINES)})"
         return f"missing field {where!r}"
     msg = first["msg"].removeprefix("Value error, ")
     return f"{where}: {msg} (got {first.get('input')!r})" if first["type"] != "value_error" else f"{where}: {msg}"
