@@ -43,7 +43,9 @@ from evalkit.models import GgufHeader, read_gguf_header  # noqa: F401  (GgufHead
 GB = 10**9
 GIB = 2**30
 CUDA_CONTEXT_BYTES = GB // 2
-RUNTIME_BYTES = {"llamacpp": GB // 10, "vllm": GB}  # vLLM imports torch; llama.cpp is one shared library
+# A worker's own resident memory beyond weights, KV and logits. llama.cpp, measured on this machine: Python +
+# evalkit + llama_cpp imports 138 MB, and 64 MB more after a load (small compute-buffer parts, tokenizer).
+RUNTIME_BYTES = {"llamacpp": GB // 5, "vllm": GB}
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
 # vLLM on CPU runs two processes: the front end (evalkit's worker, which imports torch and vLLM and holds the
 # tokenizer) and the engine core (weights, KV cache). Resident sizes measured on this machine (PSS):
@@ -446,7 +448,25 @@ def _fits_count(room: float, each: float) -> int:
     return max(0, int(room // each)) if each > 0 else 0
 
 
-def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware, swa_full: bool = True) -> LedgerRow:
+@dataclass(frozen=True)
+class Workload:
+    """What the enabled suites ask of an engine beyond its options: the most logit rows one decode returns
+    (perplexity scores the second half of each chunk, llama-perplexity's rule; everything else asks for the
+    last row only). None of it is known from a deployment alone, so the plan reads it from the config."""
+
+    scored_rows: int = 1
+
+
+def workload_of(config: Any) -> Workload:
+    ppl = getattr(getattr(config, "suites", None), "perplexity", None)
+    if ppl is None:
+        return Workload()
+    n_ctx = int(ppl.n_ctx)
+    return Workload(scored_rows=n_ctx - n_ctx // 2)
+
+
+def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
+                     swa_full: bool = True, workload: Workload | None = None) -> LedgerRow:
     n_ctx, n_ubatch = int(options.n_ctx), int(options.n_batch)  # the engine sets n_ubatch = n_batch
     cache_bytes = 2  # llama.cpp's default K/V type is f16; evalkit exposes no cache-type option for it
     swa_cells = None
@@ -455,7 +475,12 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
     kv = arch.kv_bytes(n_ctx, swa_cells, cache_bytes)
     logits = n_ubatch * arch.vocab * 4
     acts = n_ubatch * (arch.intermediate + 4 * arch.hidden) * 4
-    out_buf = arch.vocab * 4
+    # Logit rows one decode returns: evalkit asks only for the rows it scores (the workload), at most a ubatch.
+    # On CPU only the rows written are resident: llama.cpp's output buffer (rows x vocab f32) and the same
+    # rows of the compute buffer's logits (measured, Gemma 3 270M: +537 MB for 256 rows, +537 MB more for
+    # 512). evalkit log-softmaxes them in blocks of 32 rows, which is small.
+    rows = min(n_ubatch, workload.scored_rows if workload else n_ubatch)
+    out_buf = rows * arch.vocab * 4
     on_gpu = hw.gpus > 0 and int(options.n_gpu_layers) > 0
     notes = []
     if on_gpu:
@@ -468,12 +493,13 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
         fixed_dev = share * offload * weights_bytes + logits + acts + CUDA_CONTEXT_BYTES  # logits: last device
         per_tok_dev = share * offload * arch.kv_bytes_per_token(cache_bytes)
         per_device = int(fixed_dev + share * offload * kv)
-        overhead = logits + acts * n_dev + CUDA_CONTEXT_BYTES * n_dev + out_buf
+        overhead = logits + acts * n_dev + CUDA_CONTEXT_BYTES * n_dev + out_buf  # out_buf: host RAM
         devices = f"{n_dev}x GPU {hw.gpu_memory_bytes / GB:.1f} GB"
     else:
         n_dev, budget = 1, hw.ram_bytes
-        overhead = logits + acts + out_buf + RUNTIME_BYTES["llamacpp"]
+        overhead = 2 * out_buf + acts + RUNTIME_BYTES["llamacpp"]  # compute-buffer logits: only the rows written
         fixed_dev = weights_bytes + overhead
+        notes.append(f"{2 * out_buf / GB:.2f} GB of logits for {rows} scored rows per decode")
         per_tok_dev = arch.kv_bytes_per_token(cache_bytes)
         per_device = int(fixed_dev + kv)
         devices = f"CPU {hw.ram_bytes / GB:.1f} GB RAM"
@@ -503,7 +529,8 @@ def _vllm_cache_bytes(options: Any) -> int:
     return 4 if str(options.dtype) in ("float32", "float") else 2  # "auto" serves FP32 checkpoints in FP16
 
 
-def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware) -> LedgerRow:
+def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
+                 workload: Workload | None = None) -> LedgerRow:  # workload: vLLM's reservation does not depend on it
     tp, max_len, seqs = int(options.tensor_parallel_size), int(options.max_model_len), int(options.max_num_seqs)
     cache_bytes = _vllm_cache_bytes(options)
     act_bytes = 4 if cache_bytes == 4 else 2
@@ -688,7 +715,7 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     return _Weights(arch.n_params * per, prec, f"estimate: {arch.n_params:,} parameters (config.json) x {per} bytes", True, notes)
 
 
-def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
+def deployment_row(dep: Any, config_file: Path, hw: Hardware, workload: Workload | None = None) -> LedgerRow:
     """One deployment's ledger row: exact from the files to be loaded, an estimate from the architecture when
     they do not exist yet (labelled), unknown (fits: None) when neither can be known."""
     source, variant, engine = dep.model.source, dep.model.variant, dep.engine
@@ -708,7 +735,7 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
                          budget, fits=None, max_context=None, memory_context=None, max_concurrency=None,
                          notes=f"size unknown: {reason}")
     w = _weights(dep, path, info)  # type: ignore[arg-type]
-    row = predict(dep.name, info.arch, w.bytes or 0, w.precision, w.source, dep.options, hw)
+    row = predict(dep.name, info.arch, w.bytes or 0, w.precision, w.source, dep.options, hw, workload=workload)
     notes = "; ".join([*w.notes, row.notes] if row.notes else w.notes)
     if w.bytes is None:
         return _unknown_weights(replace(row, notes=notes), "; ".join(w.notes) or "no size for these files")
@@ -716,8 +743,8 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware) -> LedgerRow:
 
 
 def ledger_table(config: Any, config_file: Path) -> list[LedgerRow]:
-    hw = hardware_from_config(config)
-    return [deployment_row(dep, Path(config_file), hw) for dep in config.deployments]
+    hw, workload = hardware_from_config(config), workload_of(config)
+    return [deployment_row(dep, Path(config_file), hw, workload) for dep in config.deployments]
 
 
 def _gb(n: int | None) -> str:

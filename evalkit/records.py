@@ -234,7 +234,8 @@ class CostRecord(Record):
     wall_s: float
     requests: list[CostRequest]
     baseline_rss_mb: float
-    peak_rss_mb: float
+    peak_rss_mb: float  # MiB, sampled during this level
+    worker_peak_rss_mb: float | None = None  # MiB, the worker's process-tree high-water (VmHWM) up to this level
     gpu: list[dict[str, Any]] | None = None
     startup_s: float
     warmup_s: float

@@ -336,3 +336,21 @@ def test_variant_not_built_is_an_estimate(tmp_path: Path, monkeypatch: pytest.Mo
     n = 268_098_176  # Gemma 3 270M's parameters, counted from its GGUF tensor table (llama_model_n_params, test above)
     assert rows["a"].estimate and rows["a"].weights_bytes == int(n * 8.5 / 8) and "not built yet" in rows["a"].weights_from
     assert rows["b"].estimate and rows["b"].weights_bytes == n * 2 and rows["b"].precision == "BF16"
+
+
+def test_high_water_sees_a_transient_the_sampler_missed() -> None:
+    """The cost records' worker_peak_rss_mb is the kernel's VmHWM: a spike between samples still counts."""
+    from evalkit.suites.cost import ResourceSampler
+
+    code = """
+import numpy as np
+from evalkit.suites.cost import ResourceSampler
+s = ResourceSampler(interval_s=3600)  # no sample lands during the spike
+before = s.high_water()
+a = np.ones(300 * 10**6 // 8); del a  # 300 MB touched, then returned to the OS
+print(before, s._rss(), s.high_water())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    before, rss, high = map(int, out)
+    assert high - before >= 290 * 10**6 and rss < high - 250 * 10**6
+    assert ResourceSampler().high_water() > 0

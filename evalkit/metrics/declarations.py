@@ -16,7 +16,7 @@ Kind = Literal["rate", "continuous", "count"]
 PairedTest = Literal["mcnemar", "paired_bootstrap", "corpus_bootstrap", "none"]
 # Display formats understood by evalkit.report.cells: pct (a share shown in %), score (0-100 points),
 # rating (1-5 scale), num (magnitude-dependent digits), kld (two significant digits), ms (seconds shown
-# in ms), s (seconds), mb (MB, GB above 1000), count (integer).
+# in ms), s (seconds), mb (values in MiB, shown as MB/GB of 10^6/10^9 bytes), count (integer).
 Fmt = Literal["pct", "score", "rating", "num", "kld", "ms", "s", "mb", "count"]
 
 
@@ -105,8 +105,9 @@ _DECLARED: list[MetricSpec] = [
     _m("cost", "ttft_median_s", "s", "lower", "continuous", "ms", "none"),
     _m("cost", "ttft_p90_s", "s", "lower", "continuous", "ms", "none"),
     _m("cost", "output_tokens_mean", "tokens", "none", "continuous", "num", "none"),
-    _m("cost", "peak_rss_mb", "MB", "lower", "continuous", "mb", "none"),
-    _m("cost", "peak_gpu_mem_mb", "MB", "lower", "continuous", "mb", "none"),
+    _m("cost", "peak_rss_mb", "MiB", "lower", "continuous", "mb", "none", "process tree RSS sampled during the level"),
+    _m("cost", "worker_peak_rss_mb", "MiB", "lower", "continuous", "mb", "none", "process tree high-water RSS since the worker started"),
+    _m("cost", "peak_gpu_mem_mb", "MiB", "lower", "continuous", "mb", "none"),
     _m("cost", "power_w", "W", "lower", "continuous", "num", "none"),
     _m("cost", "max_temp_c", "°C", "none", "continuous", "num", "none"),
     _m("cost", "startup_s", "s", "lower", "continuous", "s", "none", "engine load time"),

@@ -142,12 +142,14 @@ def bleu_signatures(view: RunView) -> dict[str, dict[str, str]]:
 
 def measured_peak(view: RunView, dep: str) -> tuple[int, str] | None:
     """Highest memory the cost suite saw, in bytes: the busiest GPU when GPUs were sampled, else the worker's
-    process tree (vLLM's engine-core process included). The records hold MiB (2^20 bytes)."""
+    process tree (vLLM's engine-core process included): its high-water mark where recorded, else the peak
+    sampled during the levels. The records hold MiB (2^20 bytes)."""
     s = view.suite_scores("cost")
     if s.empty:
         return None
     mine = s[s.deployment == dep]
-    for metric, where in (("peak_gpu_mem_mb", "busiest GPU"), ("peak_rss_mb", "RAM, process tree")):
+    for metric, where in (("peak_gpu_mem_mb", "busiest GPU"), ("worker_peak_rss_mb", "RAM, worker high-water"),
+                          ("peak_rss_mb", "RAM, process tree")):
         v = mine[mine.metric == metric].value
         if not v.empty:
             return int(float(v.max()) * 2**20), where

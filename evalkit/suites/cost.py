@@ -87,6 +87,23 @@ class ResourceSampler:
                 continue
         return total
 
+    def high_water(self) -> int:
+        """The process tree's high-water RSS: each living process's VmHWM (its own peak since it started,
+        kept by the kernel) summed. Unlike the sampled peak it sees transients between samples and before
+        this level (model load, log-softmax arrays of a perplexity chunk); the memory ledger is checked
+        against it. Outside Linux: the current RSS."""
+        total = 0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            try:
+                with open(f"/proc/{p.pid}/status") as f:
+                    total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+            except (OSError, StopIteration, ValueError):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    continue
+        return total
+
     def sample(self) -> None:
         self.peak_rss = max(self.peak_rss, self._rss())
         if self._gpus:
@@ -151,6 +168,8 @@ def level_metrics(record: dict[str, Any]) -> dict[str, float]:
         "output_tokens_mean": float(np.mean(out_tokens)),
         "peak_rss_mb": record["peak_rss_mb"],
     }
+    if record.get("worker_peak_rss_mb") is not None:  # absent from records written before it was recorded
+        m["worker_peak_rss_mb"] = record["worker_peak_rss_mb"]
     if ttfts:
         m |= {"ttft_median_s": float(np.median(ttfts)), "ttft_p90_s": float(np.percentile(ttfts, 90))}
     gpus = record.get("gpu")
@@ -241,6 +260,7 @@ class CostSuite(Suite["CostSettings"]):
                 ],
                 baseline_rss_mb=sampler.baseline_rss / 2**20,
                 peak_rss_mb=sampler.peak_rss / 2**20,
+                worker_peak_rss_mb=sampler.high_water() / 2**20,
                 gpu=sampler.gpu_summary(),
                 startup_s=info.load_s,
                 warmup_s=warmup_s,
