@@ -92,7 +92,9 @@ class PerplexitySettings(_Strict):
     # Tokens from n_ctx//2 + 1 on are scored (llama-perplexity's rule): 3 is the least with one scored token.
     n_ctx: int = Field(default=512, ge=3)
     max_chunks: PositiveInt | None = 4
-    top_k: int = Field(default=20, ge=1)
+    # Where KLD is the top-k + tail bound (vLLM): at k = 2000 it read 2.9% below the exact KLD of fp8-weight vs
+    # bf16 Gemma 3 270M (hf engine, same weights; k = 20: 31%, 100: 17%, 1000: 5.0%). Exact pairs ignore it.
+    top_k: int = Field(default=2000, ge=1)
 
 
 class MmluSettings(_Strict):

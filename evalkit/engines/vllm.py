@@ -22,7 +22,8 @@ API facts this module relies on (checked against vLLM 0.32 sources, `vllm/entryp
   sampled position, gathered from the sampler's `raw_logprobs`: log-softmax over the full vocabulary
   of the model's logits in float32, before any logits processor or temperature (`logprobs_mode`
   "raw_logprobs", which we pin). That is the exact single-pass answer for `next_token_logprobs`.
-- `max_logprobs` bounds `prompt_logprobs`/`logprobs` (not `logprob_token_ids`); we set it to 100.
+- `max_logprobs` bounds `prompt_logprobs`/`logprobs` (not `logprob_token_ids`); we set it to 2000 (vLLM has
+  no hard cap: -1 allows the whole vocabulary), what the perplexity suite's KLD bound needs.
 - A request that stops on EOS (or a stop token id) has that token as its last `token_ids` entry
   (`stop_reason` None or the id); its text is skipped. Generation drops it, as llama.cpp's engine does.
 - `flat_logprobs=True` returns `FlatLogprobs` (flat lists instead of one dict per position: far less
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
     from evalkit.hardware import HardwareUse, Precision
 
-MAX_TOP_K = 100  # score(top_k) up to this; passed to vLLM as max_logprobs
+MAX_TOP_K = 2000  # score(top_k) up to this; passed to vLLM as max_logprobs (perplexity's top-k KLD bound)
 MAX_CANDIDATES_PER_PASS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS
 PROMPT_TOO_LONG = "prompt_too_long"  # finish_reason for a prompt that leaves no room (as the llama.cpp engine)
 _FP8_QUANT = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt")

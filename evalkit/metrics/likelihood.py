@@ -340,10 +340,13 @@ def nll_and_topk(
         nll[b0 : b0 + rows] = lse - x[np.arange(rows), tg[b0 : b0 + rows]]
         if k == 0:
             continue
-        best = np.argpartition(bucket_max, -k, axis=1)[:, -k:]
-        cand = (best[:, :, None] + offsets).reshape(rows, -1)
-        if leftovers.size:
-            cand = np.concatenate([cand, np.broadcast_to(leftovers, (rows, leftovers.size))], axis=1)
+        if k * lanes * 8 > vocab:  # large k (the KLD bound's top-2000): the buckets stop paying, partition rows
+            cand = np.argpartition(x, -k, axis=1)[:, -k:]
+        else:
+            best = np.argpartition(bucket_max, -k, axis=1)[:, -k:]
+            cand = (best[:, :, None] + offsets).reshape(rows, -1)
+            if leftovers.size:
+                cand = np.concatenate([cand, np.broadcast_to(leftovers, (rows, leftovers.size))], axis=1)
         vals = np.take_along_axis(x, cand, axis=1)
         order = np.lexsort((cand, -vals), axis=1)[:, :k]  # logit descending, then id: deterministic ties
         ids[b0 : b0 + rows] = np.take_along_axis(cand, order, axis=1)
