@@ -17,6 +17,11 @@ from evalkit.metrics.declarations import metric_spec
 log = logging.getLogger(__name__)
 
 Mark = Literal["better", "worse", "changed", "same", "na"]
+def marks(level: str = "95%") -> dict[str, tuple[str, str]]:
+    """The marks' legend at the run's confidence level (config `stats.alpha`)."""
+    return {k: (sym, text.replace("95%", level)) for k, (sym, text) in MARKS.items()}
+
+
 MARKS: dict[str, tuple[str, str]] = {  # mark -> (symbol, legend)
     "better": ("▲", "better than the reference, distinguishable from noise (95%)"),
     "worse": ("▼", "worse than the reference, distinguishable from noise (95%)"),

@@ -17,7 +17,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from evalkit.report import plots as P
 from evalkit.report import tables as T
-from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, MARKS, Example, Table
+from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, Example, Table, marks
 from evalkit.report.verdict import how_sure, verdict
 from evalkit.report.view import RunView
 from evalkit.results import Run
@@ -157,7 +157,7 @@ def context(run: Run) -> dict[str, Any]:
         warnings.append(("decision", f"decision section not rendered ({type(e).__name__}: {e}); see decision.json"))
     return {
         "run": run, "manifest": m, "decision": decision, "verdict": table, "sure": how_sure(view, table), "warnings": warnings,
-        "marks": MARKS, "sections": [s for s in sections(view) if s.tables or s.plots or s.examples or s.details],
+        "marks": marks(view.level), "sections": [s for s in sections(view) if s.tables or s.plots or s.examples or s.details],
         "suites": [k for k, v in ((m.get("config") or {}).get("suites") or {}).items() if v is not None],
     }
 

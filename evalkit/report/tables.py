@@ -131,7 +131,8 @@ def mmlu_subject_table(view: RunView) -> Table:
     rows = [[Cell(sub.replace("_", " "))] + [view.cell(d, "mmlu", sub, "accuracy") for d in view.deployments]
             for sub in subjects]
     return Table("mmlu-subjects", f"{view.mmlu_label} accuracy by subject", ["subject"] + list(view.deployments), rows,
-                 "Accuracy with Wilson 95% intervals; differences: paired bootstrap interval, McNemar exact test.",
+                 f"Accuracy with Wilson {view.level} intervals; differences: exact McNemar test and the interval that "
+                 "inverts it (hover for the paired bootstrap interval).",
                  numeric=True)
 
 

@@ -159,7 +159,8 @@ def verdict(view: RunView) -> Table:
                      "Finish the run (evalkit run --resume) or check each deployment's log.")
     caption = ("Ratings are means of blind human ratings with item-bootstrap intervals. " if human else
                "Prompt columns are automatic scores (tests passed, answer found, chrF). ") + (
-        "Each cell: the value; below it Δ, the difference from the reference on the same items, and its 95% interval. "
+        f"Each cell: the value; below it Δ, the difference from the reference on the same items, and its {view.level} "
+        "interval. "
         "Hover a cell for the method, n and p.")
     return Table("verdict", "Verdict", ["deployment"] + [c.label for c in cols], rows, caption, groups,
                  [c.short for c in cols], numeric=True)

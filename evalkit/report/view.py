@@ -60,6 +60,14 @@ class RunView:
         return {d: [r for r in self.run.run_dir.records(d) if r.get("suite") == suite] for d in self.deployments}
 
     @cached_property
+    def level(self) -> str:
+        """The run's confidence level as text, "95%" for alpha = 0.05 (config `stats`)."""
+        from evalkit.config import StatsSettings
+
+        stats = StatsSettings.model_validate(((self.run.manifest.get("config") or {}).get("stats")) or {})
+        return f"{100 * (1 - stats.alpha):g}%"
+
+    @cached_property
     def human(self) -> dict[str, pd.DataFrame]:
         """aggregate() tables when ratings were imported, else {}."""
         if self.run.ratings.empty:

@@ -22,7 +22,7 @@ import random
 import statistics
 import threading
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -51,7 +51,6 @@ PROMPT_RECIPE = (
 ).format(n=len(WORDS))
 SAMPLE_INTERVAL_S = 0.05
 WARMUP_TOKENS = 16
-_HAS_IGNORE_EOS = "ignore_eos" in {f.name for f in fields(GenRequest)}
 
 
 def synthetic_prompt(engine: Engine, index: int, n_tokens: int) -> list[int]:
@@ -195,7 +194,6 @@ class CostSuite(Suite["CostSettings"]):
         return out
 
     def _requests(self, engine: Engine, first: int, n: int, tag: str, max_tokens: int) -> list[GenRequest]:
-        extra = {"ignore_eos": True} if _HAS_IGNORE_EOS else {}  # once GenRequest has the field
         return [
             GenRequest(
                 key=f"{tag}/q{i - first}",
@@ -203,7 +201,7 @@ class CostSuite(Suite["CostSettings"]):
                 chat=False,
                 max_tokens=max_tokens,
                 prompt_token_ids=tuple(synthetic_prompt(engine, i, self.settings.prompt_tokens)),
-                **extra,
+                ignore_eos=True,  # fixed lengths: generate past end-of-generation
             )
             for i in range(first, first + n)
         ]
@@ -242,7 +240,7 @@ class CostSuite(Suite["CostSettings"]):
                 repeat=item.data["repeat"],
                 prompt_tokens=self.settings.prompt_tokens,
                 output_tokens_requested=self.settings.output_tokens,
-                ignore_eos=_HAS_IGNORE_EOS,
+                ignore_eos=True,
                 prompt_construction=PROMPT_RECIPE,
                 wall_s=wall,
                 requests=[
