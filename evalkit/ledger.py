@@ -47,10 +47,17 @@ CUDA_CONTEXT_BYTES = GB // 2
 # evalkit + llama_cpp imports 138 MB, and 64 MB more after a load (small compute-buffer parts, tokenizer).
 RUNTIME_BYTES = {"llamacpp": GB // 5, "vllm": GB}
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
-# vLLM on CPU runs two processes: the front end (evalkit's worker, which imports torch and vLLM and holds the
-# tokenizer) and the engine core (weights, KV cache). Resident sizes measured on this machine (PSS):
-VLLM_FRONTEND_BYTES = GB // 2
-VLLM_CPU_CORE_RUNTIME_BYTES = GB // 2
+# vLLM on CPU runs three processes: the front end (evalkit's worker: evalkit, vLLM, torch, the tokenizer), the
+# engine core (the scheduler; torch imported) and the model worker (weights, KV cache). Measured on this
+# machine (vllm-cpu 0.32, default config, Gemma 3 270M, high-water marks): front end 0.88 GB after imports and
+# tokenizer; engine core 1.2 GB; the model worker's own runtime is inside its reservation (the KV cache gets
+# the reservation minus the worker's RSS). A perplexity chunk's prompt log-probabilities (chunk x vocab f32)
+# add transients in the model worker (1.4 GB over its reservation) and growth in the front end (1.3 GB): 2.7 GB
+# for 512-token chunks of a 262,144-token vocabulary, about 5 such arrays (VLLM_LOGITS_ARRAYS; one model).
+VLLM_FRONTEND_BYTES = 9 * GB // 10
+VLLM_ENGINE_CORE_BYTES = 12 * GB // 10
+VLLM_CPU_CORE_RUNTIME_BYTES = GB  # the model worker's runtime, inside the reservation
+VLLM_LOGITS_ARRAYS = 5
 
 # Bits per weight of llama.cpp's quantization mixes, whole model, as published in llama.cpp's
 # examples/quantize/README.md (Llama 2 7B). The _M mixes keep some tensors at more bits: Q4_K_M is Q4_K
@@ -455,6 +462,7 @@ class Workload:
     last row only). None of it is known from a deployment alone, so the plan reads it from the config."""
 
     scored_rows: int = 1
+    prompt_logprob_rows: int = 0  # rows of prompt log-probabilities one request asks for (vLLM: the whole chunk)
 
 
 def workload_of(config: Any) -> Workload:
@@ -462,7 +470,7 @@ def workload_of(config: Any) -> Workload:
     if ppl is None:
         return Workload()
     n_ctx = int(ppl.n_ctx)
-    return Workload(scored_rows=n_ctx - n_ctx // 2)
+    return Workload(scored_rows=n_ctx - n_ctx // 2, prompt_logprob_rows=n_ctx)
 
 
 def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
@@ -570,8 +578,12 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
             pool = core - fixed_dev
             notes.append(f"engine process reserves gpu_memory_utilization {options.gpu_memory_utilization} x {node / GB:.1f} GB "
                          f"({'NUMA node' if hw.node_ram_bytes else 'RAM'}); the KV cache gets the rest")
-        per_device, n_dev = int(core + VLLM_FRONTEND_BYTES), 1
-        overhead = acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES + VLLM_FRONTEND_BYTES
+        logit_arrays = VLLM_LOGITS_ARRAYS * (workload.prompt_logprob_rows if workload else 0) * arch.vocab * 4
+        processes = VLLM_FRONTEND_BYTES + VLLM_ENGINE_CORE_BYTES + logit_arrays
+        per_device, n_dev = int(core + processes), 1
+        overhead = acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES + processes
+        notes.append(f"front end and engine-core processes {(VLLM_FRONTEND_BYTES + VLLM_ENGINE_CORE_BYTES) / GB:.1f} GB"
+                     + (f", prompt log-prob arrays {logit_arrays / GB:.2f} GB" if logit_arrays else ""))
         devices = f"CPU {budget / GB:.1f} GB RAM"
         fits = per_device <= budget and pool >= kv_seq_dev
         if pool < kv_seq_dev:
