@@ -139,3 +139,16 @@ def test_valid_data_passes_and_is_described(tmp_path: Path) -> None:
     described = preflight(config, file)
     assert list(described) == ["prompts", "perplexity", "mmlu", "longcontext", "cost"]
     assert len(described["longcontext"]["filler_sha256"]) == 64
+
+
+def test_a_worker_that_exits_0_with_items_pending_has_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor is plumbing here: it reports success without recording anything. The run must say the
+    deployment did not finish (exit 2 at the command line), not report success on an empty run."""
+    import evalkit.pipeline as pipeline
+    from evalkit.errors import EvalkitError
+
+    config = tmp_path / "run.yaml"
+    config.write_text(HEAD + f"suites:\n  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 2}}\n")
+    monkeypatch.setattr(pipeline, "run_workers", lambda run, names, *a, **k: {n: 0 for n in names})
+    with pytest.raises(EvalkitError, match=r"deployment\(s\) a did not finish; rerun with --resume"):
+        pipeline.run(str(config), tmp_path / "out", None, use_cache=False)

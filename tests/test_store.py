@@ -90,7 +90,11 @@ def test_a_writer_never_cuts_or_glues_onto_a_live_writers_half_written_batch(tmp
 
 def _create(out: str, start: "object", q: "object") -> None:
     start.wait()  # type: ignore[attr-defined]
-    q.put(RunDir.create(Path(out), "same-second").path.name)  # type: ignore[attr-defined]
+    # many creations each, so the processes really contend for the same names
+    q.put([RunDir.create(Path(out), "same-second").path.name for _ in range(REPEATS)])  # type: ignore[attr-defined]
+
+
+REPEATS, CREATORS = 60, 6
 
 
 def test_run_dirs_created_at_once_with_one_name_get_distinct_directories(tmp_path: Path) -> None:
@@ -98,15 +102,17 @@ def test_run_dirs_created_at_once_with_one_name_get_distinct_directories(tmp_pat
 
     ctx = mp.get_context("spawn")
     start, q = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_create, args=(str(tmp_path), start, q)) for _ in range(4)]
+    procs = [ctx.Process(target=_create, args=(str(tmp_path), start, q)) for _ in range(CREATORS)]
     for p in procs:
         p.start()
     start.set()
     for p in procs:
         p.join(120)
-        assert p.exitcode == 0
-    names = sorted(q.get(timeout=5) for _ in procs)
-    assert names == ["same-second", "same-second-2", "same-second-3", "same-second-4"]
+        assert p.exitcode == 0  # a collision would be FileExistsError in one of them
+    names = sorted(n for _ in procs for n in q.get(timeout=5))
+    expected = ["same-second"] + [f"same-second-{i}" for i in range(2, REPEATS * CREATORS + 1)]
+    assert names == sorted(expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(expected)
 
 
 def test_a_run_dir_in_use_is_refused(tmp_path: Path) -> None:

