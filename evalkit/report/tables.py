@@ -69,7 +69,10 @@ def kld_caption(view: RunView) -> str:
                 "gives no full distribution)")
         if bias:
             text += "; on this run's exact pairs the same bound reads " + ", ".join(
-                f"{100 * b:.0f}% low for {d}" for d, b in bias)
+                f"{100 * b:.1f}% low for {d}" for d, b in bias)
+        else:
+            measured = view.suite_info.get("perplexity", {}).get("kld_bias")
+            text += f"; {measured}" if measured else ""
         parts.append(text + ".")
     return " ".join(parts)
 
