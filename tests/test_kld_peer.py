@@ -53,8 +53,13 @@ def _number(pattern: str, text: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[str, Any]:
+def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from evalkit.variants import prepare_variant
+
+    # ../shared/data beside the checkout; EVALKIT_SHARED_DATA where that is elsewhere (git worktrees).
+    shared_data = Path(os.environ.get("EVALKIT_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    if not (shared_data / "wikitext-2-raw" / "wiki.test.raw").is_file():
+        pytest.skip(f"WikiText-2 not found under {shared_data} (set EVALKIT_SHARED_DATA)")
 
     quantize = _tool("llama-quantize")
     perplexity = _tool("llama-perplexity")
