@@ -41,7 +41,9 @@ def cache_hits(engine: Any) -> int | None:
     For engine calls whose results are plain lists (next_token_logprobs, score_span) and so cannot carry
     a `cached` flag: a suite compares the count before and after its calls.
     """
-    return getattr(getattr(engine, "stats", None), "hits", None)
+    run_stats = getattr(engine, "run_stats", None)  # Engine.run_stats(): a cache wrapper reports "cache_hits"
+    hits = run_stats().get("cache_hits") if callable(run_stats) else None
+    return int(hits) if hits is not None else None
 
 
 def batch_provenance(engine: Any, hits_before: int | None, lookups: int) -> dict[str, Any]:
