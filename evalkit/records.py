@@ -84,7 +84,7 @@ class PromptRecord(Record):
     n_prompt_tokens: int
     n_output_tokens: int
     finish_reason: str
-    ttft_s: float | None
+    ttft_s: float | None = None
     total_s: float
     reference: str | None = None
     target_lang: str | None = None
@@ -149,7 +149,7 @@ class MmluRecord(Record):
     prompt_token_ids: list[int]
     n_prompt_tokens: int
     prompt_sha256: str
-    letter_token_ids: list[int] | None
+    letter_token_ids: list[int] | None = None  # None: the letters were not single tokens
     method: Literal["one-pass", "four-continuations"]
     choice_logprobs: list[float]
     pred: str
@@ -164,7 +164,7 @@ class MmluRecord(Record):
 class GenTimings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    ttft_s: float | None
+    ttft_s: float | None = None
     total_s: float
 
 
@@ -201,7 +201,7 @@ class HumanEvalRecord(Record):
     output_text: str
     output_token_ids: list[int]
     finish_reason: str
-    ttft_s: float | None
+    ttft_s: float | None = None
     total_s: float
     entry_point: str | None = None  # records written before they carried their task: completed from the data
     test: str | None = None
@@ -217,7 +217,7 @@ class CostRequest(BaseModel):
     prompt_tokens: int
     output_tokens: int
     finish_reason: str
-    ttft_s: float | None
+    ttft_s: float | None = None
     total_s: float
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -301,5 +301,9 @@ def typed(records: Mapping[str, Sequence[Record | dict[str, Any]]]) -> dict[str,
 
 
 def dump_record(record: Record) -> dict[str, Any]:
-    """The JSON-able form written as one records line."""
-    return record.model_dump(mode="json")
+    """The JSON-able form written as one records line.
+
+    Fields that are None are left out (every such field defaults to None when read back), so a line
+    has only what was measured: a skipped long-context item has `skipped` and no output fields.
+    """
+    return record.model_dump(mode="json", exclude_none=True)

@@ -156,7 +156,7 @@ def _nvml_handles() -> list[Any]:
 def level_metrics(record: dict[str, Any]) -> dict[str, float]:
     """One (level, repeat)'s figures from its raw per-request timings."""
     reqs = record["requests"]
-    ttfts = [r["ttft_s"] for r in reqs if r["ttft_s"] is not None]
+    ttfts = [r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]
     lat = [r["total_s"] for r in reqs]
     out_tokens = [r["output_tokens"] for r in reqs]
     m = {
