@@ -9,6 +9,7 @@ from typing import Any
 
 from evalkit.config import Config
 from evalkit.records import Record, parse_record
+from evalkit.spreadsheet import neutralize_cell
 from evalkit.store import COMPARISON_COLUMNS, SCORE_COLUMNS, RunDir, atomic_write_text, rows_to_csv
 from evalkit.suites import enabled_suites
 from evalkit.suites.base import ScoreContext
@@ -16,13 +17,6 @@ from evalkit.suites.base import ScoreContext
 SCORES_CSV = "scores.csv"
 COMPARISONS_CSV = "comparisons.csv"
 ITEMS_DIR = "items"
-
-
-def neutralize_cell(value: Any) -> Any:
-    """Keep spreadsheet programs from running model output as a formula (same rule as rating sheets)."""
-    from evalkit.rating.export import neutralize
-
-    return neutralize(value) if isinstance(value, str) else value
 
 
 def records_by_suite(run: RunDir, deployments: list[str]) -> dict[str, dict[str, list[Record]]]:

@@ -15,13 +15,13 @@ import hashlib
 import io
 import json
 import random
-import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from evalkit.errors import DataError, RatingSheetError, RunDirError
 from evalkit.resources import resource_path
 from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text
+from evalkit.spreadsheet import FORMULA_TRIGGERS, neutralize, unneutralize  # noqa: F401 (re-exported for sheet readers)
 
 Mode = Literal["absolute", "pairwise"]
 Fmt = Literal["csv", "xlsx"]
@@ -40,34 +40,12 @@ COLUMNS: dict[str, list[str]] = {
     "pairwise": _COMMON + ["output_A", "output_B", "rubric", "choice", "comment"],
 }
 
-# OWASP CSV Injection (www-community, current text): no cell may begin with = + - @ TAB CR LF.
-# ASVS 5.0 (1.2.10) adds NUL, which _sanitize below already replaces.
-FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n", "\0")
-EXCEL_CELL_LIMIT = 32767  # Excel and LibreOffice refuse or cut longer cells
-_TRUNCATED = " …[truncated by evalkit]"
-# Control characters that XML (xlsx) cannot hold and that confuse CSV readers; TAB/LF/CR are kept.
-_ILLEGAL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
-
-
 def ratings_dir(run_path: Path) -> Path:
     return Path(run_path) / RATINGS_DIR
 
 
 def key_path(run_path: Path) -> Path:
     return ratings_dir(run_path) / KEY_FILE
-
-
-def neutralize(text: str) -> str:
-    """Cell text a spreadsheet shows as text: control characters replaced, formula triggers quoted."""
-    text = _ILLEGAL_CHARS.sub("\ufffd", text)
-    if len(text) > EXCEL_CELL_LIMIT:
-        text = text[: EXCEL_CELL_LIMIT - len(_TRUNCATED) - 1] + _TRUNCATED
-    return "'" + text if text.startswith(FORMULA_TRIGGERS) else text
-
-
-def unneutralize(text: str) -> str:
-    """Inverse of `neutralize`'s quoting: a re-saved sheet may keep or drop the apostrophe."""
-    return text[1:] if text.startswith("'") and text[1:].startswith(FORMULA_TRIGGERS) else text
 
 
 def load_key(run_path: Path) -> dict[str, Any]:

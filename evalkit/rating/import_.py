@@ -20,8 +20,9 @@ from typing import Any
 
 from evalkit.errors import RatingSheetError
 from evalkit.rating.export import (
-    CHOICES, RATINGS_DIR, SCORE_MAX, SCORE_MIN, load_key, unneutralize,
+    CHOICES, RATINGS_DIR, SCORE_MAX, SCORE_MIN, load_key,
 )
+from evalkit.spreadsheet import unneutralize
 from evalkit.store import RunDir, atomic_write_text
 
 IMPORTED_DIR = "imported"
