@@ -184,6 +184,9 @@ class DecisionSettings(_Strict):
     # reference, the value itself (perplexity/ppl_ratio: 1.05). See evalkit/metrics/noninferiority.py.
     margins: dict[str, float] = Field(default_factory=dict)
     scenarios: list[Scenario] = Field(default_factory=list)  # further workloads shown beside the stated one
+    # Throughputs within this fraction of the highest are tied (a single measurement varies by a few %);
+    # the least memory per device wins among tied deployments.
+    throughput_tie: float = Field(default=0.05, ge=0.0, lt=1.0)
 
     @field_validator("margins")
     @classmethod

@@ -32,8 +32,9 @@ DECISION_JSON = "decision.json"
 PRIMARY = "workload"  # name of the stated workload among the scenarios
 RULE = ("Among deployments that fit the hardware at the stated context and concurrency, meet the latency and "
         "throughput limits, and are non-inferior on every margin (the reference qualifies on quality by "
-        "definition), the one with the highest output tokens/s at the stated concurrency; ties broken by the "
-        "smaller memory per device.")
+        "definition), the one with the highest output tokens/s at the stated concurrency; throughputs within "
+        "{tie:.0%} of the highest count as tied (one measurement's noise), and among tied ones the smaller memory "
+        "per device wins.")
 TEST = ("non-inferiority: the bound of the run's two-sided (1 - alpha) paired interval that faces the margin "
         "(one-sided level alpha/2); inconclusive when the interval contains the margin")
 # Options that size one sequence's KV cache / the number of sequences served at once (engine option models).
@@ -459,16 +460,31 @@ def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.D
                               non_inferior, bool(feasible) and non_inferior, reasons, changes)
 
 
-def _rank_key(d: DeploymentDecision) -> tuple[float, float, str]:
-    tps = d.cost.tokens_per_s if d.cost and d.cost.tokens_per_s is not None else -math.inf
-    mem = d.memory.per_device_gb if d.memory and d.memory.per_device_gb is not None else math.inf
-    return (-tps, mem, d.deployment)
+def _tps(d: DeploymentDecision) -> float:
+    return d.cost.tokens_per_s if d.cost and d.cost.tokens_per_s is not None else -math.inf
+
+
+def _mem(d: DeploymentDecision) -> float:
+    return d.memory.per_device_gb if d.memory and d.memory.per_device_gb is not None else math.inf
+
+
+def rank(qualifying: list[DeploymentDecision], tie: float) -> tuple[list[DeploymentDecision], int]:
+    """The qualifying deployments best first, and how many are tied at the top (throughput within `tie`
+    of the highest: the least memory per device first among them). Unknown throughput ranks last."""
+    best = max((_tps(d) for d in qualifying), default=-math.inf)
+    if best == -math.inf:  # no throughput known at all: memory decides
+        return sorted(qualifying, key=lambda d: (_mem(d), d.deployment)), len(qualifying)
+    tied = [d for d in qualifying if _tps(d) >= best * (1 - tie)]
+    rest = [d for d in qualifying if d not in tied]
+    return (sorted(tied, key=lambda d: (_mem(d), -_tps(d), d.deployment))
+            + sorted(rest, key=lambda d: (-_tps(d), _mem(d), d.deployment)), len(tied))
 
 
 def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.DataFrame, reference: str,
-                    deployments: list[str], margins: dict[str, float], memory: dict[str, MemoryFit]) -> ScenarioDecision:
+                    deployments: list[str], margins: dict[str, float], memory: dict[str, MemoryFit],
+                    tie: float = 0.05) -> ScenarioDecision:
     table = [judge_deployment(d, reference, scores, comps, margins, workload, memory.get(d)) for d in deployments]
-    ranked = sorted((d for d in table if d.qualifies), key=_rank_key)
+    ranked, n_tied = rank([d for d in table if d.qualifies], tie)
     load = _workload_text(workload)
     reasons: list[str] = []
     change: list[str] = []
@@ -479,9 +495,13 @@ def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.Da
         mem = f"{_fmt(best.memory.per_device_gb)} of {_fmt(best.memory.budget_gb)} GB per device" if best.memory else "memory unknown"
         quality = "the reference" if best.reference else f"non-inferior on all {len(margins)} margin(s)"
         runner = f"; next: {ranked[1].deployment}" if len(ranked) > 1 else ""
-        summary = (f"Serve {best.deployment} for {load}: it fits ({mem}), is {quality}, and has the highest "
-                   f"throughput of the {len(ranked)} deployment(s) that qualify ({cost}){runner}.")
-        reasons.append(f"{best.deployment}: qualifies with the highest throughput ({cost}); {mem}.")
+        if n_tied > 1:
+            speed = (f"has the least memory of the {n_tied} whose throughput is within {tie:.0%} of the highest "
+                     f"among the {len(ranked)} that qualify ({cost})")
+        else:
+            speed = f"has the highest throughput of the {len(ranked)} deployment(s) that qualify ({cost})"
+        summary = f"Serve {best.deployment} for {load}: it fits ({mem}), is {quality}, and {speed}{runner}."
+        reasons.append(f"{best.deployment}: qualifies and {speed}; {mem}.")
     else:
         summary = f"No deployment qualifies for {load}: " + "; ".join(
             f"{d.deployment} {d.reasons[0]}" if d.reasons else f"{d.deployment} not feasible" for d in table) + "."
@@ -490,8 +510,9 @@ def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.Da
         if not d.qualifies:
             reasons.append(f"{d.deployment}: " + ("; ".join(d.reasons) or "not feasible") + ".")
         elif ranked and d is not ranked[0]:
-            reasons.append(f"{d.deployment}: qualifies, lower throughput"
-                           f" ({_fmt(d.cost.tokens_per_s) if d.cost else '?'} tokens/s).")
+            tied = ranked.index(d) < n_tied
+            reasons.append(f"{d.deployment}: qualifies, " + ("tied on throughput, more memory" if tied else "lower throughput")
+                           + f" ({_fmt(d.cost.tokens_per_s) if d.cost else '?'} tokens/s, {_fmt(_mem(d))} GB per device).")
     return ScenarioDecision(name, workload.model_dump(mode="json"), ranked[0].deployment if ranked else None,
                             summary, reasons, table, change)
 
@@ -501,9 +522,10 @@ def decide(scores: pd.DataFrame, comps: pd.DataFrame, reference: str, deployment
     """Decide every workload of `settings` (config.DecisionSettings); `memory` maps scenario name -> plan."""
     workloads = [(PRIMARY, settings.workload)] + [(s.name, s) for s in settings.scenarios]
     margins = dict(settings.margins)
-    out = [decide_scenario(name, w, scores, comps, reference, deployments, margins, memory.get(name, {}))
+    tie = float(settings.throughput_tie)
+    out = [decide_scenario(name, w, scores, comps, reference, deployments, margins, memory.get(name, {}), tie)
            for name, w in workloads]
-    return Decision(RULE, TEST, alpha, margins, out)
+    return Decision(RULE.format(tie=tie), TEST, alpha, margins, out)
 
 
 # -- wiring: scoring, run directories ------------------------------------------------------------------------

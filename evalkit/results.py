@@ -104,6 +104,7 @@ class Run:
             "workload": workload if workload is not None else base.get("workload", {}),
             "margins": margins if margins is not None else base.get("margins", {}),
             "scenarios": scenarios if scenarios is not None else base.get("scenarios", []),
+            **({"throughput_tie": base["throughput_tie"]} if "throughput_tie" in base else {}),
         })
         decision = decide_from(config, Path(self.manifest["config_file"]), self.manifest, self.scores, self.comparisons, settings)
         assert decision is not None

@@ -173,13 +173,15 @@ def test_nothing_qualifies_says_why_and_what_would_change() -> None:
 
 def test_ties_broken_by_memory_and_unmeasured_load_is_not_extrapolated() -> None:
     scores, comps, _, _ = frames()
-    s = settings(concurrency=1)
-    # a and c both at 30 tokens/s at c1 (c edited), c non-inferior too: c uses 7 GB, a 9 GB -> c
-    scores.loc[(scores.deployment == C) & (scores.category == "c1") & (scores.metric == "tokens_per_s"), "value"] = 30.0
+    # c made non-inferior and 29 tokens/s at c1, a 30: within 5% of the highest (28.5 <= 29), so tied;
+    # c uses 7 GB per device, a 9 GB -> c. With no tolerance a is simply faster.
+    scores.loc[(scores.deployment == C) & (scores.category == "c1") & (scores.metric == "tokens_per_s"), "value"] = 29.0
     comps.loc[comps.deployment == C, ["diff", "ci_low", "ci_high"]] = [-0.01, -0.03, 0.01]
     scores.loc[(scores.deployment == C) & (scores.metric == "ppl_ratio"), ["value", "ci_low", "ci_high"]] = [1.02, 1.0, 1.04]
-    dec = decide(scores, comps, REF, [REF, A, B, C], s, {"workload": fits()})
-    assert dec.recommended == C
+    dec = decide(scores, comps, REF, [REF, A, B, C], settings(concurrency=1), {"workload": fits()})
+    assert dec.recommended == C and "the least memory of the 2 whose throughput is within 5%" in dec.summary
+    exact = DecisionSettings.model_validate({"workload": {"concurrency": 1}, "margins": MARGINS, "throughput_tie": 0})
+    assert decide(scores, comps, REF, [REF, A, B, C], exact, {"workload": fits()}).recommended == A
     # concurrency 8 lies beyond the measured 1 and 4: unknown, so a latency limit cannot be met
     cost = cost_at(scores, A, 8)
     assert cost is not None and cost.tokens_per_s is None and "not extrapolated" in cost.how

@@ -17,8 +17,10 @@ VERDICT_LABEL = {"non-inferior": "non-inferior ✓", "inferior": "inferior ✗",
                  "reference": "reference"}
 
 
-def _g(x: float | None, digits: int = 3) -> str:
-    return "–" if x is None or not math.isfinite(x) else signed(f"{x:.{digits}g}")
+def _g(x: float | None, digits: int = 4) -> str:
+    if x is None or not math.isfinite(x):
+        return "–"
+    return signed(f"{x:,.0f}" if abs(x) >= 10 ** (digits - 1) else f"{x:.{digits}g}")
 
 
 def _margin_cell(m: MarginResult) -> Cell:
@@ -36,7 +38,7 @@ def _memory_cell(d: DeploymentDecision) -> Cell:
     if d.memory is None or d.memory.fits is None:
         return Cell("unknown", d.memory.note if d.memory else "")
     return Cell("fits" if d.memory.fits else "does not fit",
-                f"{_g(d.memory.per_device_gb)} of {_g(d.memory.budget_gb)} GB per device", note=d.memory.note)
+                f"{_g(d.memory.per_device_gb, 3)} of {_g(d.memory.budget_gb, 3)} GB per device", note=d.memory.note)
 
 
 def _cost_cell(d: DeploymentDecision, key: str) -> Cell:
@@ -87,10 +89,13 @@ def pareto_plot(decision: Decision) -> P.Plot | None:
     top = max(mems) if mems else 1.0
     for ax, key in zip(axes, keys):
         xs, ys = [], []
+        basis = next((m.basis for d in sc.deployments for m in d.margins if m.key == key and m.decision != "reference"),
+                     "difference")
         for i, d in enumerate(pts):
             m = next(m for m in d.margins if m.key == key)
             x = float(d.cost.tokens_per_s)  # type: ignore[union-attr]
-            y = 0.0 if m.decision == "reference" and m.basis == "difference" else m.estimate
+            # the reference sits at 0 on a difference; a value-only metric (a ratio) has none for it: a line
+            y = (0.0 if basis == "difference" else None) if m.decision == "reference" else m.estimate
             size = 40 + 400 * ((d.memory.per_device_gb or 0) / top if d.memory and d.memory.per_device_gb else 0)
             color = P.REFERENCE_COLOR if d.reference else P.PALETTE[i % len(P.PALETTE)]
             if y is None:
@@ -116,11 +121,10 @@ def pareto_plot(decision: Decision) -> P.Plot | None:
         ax.annotate(f"margin {decision.margins[key]:g}", (0.01, decision.margins[key]), xycoords=("axes fraction", "data"),
                     fontsize=7, color="#cc0000", va="bottom")
         ax.set_xlabel(f"output tokens/s at {sc.workload['concurrency']} concurrent")
-        basis = next((m.basis for d in pts for m in d.margins if m.key == key and m.decision != "reference"), "difference")
         ax.set_ylabel(f"{key} ({'Δ vs reference' if basis == 'difference' else 'value'}; "
                       f"{'higher' if direction == 'higher' else 'lower'} is better)", fontsize=8)
         ax.grid(alpha=0.3)
-    P._legend(fig, axes[0])
+    P._legend(fig, max(axes, key=lambda a: len(a.get_legend_handles_labels()[0])))  # the panel naming the most
     return P.Plot("decision", "Quality against throughput at the stated load (marker area: memory per device)",
                   P._png(fig), "Scatter of each margin's estimate with its interval against throughput; marker size is memory")
 
