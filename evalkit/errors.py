@@ -12,6 +12,10 @@ class EvalkitError(Exception):
         self.problem = problem
         super().__init__(f"{source}: {problem}" if source else problem)
 
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Picklable with its two fields (a Ray task's error crosses processes to the driver).
+        return (self.__class__, (self.source, self.problem))
+
 
 class ConfigError(EvalkitError):
     """The config file is missing, unreadable, or does not match the schema."""

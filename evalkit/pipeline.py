@@ -1,8 +1,6 @@
 """The staged runner: config -> run directory -> one worker process per deployment -> scores -> report."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,6 +11,7 @@ from evalkit.config import Config, load_config
 from evalkit.engines import engine_spec
 from evalkit.environment import accelerators, library_versions, machine
 from evalkit.errors import EvalkitError, ModelFileError
+from evalkit.executors import Executor, make_executor
 from evalkit.models import check_model, fingerprint, resolve_source
 from evalkit.store import RunDir
 
@@ -113,18 +112,10 @@ def _ledger(config: Config, config_file: Path) -> list[dict[str, Any]]:
         return []
 
 
-def run_workers(run: RunDir, names: list[str]) -> dict[str, int]:
-    """One subprocess per deployment, in order; returns exit codes. A failed deployment doesn't stop the run."""
-    codes: dict[str, int] = {}
-    for name in names:
-        print(f"evalkit: running deployment {name}", file=sys.stderr, flush=True)
-        env = os.environ.copy()
-        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the terminal for evalkit's progress bars
-        proc = subprocess.run([sys.executable, "-m", "evalkit.worker", str(run.path), name], env=env)
-        codes[name] = proc.returncode
-        if proc.returncode != 0:
-            print(f"evalkit: deployment {name} failed (exit {proc.returncode}); its finished items are kept", file=sys.stderr)
-    return codes
+def run_workers(run: RunDir, names: list[str], executor: Executor | None = None) -> dict[str, int]:
+    """Every unit of the named deployments on `executor` (default: local); exit code per deployment.
+    A failed deployment doesn't stop the run."""
+    return (executor or make_executor("local")).run(run, names)
 
 
 def pending_items(run: RunDir, name: str) -> int:
@@ -147,7 +138,23 @@ def warn_hardware(run: RunDir) -> None:
             print(f"evalkit: warning: {name}: {warning}", file=sys.stderr)
 
 
-def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: bool = True, strict: bool = False) -> RunDir:
+def choose_executor(config: Config, kind: str | None, address: str | None) -> Executor:
+    """The command line's choice over the config's `executor:` block."""
+    settings = config.executor
+    kind = kind or ("ray" if address else settings.kind)
+    address = address if address is not None else settings.address
+    return make_executor(kind, address=address, max_attempts=settings.max_attempts, namespace=settings.namespace)
+
+
+def run(
+    config_path: str | None,
+    out_dir: Path,
+    resume: Path | None,
+    use_cache: bool = True,
+    strict: bool = False,
+    executor: str | None = None,
+    ray_address: str | None = None,
+) -> RunDir:
     if resume is not None:
         run_dir = RunDir.open(resume)
         manifest = run_dir.manifest()
@@ -155,7 +162,8 @@ def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: 
         from evalkit.preflight import preflight
 
         # The suite data may have moved or changed since the run started: say so before any worker starts.
-        preflight(Config.model_validate(manifest["config"]), Path(manifest["config_file"]))
+        config = Config.model_validate(manifest["config"])
+        preflight(config, Path(manifest["config_file"]))
     else:
         config, config_file = load_config(config_path)
         run_dir = new_run(config, config_file, out_dir, use_cache, strict=strict)
@@ -163,7 +171,7 @@ def run(config_path: str | None, out_dir: Path, resume: Path | None, use_cache: 
     with run_dir.exclusive():  # a second run --resume of this directory is refused, not run twice
         print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
         warn_hardware(run_dir)
-        codes = run_workers(run_dir, names)
+        codes = run_workers(run_dir, names, choose_executor(config, executor, ray_address))
         from evalkit.scoring import score_run
         from evalkit.report.render import render_report
 

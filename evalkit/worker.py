@@ -1,87 +1,234 @@
-"""One deployment's work, in its own process: load the engine once (only if a request misses the
-engine-result cache), run every suite's pending items.
+"""One unit's work: load the engine once (only if a request misses the engine-result cache), run every
+pending item of its suites, and hand each batch of records to a sink.
 
-Run as `python -m evalkit.worker RUN_DIR DEPLOYMENT`. A crash or out-of-memory here loses only this
-deployment's unfinished items (finished ones are already on disk), and the memory goes back to the
-OS when the process exits, before the next deployment loads.
+`run_unit` is the one function both executors use: the local executor runs it in a subprocess
+(`python -m evalkit.worker RUN_DIR DEPLOYMENT`) whose sink appends to the run directory; the Ray executor
+runs it in a Ray task whose sink streams records back to the driver, the only writer. A crash or
+out-of-memory here loses only the unit's unfinished items (finished ones are already recorded), and the
+memory goes back to the OS when the process exits, before the next unit loads.
 """
 from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-
-from tqdm import tqdm
+from typing import Any, Callable, Protocol
 
 from evalkit.capabilities import runnable_suites
 from evalkit.config import Config
 from evalkit.engines import load_engine
 from evalkit.engines.base import SamplingParams
 from evalkit.errors import EXIT_USER_ERROR, EvalkitError
+from evalkit.executors.units import Unit, shard_of
 from evalkit.store import RunDir, atomic_write_text, record_key
 from evalkit.suites import enabled_suites
-from evalkit.suites.base import RunBinding
+from evalkit.suites.base import Item, RunBinding, Suite
 
 
-def run_deployment(run_dir: Path, deployment_name: str) -> None:
-    run = RunDir.open(run_dir)
+@dataclass
+class UnitWork:
+    """Everything a unit needs, picklable: a node running it never reads the run directory."""
+
+    unit: Unit
+    deployment: Any  # the config's deployment (a noise-floor rerun carries its base's spec)
+    resolved: dict[str, Any]  # the manifest's entry: path, sha256, variant, replicate
+    suites: list[tuple[Suite, list[Item]]]  # pending items only
+    sampling: SamplingParams
+    use_cache: bool
+
+    @property
+    def n_items(self) -> int:
+        return sum(len(items) for _, items in self.suites)
+
+    def keys(self) -> set[str]:
+        return {record_key(s.name, i.item_id) for s, items in self.suites for i in items}
+
+
+class RecordSink(Protocol):
+    """Where a unit's output goes: records (each batch durable before the call returns), its description."""
+
+    def begin(self, suite: str, total: int) -> None: ...
+
+    def write(self, suite: str, records: list[dict[str, Any]]) -> None: ...
+
+    def end(self, suite: str, seconds: float) -> None: ...
+
+    def describe(self, described: dict[str, Any]) -> None: ...
+
+
+def unit_work(run: RunDir, unit: Unit) -> UnitWork | None:
+    """The unit's still-pending items, read from the run directory (None: nothing left to do)."""
     manifest = run.manifest()
     config = Config.model_validate(manifest["config"])
     config_file = Path(manifest["config_file"])
-    resolved = manifest["deployments"][deployment_name]
-    deployment = config.deployment(resolved.get("base", deployment_name))  # a noise-floor rerun uses its base's spec
+    resolved = manifest["deployments"][unit.deployment]
+    deployment = config.deployment(resolved.get("base", unit.deployment))
+    done = run.done_keys(unit.deployment)
+    suites: list[tuple[Suite, list[Item]]] = []
     # Suites the plan skipped for this deployment (its engine lacks a capability) are not run.
-    suites = runnable_suites(enabled_suites(config, config_file), manifest, deployment_name)
-    for suite in suites:
-        suite.bind(RunBinding(run.path, deployment_name, manifest["reference"]))
+    for suite in runnable_suites(enabled_suites(config, config_file), manifest, unit.deployment):
+        # The perplexity suite reads (the reference writes) the reference's stored distributions there.
+        suite.bind(RunBinding(run.path, unit.deployment, manifest["reference"]))
+        mine = shard_of(suite.items(), unit.shard, unit.shards)
+        pending = [i for i in mine if record_key(suite.name, i.item_id) not in done]
+        if pending:
+            suites.append((suite, pending))
+    if not suites:
+        return None
+    return UnitWork(unit, deployment, dict(resolved), suites, SamplingParams(**config.sampling.model_dump()),
+                    bool(manifest.get("use_cache", True)))
 
-    done = run.done_keys(deployment_name)
-    pending = {s.name: [i for i in s.items() if record_key(s.name, i.item_id) not in done] for s in suites}
-    if not any(pending.values()):
-        return
 
-    if manifest.get("use_cache", True):
-        # Loads the engine only when a request misses the cache (the first time, at once).
-        engine = _open_cached(deployment, resolved, deployment_name)
+def node_info() -> dict[str, Any]:
+    """Where this process runs: host, process, and the devices it may use (Ray's view when inside Ray)."""
+    info: dict[str, Any] = {"hostname": platform.node(), "pid": os.getpid(),
+                            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            info["ray_node_id"] = ctx.get_node_id()
+            info["accelerators"] = {k: list(v) for k, v in ctx.get_accelerator_ids().items() if v}
+    except ImportError:
+        pass
+    return info
+
+
+def run_unit(
+    work: UnitWork,
+    sink: RecordSink,
+    model_path: str | None = None,
+    on_cache_put: Callable[[str, Any], None] | None = None,
+) -> None:
+    """Run every pending item of `work` on one engine (loaded once, only when the cache cannot answer).
+
+    `on_cache_put` sees every engine-result cache entry this unit writes (the Ray executor sends them to the
+    driver's cache, which then answers the next run without shipping work)."""
+    name = work.unit.deployment
+    resolved = {**work.resolved, "path": model_path or work.resolved["path"]}
+    if work.use_cache:
+        from evalkit.cache import open_engine
+
+        engine = open_engine(work.deployment, resolved, name)
+        if on_cache_put is not None:
+            engine.store = _TeeCache(engine.store, on_cache_put)
     else:
-        engine = load_engine(deployment.engine, resolved["path"], deployment.options, deployment_name)
-    engine_file = run.path / "engines" / f"{deployment_name}.json"
-    described = {"deployment": deployment_name, "worker_pid": os.getpid(), **engine.info().__dict__}
-    atomic_write_text(engine_file, json.dumps(described, indent=2, default=str) + "\n")
-    sampling = SamplingParams(**config.sampling.model_dump())
-    with run.writer(deployment_name) as writer:
-        for suite in suites:
-            items = pending[suite.name]
-            if not items:
-                continue
-            bar = tqdm(total=len(items), desc=f"{deployment_name} · {suite.name}", unit="item", file=sys.stderr)
+        engine = load_engine(work.deployment.engine, resolved["path"], work.deployment.options, name)
+    described: dict[str, Any] = {"deployment": name, "worker_pid": os.getpid(), **engine.info().__dict__}
+    sink.describe(described)
+    try:
+        for suite, items in work.suites:
+            sink.begin(suite.name, len(items))
 
-            def emit(records: list[dict], _bar: tqdm = bar, _suite: str = suite.name) -> None:
+            def emit(records: list[dict[str, Any]], _suite: str = suite.name) -> None:
                 for r in records:
                     r.setdefault("suite", _suite)
-                    r["deployment"] = deployment_name
-                writer.write_batch(records)
-                _bar.update(len(records))
+                    r["deployment"] = name
+                sink.write(_suite, records)
 
             start = time.perf_counter()
-            suite.run(engine, items, sampling, emit)
-            bar.close()
-            print(f"{deployment_name} · {suite.name}: {len(items)} items in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    stats = engine.run_stats()  # wrappers say what the cache saved and whether the engine loaded at all
-    if stats:
-        # The real engine's description when it was loaded during this run (its load_s is this run's).
-        described.update({"deployment": deployment_name, "worker_pid": os.getpid(), **engine.info().__dict__})
-        described.update(stats)
-        atomic_write_text(engine_file, json.dumps(described, indent=2, default=str) + "\n")
-    engine.close()
+            suite.run(engine, items, work.sampling, emit)
+            sink.end(suite.name, time.perf_counter() - start)
+        stats = engine.run_stats()  # wrappers say what the cache saved and whether the engine loaded at all
+        if stats:
+            # The real engine's description when it was loaded during this run (its load_s is this run's).
+            described.update({"deployment": name, "worker_pid": os.getpid(), **engine.info().__dict__})
+            described.update(stats)
+            sink.describe(described)
+    finally:
+        engine.close()
 
 
-def _open_cached(deployment, resolved, deployment_name):  # type: ignore[no-untyped-def]
-    from evalkit.cache import open_engine
+class _TeeCache:
+    """A result cache that also tells a listener about every entry it stores."""
 
-    return open_engine(deployment, resolved, deployment_name)
+    def __init__(self, inner: Any, listener: Callable[[str, Any], None]) -> None:
+        self.inner = inner
+        self.listener = listener
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def get(self, key: str) -> Any | None:
+        return self.inner.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self.inner.put(key, value)
+        self.listener(key, value)
+
+
+def engine_file(run: RunDir, deployment: str) -> Path:
+    return run.path / "engines" / f"{deployment}.json"
+
+
+def write_description(run: RunDir, deployment: str, described: dict[str, Any], unit: dict[str, Any]) -> None:
+    """engines/<deployment>.json: the engine's description and every unit that ran it (node, devices).
+
+    Earlier units (other shards, an interrupted attempt, a run resumed with another executor) are kept.
+    """
+    path = engine_file(run, deployment)
+    units: list[dict[str, Any]] = []
+    try:
+        units = list(json.loads(path.read_text(encoding="utf-8")).get("units", []))
+    except (OSError, ValueError, AttributeError):
+        pass
+    units = [u for u in units if (u.get("unit"), u.get("attempt_id")) != (unit.get("unit"), unit.get("attempt_id"))]
+    out = {**described, "units": [*units, unit]}
+    atomic_write_text(path, json.dumps(out, indent=2, default=str) + "\n")
+
+
+class FileSink:
+    """The local executor's sink: records appended to the run directory, progress on this terminal."""
+
+    def __init__(self, run: RunDir, unit: Unit, executor: str = "local") -> None:
+        self.run = run
+        self.unit = unit
+        self.writer = run.writer(unit.deployment)
+        self.node = {"unit": unit.unit_id, "executor": executor, "attempt_id": f"{os.getpid()}-{time.time():.0f}",
+                     **node_info()}
+        self._bar: Any = None
+
+    def begin(self, suite: str, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc=f"{self.unit.unit_id} · {suite}", unit="item", file=sys.stderr)
+
+    def write(self, suite: str, records: list[dict[str, Any]]) -> None:
+        self.writer.write_batch(records)
+        if self._bar is not None:
+            self._bar.update(len(records))
+
+    def end(self, suite: str, seconds: float) -> None:
+        if self._bar is not None:
+            n = self._bar.n
+            self._bar.close()
+            self._bar = None
+            print(f"{self.unit.unit_id} · {suite}: {n} items in {seconds:.1f} s", file=sys.stderr)
+
+    def describe(self, described: dict[str, Any]) -> None:
+        write_description(self.run, self.unit.deployment, described, self.node)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def run_deployment(run_dir: Path, deployment_name: str) -> None:
+    """The local executor's unit: a whole deployment, its records appended to the run directory."""
+    run = RunDir.open(run_dir)
+    unit = Unit(deployment_name)
+    work = unit_work(run, unit)
+    if work is None:
+        return
+    sink = FileSink(run, unit)
+    try:
+        run_unit(work, sink)
+    finally:
+        sink.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,9 @@ class Suite(ABC, Generic[SettingsT]):
     # What the engine must be able to do; a deployment whose engine lacks one is skipped at plan time
     # (evalkit/capabilities.py). An instance may narrow or widen it from its settings.
     requires: frozenset[Capability] = frozenset()
+    # True when other deployments read what the reference's run leaves in the run directory (perplexity's
+    # stored distributions): a parallel executor then runs the reference first.
+    reference_first: bool = False
 
     def bind(self, binding: RunBinding) -> None:
         """Called by the worker before `run`."""

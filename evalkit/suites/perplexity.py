@@ -89,6 +89,7 @@ def chunk_id(index: int) -> str:
 class PerplexitySuite(Suite["PerplexitySettings"]):
     name = "perplexity"
     requires = frozenset({Capability.PROMPT_LOGPROBS, Capability.TOKENIZER})
+    reference_first = True  # exact KLD reads the reference's stored distributions
 
     # -- data -----------------------------------------------------------------------------------
 

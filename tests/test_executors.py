@@ -1,0 +1,64 @@
+"""Executor plumbing without engines: shards, executor choice, config errors. (The executors themselves
+run real models on a real Ray cluster in test_ray_executor.py.)"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evalkit.config import load_config
+from evalkit.errors import ConfigError
+from evalkit.executors.units import Unit, shard_of
+
+BASE = """\
+reference: a
+deployments:
+  - {name: a, engine: llamacpp, model: x.gguf}
+"""
+
+
+def test_shards_are_round_robin_disjoint_and_complete() -> None:
+    items = list(range(7))
+    shards = [shard_of(items, i, 3) for i in range(3)]
+    assert shards == [[0, 3, 6], [1, 4], [2, 5]]  # by hand
+    assert sorted(x for s in shards for x in s) == items
+    assert Unit("a").unit_id == "a" and Unit("a", 1, 3).unit_id == "a[2/3]"
+
+
+def test_executor_settings_and_choice(tmp_path: Path) -> None:
+    from evalkit.pipeline import choose_executor
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE + "executor: {kind: ray, address: auto, max_attempts: 2}\n")
+    config, _ = load_config(cfg)
+    assert (config.executor.kind, config.executor.address, config.executor.max_attempts) == ("ray", "auto", 2)
+    ex = choose_executor(config, None, None)
+    assert (ex.kind, ex.address, ex.max_attempts) == ("ray", "auto", 2)
+    assert choose_executor(config, "local", None).kind == "local"  # the command line wins
+    cfg.write_text(BASE)
+    config, _ = load_config(cfg)
+    assert choose_executor(config, None, None).kind == "local"  # the default
+    assert choose_executor(config, None, "10.0.0.1:6379").kind == "ray"  # an address means Ray
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ("executor: {kind: slurm}\n", "executor.kind"),
+        ("executor: {kind: ray, adress: auto}\n", "did you mean 'address'"),
+        ("executor: {max_attempts: 0}\n", "executor.max_attempts"),
+    ],
+)
+def test_executor_mistakes_are_one_line(tmp_path: Path, extra: str, expected: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE + extra)
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_replicas_must_be_positive(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE.replace("model: x.gguf}", "model: x.gguf, replicas: 0}"))
+    with pytest.raises(ConfigError, match=r"deployments\[0\]\.replicas"):
+        load_config(cfg)
