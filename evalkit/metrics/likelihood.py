@@ -300,7 +300,7 @@ def summarize_drift(drift: TokenDrift, exact: bool = False) -> DriftSummary:
 
 
 def nll_and_topk(
-    logits: np.ndarray, targets: Sequence[int], k: int, block: int = 4, lanes: int = 16
+    logits: np.ndarray, targets: Sequence[int], k: int, block: int = 4, lanes: int = 16, normalized: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of raw logits (n, vocab): NLL of `targets[i]`, and the top-k ids and log-probs (descending).
 
@@ -311,7 +311,7 @@ def nll_and_topk(
     - logsumexp from one subtract / exp / sum pass (what llama-perplexity computes per row);
     - the top-k ids lie in the k buckets with the largest maxima (any id outside them has k larger
       bucket maxima above it), so only k * lanes candidates (+ the vocab % lanes leftovers) are sorted.
-    `logits` is not modified.
+    `logits` is not modified. `normalized`: the rows already are log-softmax (their logsumexp is 0, skip it).
     """
     x_all = np.asarray(logits)
     n, vocab = x_all.shape
@@ -325,7 +325,7 @@ def nll_and_topk(
     width = vocab // lanes
     offsets = np.arange(lanes, dtype=np.int64)[None, None, :] * width
     leftovers = np.arange(width * lanes, vocab, dtype=np.int64)
-    scratch = np.empty((min(block, n), vocab), dtype=np.float32)
+    scratch = np.empty((min(block, n), vocab) if not normalized else (0, 0), dtype=np.float32)
     for b0 in range(0, n, block):
         x = x_all[b0 : b0 + block]
         rows = x.shape[0]
@@ -333,10 +333,13 @@ def nll_and_topk(
         m = bucket_max.max(axis=1, keepdims=True)
         if leftovers.size:
             m = np.maximum(m, x[:, leftovers].max(axis=1, keepdims=True))
-        s = scratch[:rows]
-        np.subtract(x, m, out=s)
-        np.exp(s, out=s)
-        lse = m[:, 0].astype(np.float64) + np.log(s.sum(axis=1).astype(np.float64))
+        if normalized:
+            lse = np.zeros(rows)
+        else:
+            s = scratch[:rows]
+            np.subtract(x, m, out=s)
+            np.exp(s, out=s)
+            lse = m[:, 0].astype(np.float64) + np.log(s.sum(axis=1).astype(np.float64))
         nll[b0 : b0 + rows] = lse - x[np.arange(rows), tg[b0 : b0 + rows]]
         if k == 0:
             continue

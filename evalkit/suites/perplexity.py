@@ -385,7 +385,7 @@ def score_chunk_full(
         for start, rows in distributions(chunk, first):
             if rows.shape[1] != vocab:
                 raise StoreMismatch(f"engine gave {rows.shape[1]} log-probs per token, its vocabulary has {vocab}")
-            b_nll, ids, lps = nll_and_topk(rows, chunk[start : start + rows.shape[0]], max(top_k, 1))
+            b_nll, ids, lps = nll_and_topk(rows, chunk[start : start + rows.shape[0]], max(top_k, 1), normalized=True)
             nll += b_nll.tolist()
             top += [[[int(t), round(float(lp), LOGPROB_DECIMALS)] for t, lp in zip(ti[:top_k], li[:top_k])]
                     for ti, li in zip(ids, lps)]
