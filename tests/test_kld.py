@@ -135,10 +135,26 @@ def test_drift_summary_is_llamacpps_block() -> None:
 # -- the suite's exact path, plumbing with a stand-in engine (the real engines: tests/test_kld_peer.py) ---
 
 
-class _FakeDistEngine:
-    """Byte tokenizer and synthetic full distributions: row for position p depends on (seed, p, token)."""
+from evalkit.engines.base import Engine as _Engine
+
+
+class _FakeDistEngine(_Engine):
+    """Byte tokenizer and synthetic full distributions: row for position p depends on (seed, p, token).
+    What it does not implement raises (the suite's exact path must not call it)."""
 
     name = "llamacpp"
+
+    def prompt_token_ids(self, request: Any) -> list[int]:
+        raise NotImplementedError
+
+    def generate(self, requests: Any, sampling: Any) -> Any:
+        raise NotImplementedError
+
+    def score(self, sequences: Any, top_k: int = 0) -> Any:
+        raise NotImplementedError
+
+    def next_token_logprobs(self, prompts: Any, candidates: Any) -> Any:
+        raise NotImplementedError
 
     def __init__(self, seed: int, noise: float, vocab: int = 2000) -> None:
         self.seed, self.noise, self.vocab, self.calls = seed, noise, vocab, 0
