@@ -21,6 +21,7 @@ __all__ = ["ENGINES", "Capability", "EngineSpec", "UnitResources", "engine_spec"
 ENGINES: dict[str, str] = {
     "llamacpp": "evalkit.engines.llamacpp:SPEC",
     "vllm": "evalkit.engines.vllm:SPEC",
+    "hf": "evalkit.engines.hf:SPEC",
 }
 
 

@@ -1,0 +1,425 @@
+"""Hugging Face transformers engine (`AutoModelForCausalLM`, in-process, CPU or GPU): the exact reference.
+
+What it is for: a deployment evaluated with the plainest possible numerics (float32 by default, no
+kernels beyond torch's), whose full next-token distribution is available at every position, so the
+KL-divergence of a quantized deployment against it is exact rather than a top-k bound. It is also the
+backend lm-evaluation-harness uses by default.
+
+It loads a Hugging Face checkpoint directory, typically evalkit's `hf` variant of a GGUF
+(`model: {source: pkg:..., variant: hf}`), whose tokenizer was made to tokenize exactly as llama.cpp does
+(evalkit/variants.py). Tokenization is the tokenizer-only stand-in's (`VllmTokenizer`: the checkpoint's
+HF tokenizer, BOS read from behaviour, the chat template's generation prompt), so token ids are the
+same for this engine, its stand-in, vLLM on the same checkpoint and llama.cpp on the source GGUF.
+
+Numerics (why each choice):
+- One sequence per forward pass, no padding: padding and batch shape change rounding; a reference
+  should not depend on which requests happened to share a batch.
+- Log-probabilities are float32: logits cast up whatever the dtype, the log-softmax normaliser in float64.
+- Logits are computed from the decoder's last hidden states in blocks of rows through the output
+  embedding (plus the model's final logit soft-capping, when its config has one), so a 262k-token
+  vocabulary never needs an n_ctx x vocab matrix at once.
+- Generation is our own loop over the KV cache (greedy argmax, or temperature + top-p sampling with a
+  fresh `torch.Generator` seeded per request): the result of a request never depends on earlier requests,
+  and the checkpoint's `generation_config` defaults (e.g. Gemma's top_k=64) cannot leak in.
+- torch itself and transformers are imported only when a model loads.
+"""
+from __future__ import annotations
+
+import time
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.spec import Capability, EngineSpec, UnitResources
+from evalkit.engines.tokenizer import HfTokens
+from evalkit.errors import EngineUnavailableError, ModelFileError
+
+if TYPE_CHECKING:
+    import torch
+
+    from evalkit.hardware import HardwareUse, Precision
+
+ROW_BLOCK = 64  # logit rows per block: 64 x 262k float32 = 67 MB
+# Token texts that end a turn in common chat templates; llama.cpp counts them as end-of-generation too.
+_END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
+
+
+class HfOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"  # "auto" (cuda:0 when torch sees a GPU, else cpu), "cpu", "cuda", "cuda:1", ...
+    max_length: int = Field(default=4096, ge=2)  # context: prompt + generated tokens, and scoring length
+    n_threads: int | None = Field(default=None, ge=1)  # torch CPU threads (None: torch's default)
+    attn_implementation: Literal["eager", "sdpa"] = "eager"  # eager: plain matmul+softmax, the reference
+    chat_template: Literal["auto", "none"] = "auto"
+
+
+def _torch_dtype(name: str) -> "torch.dtype":
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _device(options: HfOptions) -> str:
+    if options.device != "auto":
+        return options.device
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+class HfEngine(HfTokens, Engine):
+    name = "hf"
+
+    def __init__(self, model_path: str, options: HfOptions) -> None:
+        import torch
+        import transformers
+
+        from evalkit.engines.tokenizer import VllmTokenizer
+
+        self.options = options
+        self.model_path = str(model_path)
+        self._device = _device(options)
+        if options.n_threads is not None:
+            torch.set_num_threads(options.n_threads)
+        start = time.perf_counter()
+        # The tokenizer-only stand-in's set-up is the definition of this engine's tokenization too.
+        stand_in = VllmTokenizer(self.model_path, options)
+        self._tok, self._bos, self._add_bos = stand_in._tok, stand_in._bos, stand_in._add_bos
+        self._chat_template, self._use_chat = stand_in._chat_template, stand_in._use_chat
+        try:
+            self._model = transformers.AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=_torch_dtype(options.dtype), attn_implementation=options.attn_implementation
+            )
+        except (OSError, ValueError) as e:
+            raise ModelFileError(self.model_path, f"transformers could not load the model ({_first_line(e)})") from None
+        try:
+            self._model.to(self._device)
+        except (RuntimeError, AssertionError) as e:  # e.g. "Torch not compiled with CUDA enabled"
+            raise EngineUnavailableError(f"model {self.model_path}", f"device {self._device!r}: {_first_line(e)}") from None
+        self._model.eval()
+        self._load_s = time.perf_counter() - start
+        cfg = self._model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        self._softcap = getattr(text_cfg, "final_logit_softcapping", None)
+        self._head = self._model.get_output_embeddings()
+        self._vocab_size = int(self._head.weight.shape[0])
+        self._eog = self._end_of_generation_ids()
+
+    def _end_of_generation_ids(self) -> frozenset[int]:
+        """EOS from the tokenizer and generation config, plus end-of-turn tokens the vocabulary has."""
+        ids: set[int] = set()
+        gen_eos = getattr(getattr(self._model, "generation_config", None), "eos_token_id", None)
+        for v in (gen_eos, self._tok.eos_token_id):
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(int(x) for x in v)
+        vocab = self._tok.get_vocab()
+        ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
+        return frozenset(ids)
+
+    # -- forward passes ---------------------------------------------------------------------------
+
+    def _check_length(self, n: int) -> None:
+        if n > self.options.max_length:
+            raise ValueError(f"sequence of {n} tokens exceeds max_length={self.options.max_length}")
+        if n == 0:
+            raise ValueError("cannot run an empty token sequence")
+
+    def _hidden(self, token_ids: Sequence[int]) -> "torch.Tensor":
+        """The decoder's final (normalised) hidden states (1, n, d) for one sequence, no cache: what the
+        CausalLM forward feeds its output embedding."""
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self._device)
+        with torch.inference_mode():
+            return self._model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+
+    def _logprob_rows(self, hidden: "torch.Tensor", rows: range) -> Iterator[tuple[int, "torch.Tensor"]]:
+        """Log-softmax (float32 rows, float64 normaliser) of the logits at hidden-state rows `rows`, in blocks:
+        (first row, (m, vocab))."""
+        import torch
+
+        with torch.inference_mode():
+            for a in range(rows.start, rows.stop, ROW_BLOCK):
+                b = min(rows.stop, a + ROW_BLOCK)
+                logits = self._head(hidden[0, a:b]).float()
+                if self._softcap:
+                    logits = torch.tanh(logits / self._softcap) * self._softcap
+                # The normaliser in float64: a float32 logsumexp over 262k entries is off by ~3e-5, which
+                # would bias an exact KL-divergence against this reference by as much.
+                lse = torch.logsumexp(logits.double(), dim=-1, keepdim=True)
+                yield a, (logits.double() - lse).float()
+
+    def _next_logits(self, ids: "torch.Tensor", past: Any) -> tuple["torch.Tensor", Any]:
+        import torch
+
+        with torch.inference_mode():
+            out = self._model(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float(), out.past_key_values  # the forward soft-caps its logits itself
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        """Requests one after another (in-process, like llama.cpp); timings from the call's start."""
+        import torch
+
+        arrival = time.perf_counter()
+        for req in requests:
+            tokens = self.prompt_token_ids(req)
+            max_tokens = req.max_tokens or sampling.max_tokens
+            room = self.options.max_length - len(tokens)
+            out: list[int] = []
+            ttft: float | None = None
+            finish = "length"
+            if not tokens:
+                finish = "empty_prompt"
+            elif room <= 0:
+                finish = "prompt_too_long"
+            else:
+                gen = torch.Generator(device=self._device)
+                gen.manual_seed(sampling.seed)  # per request: earlier requests cannot change this one
+                ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
+                past: Any = None
+                while True:
+                    logits, past = self._next_logits(ids, past)
+                    tok = _pick(logits, sampling, gen)
+                    if ttft is None:
+                        ttft = time.perf_counter() - arrival
+                    if not req.ignore_eos and tok in self._eog:
+                        finish = "stop"
+                        break
+                    out.append(tok)
+                    if len(out) >= min(max_tokens, room):
+                        break
+                    ids = torch.tensor([[tok]], dtype=torch.long, device=self._device)
+            yield GenResult(
+                key=req.key,
+                prompt_token_ids=tokens,
+                output_text=self.detokenize(out),
+                output_token_ids=out,
+                prompt_format=self.prompt_format(req),
+                finish_reason=finish,
+                ttft_s=ttft,
+                total_s=time.perf_counter() - arrival,
+            )
+
+    # -- likelihoods ------------------------------------------------------------------------------
+
+    def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        import torch
+
+        results = []
+        for seq in map(list, sequences):
+            self._check_length(len(seq))
+            logprobs: list[float | None] = [None] * len(seq)
+            top: list[list[tuple[int, float]]] | None = [[] for _ in seq] if top_k else None
+            hidden = self._hidden(seq)
+            targets = torch.tensor(seq, dtype=torch.long, device=self._device)
+            for a, lp in self._logprob_rows(hidden, range(0, len(seq) - 1)):
+                m = lp.shape[0]  # row a + j predicts token a + j + 1
+                got = lp.gather(1, targets[a + 1 : a + 1 + m, None])[:, 0].tolist()
+                logprobs[a + 1 : a + 1 + m] = got
+                if top is not None:
+                    vals, idx = lp.topk(min(top_k, lp.shape[1]), dim=-1)
+                    for j, (v, i) in enumerate(zip(vals.tolist(), idx.tolist())):
+                        top[a + 1 + j] = list(zip(i, v))
+            results.append(TokenScores(token_ids=seq, logprobs=logprobs, top=top))
+        return results
+
+    def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
+        """Only the rows first-1 .. n-2 are turned into logits (the default would do every position)."""
+        import torch
+
+        seq = list(token_ids)
+        self._check_length(len(seq))
+        targets = torch.tensor(seq, dtype=torch.long, device=self._device)
+        nll: list[float] = []
+        top: list[list[list[float]]] = []
+        for a, lp in self._logprob_rows(self._hidden(seq), range(first - 1, len(seq) - 1)):
+            nll += (-lp.gather(1, targets[a + 1 : a + 1 + lp.shape[0], None])[:, 0]).tolist()
+            if top_k:
+                vals, idx = lp.topk(min(top_k, lp.shape[1]), dim=-1)
+                top += [[[int(t), float(v)] for t, v in zip(i, vs)] for i, vs in zip(idx.tolist(), vals.tolist())]
+            else:
+                top += [[] for _ in range(lp.shape[0])]
+        return nll, top
+
+    def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
+        seq = list(token_ids)
+        self._check_length(len(seq))
+        if not 1 <= first <= len(seq):
+            raise ValueError(f"first={first} must be in 1..{len(seq)}")
+        for a, lp in self._logprob_rows(self._hidden(seq), range(first - 1, len(seq) - 1)):
+            yield a + 1, lp.cpu().numpy()
+
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
+        cand = [int(c) for c in candidates]
+        for c in cand:
+            if not 0 <= c < self._vocab_size:
+                raise ValueError(f"candidate token id {c} is outside the vocabulary (0..{self._vocab_size - 1})")
+        out = []
+        for prompt in map(list, prompts):
+            self._check_length(len(prompt))
+            hidden = self._hidden(prompt)
+            _, lp = next(self._logprob_rows(hidden, range(len(prompt) - 1, len(prompt))))
+            out.append([float(x) for x in lp[0, cand].tolist()])
+        return out
+
+    # -- description ------------------------------------------------------------------------------
+
+    def info(self) -> EngineInfo:
+        import hashlib
+
+        import torch
+
+        extra: dict[str, Any] = {
+            "dtype": self.options.dtype,
+            "device": self._device if self._device == "cpu" else f"{self._device} ({torch.cuda.get_device_name(self._device)})",
+            "torch_version": torch.__version__,
+            "attn_implementation": self.options.attn_implementation,
+            "n_threads": torch.get_num_threads(),
+            "architecture": type(self._model).__name__,
+            "final_logit_softcapping": self._softcap,
+            "end_of_generation_ids": sorted(self._eog),
+        }
+        if self._chat_template is not None:
+            extra["chat_template_sha256"] = hashlib.sha256(self._chat_template.encode()).hexdigest()
+        return EngineInfo(
+            engine=self.name,
+            # torch's version is part of it: its kernels make the numbers (the cache keys on this string).
+            engine_version=f"{version('transformers')}+torch{torch.__version__}",
+            model_path=self.model_path,
+            add_bos=self._add_bos,
+            bos_token_id=self._bos,
+            chat_template="hf:tokenizer.chat_template" if self._use_chat else None,
+            vocab_size=self._vocab_size,
+            n_ctx=self.options.max_length,
+            load_s=self._load_s,
+            extra=extra,
+        )
+
+    def close(self) -> None:
+        import gc
+
+        self._model = None  # type: ignore[assignment]
+        gc.collect()
+
+
+def _pick(logits: "torch.Tensor", sampling: SamplingParams, gen: "torch.Generator") -> int:
+    """Greedy at temperature 0; else softmax(logits / T), restricted to the top-p nucleus, sampled with `gen`."""
+    import torch
+
+    if sampling.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < sampling.top_p  # the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+# -- the spec -------------------------------------------------------------------------------------
+
+
+def _load(model_path: str, options: Any) -> Engine:
+    return HfEngine(model_path, options)
+
+
+def _tokenizer(model_path: str, options: Any) -> Engine:
+    from evalkit.engines.tokenizer import VllmTokenizer
+
+    class HfTokenizer(VllmTokenizer):
+        name = "hf"
+
+    return HfTokenizer(model_path, options)
+
+
+def _memory(name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any) -> Any:
+    """One sequence at a time: weights in `dtype`, a KV cache that grows to max_length, one block of logits."""
+    from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, LedgerRow, _fits_count
+
+    per = 4 if options.dtype == "float32" else 2
+    n_ctx = int(options.max_length)
+    swa = min(n_ctx, arch.sliding_window) if arch.sliding_window else None  # transformers caches only the window
+    kv = arch.kv_bytes(n_ctx, swa, per)
+    acts = n_ctx * (arch.intermediate + 4 * arch.hidden) * per + 2 * ROW_BLOCK * arch.vocab * 4
+    runtime = GB  # the interpreter with torch and transformers imported
+    on_gpu = hw.gpus > 0 and options.device != "cpu"
+    if on_gpu:
+        budget, fixed = hw.gpu_memory_bytes, weights_bytes + acts + CUDA_CONTEXT_BYTES
+        devices = f"1x GPU {hw.gpu_memory_bytes / GB:.1f} GB"
+    else:
+        budget, fixed = hw.ram_bytes, weights_bytes + acts + runtime
+        devices = f"CPU {hw.ram_bytes / GB:.1f} GB RAM"
+    per_tok = arch.kv_bytes_per_token(per)
+    mem_ctx = max_ctx = _fits_count(budget - fixed, per_tok)
+    if arch.context_length and max_ctx > arch.context_length:
+        max_ctx = arch.context_length
+    overhead = fixed - weights_bytes
+    return LedgerRow(
+        deployment=name, engine="hf", precision=f"{precision} as {options.dtype}", weights_from=weights_from,
+        devices=devices, n_devices=1, weights_bytes=weights_bytes, kv_bytes_per_token=per_tok, kv_bytes=kv,
+        overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv + overhead), per_device_bytes=int(fixed + kv),
+        device_budget_bytes=budget, fits=fixed + kv <= budget, max_context=max_ctx, memory_context=mem_ctx,
+        max_concurrency=1, notes="transformers, one sequence at a time (no batching)",
+    )
+
+
+def _precision(requested: str | None, capability: tuple[int, int] | None) -> "Precision":
+    from evalkit.hardware import Precision
+
+    if requested is not None:
+        return Precision("unavailable", f"the hf engine loads a checkpoint as it is; it has no quantization {requested!r}")
+    return Precision("not-requested", "no quantization: weights and compute in the configured torch dtype")
+
+
+def _hardware(deployment: Any) -> "HardwareUse":
+    from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators
+
+    options = deployment.options
+    accs = detect_accelerators()
+    used = accs[:1] if accs and options.device != "cpu" else []
+    capability = used[0].capability if used else None
+    precision = Precision(
+        "not-requested", f"transformers computes in {options.dtype} on the {'GPU' if used else 'CPU'}; log-softmax in float32"
+    )
+    return HardwareUse(describe_devices(used), capability, None, precision, ())
+
+
+def _resources(options: Any) -> UnitResources:
+    return UnitResources(num_cpus=float(options.n_threads or 1), num_gpus=0.0 if options.device == "cpu" else (1.0 if _has_gpu() else 0.0))
+
+
+def _has_gpu() -> bool:
+    from evalkit.hardware import detect_accelerators
+
+    return bool(detect_accelerators())
+
+
+SPEC = EngineSpec(
+    name="hf",
+    options_model=HfOptions,
+    model_kind="hf",
+    loader=_load,
+    tokenizer_loader=_tokenizer,
+    # n_threads is kept: torch's CPU kernels may split reductions across threads, changing the rounding.
+    numerics_options=("dtype", "device", "max_length", "attn_implementation", "n_threads"),
+    memory_model=_memory,
+    describe_hardware=_hardware,
+    precision=_precision,
+    install_hint="pip install 'evalkit[prepare]' (transformers, torch)",
+    capabilities=frozenset(Capability),
+    resources=_resources,
+    package=("transformers",),
+)
