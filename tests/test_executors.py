@@ -62,3 +62,15 @@ def test_replicas_must_be_positive(tmp_path: Path) -> None:
     cfg.write_text(BASE.replace("model: x.gguf}", "model: x.gguf, replicas: 0}"))
     with pytest.raises(ConfigError, match=r"deployments\[0\]\.replicas"):
         load_config(cfg)
+
+
+def test_ray_executor_without_ray_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from evalkit.executors import make_executor\n"
+            "from evalkit.errors import EvalkitError\n"
+            "try:\n    make_executor('ray')\nexcept EvalkitError as e:\n    print(e); sys.exit(2)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout.strip() == "--executor ray: Ray is not installed (pip install 'evalkit[ray]', or make install)"

@@ -67,10 +67,21 @@ def _units(run_dir: Path, name: str) -> list[dict]:
     return json.loads((run_dir / "engines" / f"{name}.json").read_text())["units"]
 
 
+def _need(module: str):  # type: ignore[no-untyped-def]
+    """Import `module`; without it these tests skip, except under CI=true where that is a failure."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(
+            f"{module} is not installed (make install; pip install 'evalkit[ray,llamacpp]')")
+
+
 @pytest.fixture(scope="module")
 def cluster():  # type: ignore[no-untyped-def]
-    pytest.importorskip("llama_cpp")
-    ray_utils = pytest.importorskip("ray.cluster_utils")
+    _need("llama_cpp")
+    ray_utils = _need("ray.cluster_utils")
     small = {"num_cpus": 1, "object_store_memory": 80 * 1024**2, "include_dashboard": False}
     c = ray_utils.Cluster(initialize_head=True, head_node_args=dict(small))
     c.add_node(**small)

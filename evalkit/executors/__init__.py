@@ -26,6 +26,12 @@ def make_executor(kind: str, address: str | None = None, max_attempts: int = 3, 
 
         return LocalExecutor()
     if kind == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            from evalkit.errors import EngineUnavailableError
+
+            raise EngineUnavailableError("--executor ray", "Ray is not installed (pip install 'evalkit[ray]', or make install)") from None
         from evalkit.executors.ray import RayExecutor
 
         return RayExecutor(address=address, max_attempts=max_attempts, namespace=namespace)
