@@ -152,7 +152,7 @@ class StatsSettings(_Strict):
 
     alpha: float = Field(default=0.05, gt=0.0, lt=0.5)
     bootstrap_samples: int = Field(default=2000, ge=100, le=100_000)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class Hardware(_Strict):

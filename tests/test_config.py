@@ -71,6 +71,7 @@ def test_embedded_default_is_valid() -> None:
         (GOOD.replace("max_tokens: 8", "max_tokens: 8, top_p: 0"), "sampling.top_p"),
         (GOOD.replace("temperature: 0.0", "temperature: -0.1"), "sampling.temperature"),
         (GOOD + "hardware: {gpus: -1}\n", "hardware.gpus"),
+        (GOOD + "stats: {seed: -1}\n", "stats.seed"),  # numpy's bootstrap generator takes no negative seed
         (GOOD + "hardware: {gpus: 1, gpu_memory_gb: 0}\n", "hardware.gpu_memory_gb"),
     ],
 )
