@@ -46,7 +46,9 @@ def numerics_options(engine: str, options: Any) -> dict[str, Any]:
     from evalkit.engines import engine_spec
 
     values = options.model_dump() if hasattr(options, "model_dump") else dict(options or {})
-    return {k: values.get(k) for k in engine_spec(engine).numerics_options if k in values}
+    spec = engine_spec(engine)
+    out = {k: values.get(k) for k in spec.numerics_options if k in values}
+    return spec.effective_numerics(out) if spec.effective_numerics is not None else out
 
 
 def key_parts_for(

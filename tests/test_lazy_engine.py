@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from conftest import require_module
+
 import evalkit.cache
 from evalkit.cache import LazyEngine, open_engine, uncached
 from evalkit.config import Config, Deployment
@@ -156,7 +158,7 @@ def test_cost_measurements_are_reused_marked_cached_without_loading(gemma: Any, 
 @pytest.mark.engine
 def test_vllm_stand_in_tokenizes_as_the_engine() -> None:
     """The stand-in against VllmEngine's own methods on vLLM's own tokenizer, without starting vLLM."""
-    pytest.importorskip("vllm")
+    require_module("vllm", "vLLM engine")
     from vllm.tokenizers.registry import get_tokenizer
 
     from evalkit.engines import tokenizer as stand_ins

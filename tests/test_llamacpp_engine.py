@@ -34,6 +34,69 @@ def test_max_tokens_and_sampling_seed(gemma_engine) -> None:  # type: ignore[no-
     assert a.output_token_ids == b.output_token_ids  # same seed, same sample
 
 
+SEEDED = GenRequest("seeded", "Once upon a time", chat=False, max_tokens=32)
+HOT = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=32, seed=7)
+
+
+def test_seeded_sample_does_not_depend_on_what_ran_before(gemma_gguf: Path) -> None:
+    """One seeded request after different histories on one engine gives the tokens a fresh engine gives.
+
+    Before the fix, llama-cpp-python reused the cached prefix of the previous request: the prompt was then
+    evaluated in another batch shape, the logits moved in the last bits, and the sample diverged."""
+    from evalkit.engines.llamacpp import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppEngine
+
+    def fresh() -> LlamaCppEngine:
+        return LlamaCppEngine(str(gemma_gguf), LlamaCppOptions(n_ctx=512))
+
+    first = fresh()
+    expected = list(first.generate([SEEDED], HOT))[0].output_token_ids
+    first.close()
+    assert len(expected) == 32
+    engine = fresh()
+    histories = {
+        "an unrelated prompt": lambda: list(engine.generate([GenRequest("o", "Water boils at", chat=False)], HOT)),
+        "itself (a full prefix-cache hit)": lambda: list(engine.generate([SEEDED], HOT)),
+        "a longer prompt sharing its prefix": lambda: list(
+            engine.generate([GenRequest("l", "Once upon a time, in a land far away, there", chat=False)], SamplingParams(max_tokens=20))
+        ),
+        "a batch around it": lambda: None,
+        "scoring": lambda: engine.score([engine.tokenize("Some unrelated text to score here.", True)]),
+        "another seed": lambda: list(engine.generate([SEEDED], SamplingParams(**{**HOT.__dict__, "seed": 8}))),
+    }
+    try:
+        for history, run in histories.items():
+            run()
+            if history == "a batch around it":
+                batch = [GenRequest("b1", "The capital of France is", chat=False), SEEDED, GenRequest("b2", "def f(x):", chat=False)]
+                got = {r.key: r.output_token_ids for r in engine.generate(batch, HOT)}["seeded"]
+            else:
+                got = list(engine.generate([SEEDED], HOT))[0].output_token_ids
+            assert got == expected, f"after {history}"
+        # The seed matters (else the assertions above could not fail): another seed, another sample.
+        other = list(engine.generate([SEEDED], SamplingParams(**{**HOT.__dict__, "seed": 8})))[0].output_token_ids
+        assert other != expected
+    finally:
+        engine.close()
+
+
+def test_ignore_eos_gives_exactly_max_tokens(smollm_gguf: Path) -> None:
+    """SmolLM2-Instruct answers "Say OK." in a few tokens and stops; with ignore_eos it must go on to max_tokens."""
+    from evalkit.engines.llamacpp import LlamaCppOptions
+    from evalkit.engines.llamacpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=512))
+    try:
+        req = GenRequest("ok", "Reply with the single word OK.", max_tokens=40)
+        (stopped,) = engine.generate([req], SamplingParams(max_tokens=40))
+        assert stopped.finish_reason == "stop" and len(stopped.output_token_ids) < 40  # the case ignore_eos is for
+        (forced,) = engine.generate([GenRequest("ok", req.prompt, max_tokens=40, ignore_eos=True)], SamplingParams(max_tokens=40))
+        assert len(forced.output_token_ids) == 40 and forced.finish_reason == "length"
+        assert forced.output_token_ids[: len(stopped.output_token_ids)] == stopped.output_token_ids
+    finally:
+        engine.close()
+
+
 def test_logprobs_match_a_direct_computation(gemma_engine) -> None:  # type: ignore[no-untyped-def]
     ids = gemma_engine.tokenize("The quick brown fox jumps over the lazy dog.", add_bos=True)
     scores = gemma_engine.score([ids], top_k=5)[0]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_module
 from evalkit.config import LongContextSettings
 from evalkit.errors import DataError
 from evalkit.metrics.repetition import distinct_n, distinct_n_corpus, seq_rep_n, words
@@ -67,7 +68,7 @@ def test_items_and_missing_filler(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def engine():  # one engine per module
-    llamacpp = pytest.importorskip("evalkit.engines.llamacpp")
+    llamacpp = require_module("evalkit.engines.llamacpp", "llama.cpp engine")
     from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.models import resolve_source
 

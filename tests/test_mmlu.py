@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_module
 from evalkit.config import MmluSettings
 from evalkit.errors import DataError
 from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff
@@ -111,7 +112,7 @@ def test_jsonl_export_equals_csv(csv_dir: Path, tmp_path: Path) -> None:
 
 
 def test_parquet_export_hub_layout(csv_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("pyarrow", reason="parquet needs pyarrow")
+    require_module("pyarrow", "parquet")
     import pandas as pd
 
     all_dir = tmp_path / "cais_mmlu" / "all"
@@ -223,7 +224,7 @@ def test_compare_flips_and_mcnemar_match_direct_computation() -> None:
 
 @pytest.fixture(scope="module")
 def engine():  # one engine per module
-    llamacpp = pytest.importorskip("evalkit.engines.llamacpp")
+    llamacpp = require_module("evalkit.engines.llamacpp", "llama.cpp engine")
     from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.models import resolve_source
 

@@ -15,8 +15,10 @@ import pytest
 
 from fixtures_run import DEPLOYMENTS, FP8, Q4, REFERENCE, shared_runs
 
-pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+from conftest import require_module
+
+require_module("nbclient", "runs the notebooks")
+require_module("ipykernel", "runs the notebooks")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 

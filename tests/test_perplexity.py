@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from conftest import require_module, unavailable
 from scipy import stats
 
 from evalkit.engines.llamacpp import LlamaCppOptions
@@ -232,11 +234,11 @@ def _gemma_path() -> Path:
     try:
         return resolve_source(GEMMA)
     except Exception as e:  # noqa: BLE001 - the demo model package is optional
-        pytest.skip(f"Gemma GGUF not available: {e}")
+        unavailable("Gemma GGUF", str(e))
 
 
 def _load(path: Path) -> Any:
-    pytest.importorskip("llama_cpp")
+    require_module("llama_cpp", "llama.cpp engine")
     from evalkit.engines.llamacpp import LlamaCppEngine
 
     return LlamaCppEngine(str(path), LlamaCppOptions(n_ctx=512, n_threads=2, n_batch=512))

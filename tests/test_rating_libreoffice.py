@@ -3,21 +3,22 @@ LibreOffice never turns a neutralized model output into a formula."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import require_tool
 from evalkit.rating import export_sheets, import_sheets
 from evalkit.rating.aggregate import ratings_frame
 from test_rating import fill, make_run, true_score  # tests/ is on sys.path (rootdir conftest, no __init__)
 
-SOFFICE = shutil.which("soffice")
-pytestmark = pytest.mark.skipif(
-    SOFFICE is None,
-    reason="LibreOffice not installed (apt-get install -y --no-install-recommends libreoffice-calc-nogui)",
-)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def soffice_exe() -> str:
+    """LibreOffice (apt-get install -y --no-install-recommends libreoffice-calc-nogui): a failure under CI=true."""
+    return require_tool("soffice", why="re-saves rating sheets")
 # Field separator 44 (,), text delimiter 34 ("), charset 76 (UTF-8), start at line 1.
 CSV_UTF8 = "44,34,76,1"
 CSV_EXPORT = f"csv:Text - txt - csv (StarCalc):{CSV_UTF8}"
@@ -31,7 +32,7 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def soffice(profile: Path, src: Path, target: str, outdir: Path, infilter: str | None = None) -> Path:
     """Open `src` in LibreOffice and save it as `target` into `outdir` (what a rater's "Save as" does)."""
-    cmd = [SOFFICE, f"-env:UserInstallation={profile.as_uri()}", "--headless", "--norestore"]
+    cmd = [require_tool("soffice"), f"-env:UserInstallation={profile.as_uri()}", "--headless", "--norestore"]
     cmd += [f"--infilter={infilter}"] if infilter else []
     cmd += ["--convert-to", target, "--outdir", str(outdir), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)

@@ -10,7 +10,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -20,6 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from conftest import require_module, require_tool
 from evalkit.report import cells as C
 from evalkit.report.render import TEMPLATES, context, md_table, render_report
 from evalkit.results import Run
@@ -211,9 +211,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @contextmanager
 def chromium(profile: Path) -> Iterator[Cdp]:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if exe is None:
-        pytest.skip("headless Chromium not installed (apt-get install chromium, or `make system-deps`)")
+    exe = require_tool("chromium", "chromium-browser", "google-chrome", why="renders the HTML report")
     profile.mkdir(parents=True, exist_ok=True)
     log = (profile.parent / "chromium.log").open("wb")
     proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
@@ -226,7 +224,7 @@ def chromium(profile: Path) -> Iterator[Cdp]:
                 raise RuntimeError(f"chromium did not start: {(profile.parent / 'chromium.log').read_text()[-2000:]}")
             time.sleep(0.1)
         port, path = port_file.read_text().split()
-        connect = pytest.importorskip("websockets.sync.client", reason="websockets (dev extra) drives Chromium").connect
+        connect = require_module("websockets.sync.client", "drives Chromium (dev extra)").connect
 
         with connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=20) as ws:
             yield Cdp(ws)

@@ -8,13 +8,31 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
 from evalkit import sandbox
 from evalkit.sandbox import extract_code, run_tests
 
 ISO = sandbox.isolation()
-NEEDS_UID = pytest.mark.skipif(ISO.uid is None, reason=f"isolation {ISO.name!r} runs code as our own uid")
-NEEDS_NS = pytest.mark.skipif("namespaces" not in ISO.name and ISO.name != "user-namespace",
-                              reason=f"isolation {ISO.name!r} has no network/PID namespace")
+NEEDS_UID = pytest.mark.usefixtures("own_uid")
+NEEDS_NS = pytest.mark.usefixtures("namespaces")
+
+
+@pytest.fixture
+def own_uid() -> None:
+    if ISO.uid is None:  # not root, or setpriv/unshare missing
+        unavailable("sandbox uid separation", f"isolation {ISO.name!r} runs code as our own uid (needs root + setpriv)")
+
+
+@pytest.fixture
+def namespaces() -> None:
+    if "namespaces" not in ISO.name and ISO.name != "user-namespace":
+        unavailable("sandbox namespaces", f"isolation {ISO.name!r} has no network/PID namespace (needs unshare)")
+
+
+@pytest.fixture
+def private_tmpfs() -> None:
+    if "tmpfs" not in ISO.name:
+        unavailable("sandbox tmpfs", f"isolation {ISO.name!r} has no private tmpfs (needs unshare as root)")
 
 
 def _leftovers() -> list[int]:
@@ -140,7 +158,7 @@ def test_cannot_write_outside_its_directory(tmp_path: Path):
     assert not target.exists() and not repo_target.exists()
 
 
-@pytest.mark.skipif("tmpfs" not in ISO.name, reason=f"isolation {ISO.name!r} has no private tmpfs")
+@pytest.mark.usefixtures("private_tmpfs")
 def test_world_writable_dirs_are_private_and_writes_are_capped():
     name = f"evalkit-escape-{os.getpid()}.txt"
     code = (

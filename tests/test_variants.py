@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from conftest import require_module
 import torch
 
 from evalkit.config import Config
@@ -62,7 +64,7 @@ def q2k() -> Path:
 
 @pytest.fixture(scope="session")
 def llama_vocab(gemma: Path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = require_module("llama_cpp", "llama.cpp quantizer")
     llm = llama_cpp.Llama(str(gemma), vocab_only=True, verbose=False)
     yield llm
     llm.close()

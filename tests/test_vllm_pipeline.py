@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_module
+
 pytestmark = [pytest.mark.engine, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,13 +35,14 @@ sampling: {{temperature: 0.0, max_tokens: 24}}
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("vllm")
+    require_module("vllm", "vLLM engine")
     base = tmp_path_factory.mktemp("vllm-run")
     (base / "c.yaml").write_text(CONFIG)
     proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(base / "c.yaml"), "--out", str(base / "out")],
                           capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
+    (base / "terminal.txt").write_text(proc.stdout + proc.stderr)
     return run
 
 
@@ -77,7 +80,16 @@ def test_parity_and_hardware_truth_are_reported(vllm_run: Path) -> None:
     manifest = json.loads((vllm_run / "manifest.json").read_text())
     hw = manifest["deployments"]["fp8w"]["hardware"]
     assert hw["warning"] and "emulat" in (hw["explanation"] + hw["warning"]).lower()
-    parity = (vllm_run / "parity.csv").read_text()
-    assert "identical" in parity
+    parity = (vllm_run / "parity.csv").read_text(encoding="utf-8-sig").splitlines()
+    n = 2 * 2  # prompts: two categories, two items each; one tokenizer and template for both checkpoints
+    assert any(line.startswith("prompts,") and f",{n}/{n} identical" in line for line in parity), parity
     report = (vllm_run / "report.html").read_text()
     assert "fp8w" in report and "emulat" in report.lower()
+
+
+def test_vllm_log_noise_stays_in_the_run_log(vllm_run: Path) -> None:
+    terminal = (vllm_run.parent.parent / "terminal.txt").read_text()
+    log = (vllm_run / "logs" / "bf16.log").read_text()
+    assert "INFO" in log and "vllm" in log.lower()  # vLLM's own logging, kept
+    assert "INFO" not in terminal and "WARNING" not in terminal.replace("evalkit: warning", "")
+    assert "bf16 · prompts" in terminal and "elapsed" in terminal

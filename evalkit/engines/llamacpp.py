@@ -9,11 +9,12 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.errors import ModelFileError
+from evalkit.hardware import engine_threads
 
 if TYPE_CHECKING:
     from evalkit.hardware import HardwareUse, Precision
@@ -25,7 +26,7 @@ class LlamaCppOptions(BaseModel):
     n_ctx: int = 4096
     n_gpu_layers: int = 0
     tensor_split: list[float] | None = None
-    n_threads: int | None = None
+    n_threads: int | None = Field(default=None, ge=1)  # None: every core this process may use (sched_getaffinity)
     n_batch: int = 512
     flash_attn: bool = False  # llama-perplexity defaults to on for CPU; it changes the numbers slightly
     chat_template: Literal["auto", "none"] = "auto"
@@ -39,6 +40,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return logits - lse
 
 
+# What a seeded request can promise on this engine (manifest and report quote it).
+REPRODUCIBILITY = (
+    "bit-identical: each request is evaluated alone from an empty cache with a sampler seeded per request, "
+    "so the same request and seed give the same tokens whatever ran before"
+)
+
+
 class LlamaCppEngine(Engine):
     name = "llamacpp"
 
@@ -47,6 +55,7 @@ class LlamaCppEngine(Engine):
         self.model_path = str(model_path)
         import llama_cpp
 
+        threads = options.n_threads or engine_threads()
         start = time.perf_counter()
         try:
             self._llm = llama_cpp.Llama(
@@ -54,7 +63,9 @@ class LlamaCppEngine(Engine):
                 n_ctx=options.n_ctx,
                 n_gpu_layers=options.n_gpu_layers,
                 tensor_split=options.tensor_split,
-                n_threads=options.n_threads,
+                # llama-cpp-python's default is half the logical CPUs for generation: one thread of two here.
+                n_threads=threads,
+                n_threads_batch=threads,
                 n_batch=options.n_batch,
                 n_ubatch=options.n_batch,
                 flash_attn=options.flash_attn,
@@ -118,7 +129,7 @@ class LlamaCppEngine(Engine):
         for req in requests:
             tokens = self.prompt_token_ids(req)
             max_tokens = req.max_tokens or sampling.max_tokens
-            self._llm.set_seed(sampling.seed)
+            self._fresh_context(sampling.seed)
             out: list[int] = []
             ttft: float | None = None
             finish = "length"
@@ -152,6 +163,18 @@ class LlamaCppEngine(Engine):
                 ttft_s=ttft,
                 total_s=time.perf_counter() - arrival,
             )
+
+    def _fresh_context(self, seed: int) -> None:
+        """Every request starts from an empty KV cache and a sampler seeded with `seed`.
+
+        Why: llama-cpp-python reuses the longest cached prefix of the previous request, so the prompt is then
+        evaluated in a different batch shape (only its tail), and ggml's CPU kernels round differently per
+        batch shape: the logits move in the last bits and a seeded sample at temperature > 0 diverges (same
+        seed, other tokens, depending on what ran before). A fresh pass costs one prompt evaluation.
+        """
+        self._llm.reset()
+        self._llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        self._llm.set_seed(seed)  # the dist sampler is rebuilt from this seed by every Llama.generate()
 
     # -- likelihoods ----------------------------------------------------------------------------
 
@@ -321,6 +344,8 @@ class LlamaCppEngine(Engine):
                 "architecture": meta.get("general.architecture"),
                 "file_type": meta.get("general.file_type"),
                 "n_threads": self._llm.n_threads,
+                "n_threads_batch": self._llm.n_threads_batch,
+                "sampling_reproducibility": REPRODUCIBILITY,
                 "n_gpu_layers": self.options.n_gpu_layers,
                 "tensor_split": self.options.tensor_split,
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),

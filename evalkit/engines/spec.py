@@ -74,6 +74,9 @@ class EngineSpec:
     resources: Callable[[Any], UnitResources]
     package: tuple[str, ...] = ()
     also_loads: tuple[str, ...] = ()  # other model kinds the engine accepts (vLLM: GGUF files, experimental)
+    # numerics values -> the values this machine really computes with (vLLM: bf16 runs as float32 on a CPU
+    # without native bf16), so the cache never serves one machine's float32 results as another's bf16.
+    effective_numerics: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def loads_kind(self, kind: str) -> bool:
         return kind == self.model_kind or kind in self.also_loads

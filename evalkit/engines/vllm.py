@@ -34,16 +34,18 @@ from __future__ import annotations
 import gc
 import hashlib
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
 from evalkit.errors import EngineUnavailableError
+from evalkit.hardware import available_cores, cpu_compute_dtype, engine_threads
 
 if TYPE_CHECKING:
     import vllm
@@ -69,6 +71,7 @@ class VllmOptions(BaseModel):
     kv_cache_dtype: str = "auto"
     chat_template: Literal["auto", "none"] = "auto"
     seed: int = 0
+    cpu_threads: int | None = Field(default=None, ge=1)  # CPU backend: OpenMP threads (None: every core we may use)
 
 
 class VllmEngine(HfTokens, Engine):
@@ -83,6 +86,11 @@ class VllmEngine(HfTokens, Engine):
                 f"vLLM's CPU backend has no FP8 kernels (quantization {options.quantization!r}); "
                 "use the fp8-weight variant (FP8 rounding emulated in 16-bit) with quantization unset",
             )
+        self._dtype_note: str | None = None
+        if _device_type() == "cpu":
+            dtype, self._dtype_note = cpu_compute_dtype(options.dtype)
+            options = options.model_copy(update={"dtype": dtype})
+            _bind_cpu_threads(options.cpu_threads)
         start = time.perf_counter()
         try:
             self._llm = self._start(options)
@@ -338,8 +346,13 @@ class VllmEngine(HfTokens, Engine):
             "max_num_seqs": self._engine.vllm_config.scheduler_config.max_num_seqs,
             "logprobs_mode": mc.logprobs_mode,
             "seed": mc.seed,
+            "sampling_reproducibility": REPRODUCIBILITY,
             "tokenizer_size": len(self._tok),
         }
+        if self._dtype_note:
+            extra["dtype_note"] = self._dtype_note
+        if extra["device"] == "cpu":
+            extra["cpu_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
         if self._chat_template is not None:
             extra["chat_template_sha256"] = hashlib.sha256(self._chat_template.encode()).hexdigest()
         return EngineInfo(
@@ -364,6 +377,30 @@ class VllmEngine(HfTokens, Engine):
         finally:
             del self._engine, self._llm
             gc.collect()
+
+
+# What a seeded request can promise on this engine (manifest and report quote it).
+REPRODUCIBILITY = (
+    "same tokens for the same request and seed up to batch composition: each request draws from its own "
+    "seeded generator, but vLLM batches concurrent requests and its kernels' rounding can depend on the batch "
+    "(and on prefix-cache hits), so a sample may flip where two tokens are nearly tied; the noise floor "
+    "(noise_floor: true) measures how often"
+)
+
+
+def _bind_cpu_threads(threads: int | None) -> None:
+    """OpenMP threads of vLLM's CPU worker: every core this process may use that other work does not keep
+    busy right now (`evalkit.hardware.engine_threads`), or `threads` of them.
+
+    vLLM's "auto" binding keeps one core for its scheduler process and one logical CPU per physical core:
+    one thread of two on a 2-core machine. The scheduler mostly waits while the worker computes, so the
+    worker gets all cores. A binding the user set in the environment wins."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(available_cores()))
+    cores = cores[: max(1, threads if threads is not None else engine_threads())]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
 @dataclass
@@ -452,12 +489,26 @@ def _hardware(deployment: Any) -> "HardwareUse":
     caps = [a.capability for a in used if a.capability is not None]
     capability = min(caps) if caps else None
     notes: list[str] = []
+    if not used:  # the CPU backend
+        _, dtype_note = cpu_compute_dtype(options.dtype)
+        if dtype_note:
+            notes.append(dtype_note)
+    notes.append(f"seeded sampling: {REPRODUCIBILITY}")
     if requested is not None and requested.lower() == "fp8":
         notes.append(
             "vLLM's online 'fp8' uses one scale per weight matrix (per tensor; vLLM 0.32 maps it to "
             "fp8_per_tensor); 'fp8_per_channel' matches evalkit's fp8-weight variant (one scale per output channel)"
         )
     return HardwareUse(describe_devices(used), capability, requested, vllm_precision(requested, capability), tuple(notes))
+
+
+def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
+    """The cache key's numerics with the dtype vLLM really computes in (bf16 -> float32 on a CPU without bf16)."""
+    from evalkit.hardware import detect_accelerators
+
+    if "dtype" in values and not detect_accelerators():
+        return {**values, "dtype": cpu_compute_dtype(values["dtype"])[0]}
+    return values
 
 
 def _resources(options: Any) -> UnitResources:
@@ -487,6 +538,7 @@ SPEC = EngineSpec(
         # max_num_seqs / gpu_memory_utilization change batch composition; vLLM's results already depend
         # on which requests share a batch, which no key can capture: a hit is one valid draw.
     ),
+    effective_numerics=_effective_numerics,
     memory_model=_memory,
     describe_hardware=_hardware,
     precision=_precision,
