@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_module
+
 from evalkit.store import read_jsonl
 
 pytestmark = pytest.mark.engine
@@ -40,7 +42,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_two_runs_started_together_in_one_out_get_their_own_directories(tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp")
+    require_module("llama_cpp")
     config = tmp_path / "run.yaml"
     config.write_text(f"""\
 reference: smol
@@ -65,7 +67,7 @@ sampling: {{temperature: 0.0, max_tokens: 2}}
 
 def test_two_processes_preparing_the_same_variant_on_a_fresh_cache_both_finish(tmp_path: Path) -> None:
     """One builds, the other waits on the variant's lock and then uses the finished variant."""
-    pytest.importorskip("llama_cpp")
+    require_module("llama_cpp")
     config = tmp_path / "prep.yaml"
     config.write_text("""\
 reference: q8

@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import require_module
+
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,7 +113,7 @@ def test_notebook_api_re_decides(run_dir: Path) -> None:
 
 
 def test_decision_notebook_runs_on_the_real_run(run_dir: Path) -> None:
-    pytest.importorskip("nbclient")
+    require_module("nbclient")
     import nbformat
     from nbclient import NotebookClient
 

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import require_module
+
 from evalkit.metrics.kld import (
     TOKEN_HEADER,
     DistributionReader,
@@ -244,8 +246,8 @@ def test_llamacpp_against_hf_reference_on_the_same_weights_is_exact(tmp_path: Pa
     """hf engine on the `hf` variant (the GGUF's weights in a transformers checkpoint) as the reference,
     llama.cpp on the GGUF itself as the deployment: per-token KLD from the store vs a direct float64
     computation over the two engines' full rows."""
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("transformers")
+    require_module("llama_cpp")
+    require_module("transformers")
     from evalkit.config import PerplexitySettings as PplSettings
     from evalkit.engines.hf import HfEngine, HfOptions
     from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions

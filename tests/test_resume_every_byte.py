@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_module
+
 from evalkit.store import RunDir, read_jsonl, record_key
 
 pytestmark = pytest.mark.engine
@@ -62,7 +64,7 @@ def records_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         return Path(request.getfixturevalue("real_run"))
     except pytest.FixtureLookupError:
         pass
-    pytest.importorskip("llama_cpp")
+    require_module("llama_cpp")
     base = tmp_path_factory.mktemp("every-byte")
     humaneval = base / "tiny-humaneval.jsonl.gz"
     humaneval.write_bytes(gzip.compress("".join(json.dumps(t) + "\n" for t in TASKS).encode()))
