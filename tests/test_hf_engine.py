@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import require_module
+
 from evalkit.engines.base import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.engine
@@ -27,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def hf_dir() -> Path:
-    pytest.importorskip("transformers")
+    require_module("transformers")
     from evalkit.variants import prepare_variant
 
     return prepare_variant(GEMMA, "hf", progress=False)
