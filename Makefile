@@ -27,7 +27,8 @@ run: $(STAMP)
 	$(PY) -m evalkit run
 
 # vLLM's front end changes process-wide settings (threads, env): its tests get their own pytest process.
-test: $(STAMP) system-deps
+# `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached).
+test: $(STAMP) system-deps peer
 	$(PY) -m pytest -q -m "not vllm"
 	$(PY) -m pytest -q -m vllm
 
