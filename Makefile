@@ -27,8 +27,9 @@ run: $(STAMP)
 	$(PY) -m evalkit run
 
 # vLLM's front end changes process-wide settings (threads, env): its tests get their own pytest process.
-# `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached).
-test: $(STAMP) system-deps peer
+# `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached; skipped when
+# LLAMA_CPP_BIN already points at built tools).
+test: $(STAMP) system-deps $(if $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),,peer)
 	$(PY) -m pytest -q -m "not vllm"
 	$(PY) -m pytest -q -m vllm
 
