@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -558,21 +558,15 @@ def decide_from(config: Any, config_file: Path, manifest: dict[str, Any], scores
     return decide(scores, comps, manifest.get("reference", config.reference), candidates(manifest, config), settings, memory, alpha)
 
 
-def annotate_comparisons(decision: Decision, comparisons: list[Any], scores: list[Any]) -> list[Any]:
+def annotate_comparisons(decision: Decision, comparisons: list[Any]) -> list[Any]:
     """comparisons.csv rows with `margin` and `decision` filled where a margin applies (stated workload).
 
     A margin on a value that only exists against the reference (e.g. perplexity ratio) has no comparison
     row: one is added with that value, its interval, and no difference (diff empty)."""
-    out = list(comparisons)
-    has_fields = {"margin", "decision"} <= {f.name for f in fields(type(out[0]))} if out else False
-    if not out and scores:
-        from evalkit.store import ComparisonRow
-
-        has_fields = {"margin", "decision"} <= {f.name for f in fields(ComparisonRow)}
-    if not has_fields:
-        return out
     from evalkit.store import ComparisonRow
 
+    out = list(comparisons)
+    ref = next((d.deployment for d in decision.primary.deployments if d.reference), "")
     for d in decision.primary.deployments:
         for m in d.margins:
             if m.decision == "reference" or m.estimate is None:
@@ -581,11 +575,9 @@ def annotate_comparisons(decision: Decision, comparisons: list[Any], scores: lis
             hit = False
             for i, c in enumerate(out):
                 if (c.deployment, c.suite, str(c.category), c.metric) == (d.deployment, mk.suite, m.category, mk.metric):
-                    if m.basis == "difference":
-                        out[i] = replace(c, margin=m.margin, decision=m.decision)
-                        hit = True
+                    out[i] = replace(c, margin=m.margin, decision=m.decision)
+                    hit = True
             if not hit:
-                ref = next((c.reference for c in out), "")
                 out.append(ComparisonRow(d.deployment, ref, mk.suite, str(m.category), mk.metric, m.estimate, math.nan,
                                          math.nan, m.ci_low, m.ci_high, None, int(m.n or 0),
                                          "non-inferiority on the deployment's own value (it exists only against the "

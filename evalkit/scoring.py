@@ -76,7 +76,7 @@ def score_run(run: RunDir) -> None:
         print(f"evalkit: warning: no decision made: {type(e).__name__}: {e}", file=sys.stderr)
         decision = None
     if decision is not None:
-        comparisons = annotate_comparisons(decision, comparisons, scores)
+        comparisons = annotate_comparisons(decision, comparisons)
     write_decision(run.path, decision)
     atomic_write_text(run.path / SCORES_CSV, rows_to_csv(scores, SCORE_COLUMNS))
     atomic_write_text(run.path / COMPARISONS_CSV, rows_to_csv(comparisons, COMPARISON_COLUMNS))

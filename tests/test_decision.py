@@ -202,7 +202,7 @@ def test_scenarios_decide_each_workload() -> None:
 def test_comparisons_gain_margin_and_decision() -> None:
     scores_df, comps_df, scores, comps = frames()
     dec = decide(scores_df, comps_df, REF, [REF, A, B, C], settings(concurrency=1), {"workload": fits()})
-    rows = annotate_comparisons(dec, comps, scores)
+    rows = annotate_comparisons(dec, comps)
     acc = {r.deployment: (r.margin, r.decision) for r in rows if r.metric == "accuracy"}
     assert acc == {A: (-0.05, "non-inferior"), B: (-0.05, "inferior"), C: (-0.05, "inconclusive")}
     ratio = {r.deployment: (r.value, r.ci_high, r.decision) for r in rows if r.metric == "ppl_ratio"}
@@ -263,3 +263,20 @@ def test_memory_plan_at_the_workload_uses_the_ledger(tmp_path: Path, gemma_gguf:
         assert short.fits is expected
     long = memory_plan(config, file, DecisionSettings.model_validate({"workload": {"context_tokens": 8192}}).workload)["r"]
     assert long.per_device_gb > short.per_device_gb > size_gb
+
+
+def test_margin_on_a_comparison_only_value_is_annotated_in_place() -> None:
+    """Flip rate exists only in comparisons.csv (value = diff, reference_value 0): its value is tested.
+    0.05 [0.02, 0.12] against at most 0.10 (lower is better): contains the margin -> inconclusive;
+    the estimate is below the margin, so the upper half-width 0.07 against the gap 0.05: 200 * 1.4^2 = 392."""
+    scores_df, comps_df, scores, comps = frames()
+    flip = ComparisonRow(A, REF, "mmlu", "all", "flip_rate", 0.05, 0.0, 0.05, 0.02, 0.12, 0.3, 200, "Wilson", False)
+    comps = comps + [flip]
+    from evalkit.decision import rows_frame
+
+    s = DecisionSettings.model_validate({"workload": {"concurrency": 1}, "margins": {"mmlu/flip_rate": 0.10}})
+    dec = decide(scores_df, rows_frame(comps), REF, [REF, A], s, {"workload": fits()})
+    (m,) = by_name(dec)[A].margins
+    assert (m.basis, m.decision, m.n_needed) == ("value", "inconclusive", 392)
+    rows = [r for r in annotate_comparisons(dec, comps) if r.metric == "flip_rate"]
+    assert len(rows) == 1 and (rows[0].margin, rows[0].decision) == (0.10, "inconclusive")

@@ -2,7 +2,7 @@
 
 What must come out is known without evalkit: Q2_K loses much more than 5% perplexity against Q4_K_M
 (llama.cpp's published ladder: Q2_K is the mix with by far the largest perplexity increase), Q8_0 is within
-a hair of 16-bit and so no worse than Q4_K_M. The run is small (3 perplexity chunks, 24 MMLU questions,
+a hair of 16-bit and so no worse than Q4_K_M. The run is small (2 perplexity chunks, 18 MMLU questions,
 two cost levels) and then re-decided from its files alone with other margins.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ deployments:
   - {{name: q8, engine: llamacpp, model: {{source: {gguf}, variant: Q8_0}}, options: {{n_ctx: 1024}}}}
   - {{name: q2k, engine: llamacpp, model: {{source: {gguf}, variant: Q2_K}}, options: {{n_ctx: 1024}}}}
 suites:
-  perplexity: {{text: {shared / 'wikitext-2-raw' / 'wiki.test.raw'}, n_ctx: 512, max_chunks: 3}}
-  mmlu: {{source: {shared / 'mmlu'}, subjects: [high_school_geography, marketing, us_foreign_policy], per_subject: 8, shots: 1}}
-  cost: {{concurrency: [1, 2], prompt_tokens: 64, output_tokens: 16, repeats: 1}}
+  perplexity: {{text: {shared / 'wikitext-2-raw' / 'wiki.test.raw'}, n_ctx: 512, max_chunks: 2}}
+  mmlu: {{source: {shared / 'mmlu'}, subjects: [high_school_geography, marketing, us_foreign_policy], per_subject: 6, shots: 1}}
+  cost: {{concurrency: [1, 2], prompt_tokens: 64, output_tokens: 8, repeats: 1}}
 decision:
   workload: {{concurrency: 2, context_tokens: 1024}}
   margins: {{perplexity/ppl_ratio: 1.05, mmlu/accuracy: -0.25}}
