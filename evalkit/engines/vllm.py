@@ -63,14 +63,14 @@ class VllmOptions(BaseModel):
 
     dtype: str = "auto"
     quantization: str | None = None
-    tensor_parallel_size: int = 1
-    max_model_len: int = 4096
-    gpu_memory_utilization: float = 0.3
-    max_num_seqs: int = 16
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_model_len: int = Field(default=4096, ge=1)
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)  # on CPU: the share of RAM
+    max_num_seqs: int = Field(default=16, ge=1)
     enforce_eager: bool = True
     kv_cache_dtype: str = "auto"
     chat_template: Literal["auto", "none"] = "auto"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 2)
     cpu_threads: int | None = Field(default=None, ge=1)  # CPU backend: OpenMP threads (None: every core we may use)
 
 
