@@ -146,3 +146,14 @@ def test_engine_logs_stay_out_of_the_terminal(real_run: Path) -> None:
         assert f"{dep} · prompts" in terminal  # evalkit's own progress is there
     assert "elapsed" in terminal and "left" in terminal  # the run-wide line
     assert "llama_" not in terminal and "ggml_" not in terminal  # llama.cpp's C-level log lines are not
+
+
+def test_prompt_suite_discriminates(real_run: Path) -> None:
+    """SmolLM2-Instruct through its chat template answers the prompts: every deployment scores above zero in
+    at least one category (Gemma 270M base scored 0 on code, reasoning and QA everywhere)."""
+    items = pd.read_csv(real_run / "items" / "prompts.csv", encoding="utf-8-sig")
+    ok = items["pass"].fillna(items["contains"]) if "contains" in items else items["pass"]
+    items = items.assign(ok=ok)
+    for dep in REAL_RUN_DEPLOYMENTS:
+        rows = items[(items.deployment == dep) & items.category.isin(["code", "reasoning", "qa"])]
+        assert rows.ok.fillna(0).astype(float).sum() > 0, dep
