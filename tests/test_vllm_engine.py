@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_module, unavailable
-from evalkit.engines.vllm import VllmOptions
+from evalkit.engines.vllm import MAX_TOP_K, VllmOptions
 from evalkit.engines import load_engine
 from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.errors import EvalkitError
@@ -338,7 +338,7 @@ def test_limits_are_reported_clearly(engine):
     with pytest.raises(ValueError, match="max_model_len"):
         engine.score([filler + [818]])
     with pytest.raises(ValueError, match="top_k"):
-        engine.score([[GEMMA_BOS, 818]], top_k=101)
+        engine.score([[GEMMA_BOS, 818]], top_k=MAX_TOP_K + 1)
     with pytest.raises(ValueError, match="vocabulary"):
         engine.next_token_logprobs([[GEMMA_BOS, 818]], [GEMMA_VOCAB])
     assert engine.next_token_logprobs([[GEMMA_BOS, 818]], []) == [[]]
