@@ -265,7 +265,7 @@ def test_prepare_all(q2k: Path, gemma: Path) -> None:
     )
     assert prepare_all(config, progress=False) == [("ref", gemma), ("q2", q2k)]
     bad = _config([{"name": "x", "engine": "llamacpp", "model": {"source": GEMMA, "variant": "hf"}}])
-    with pytest.raises(VariantError, match="deployment x.*llama.cpp cannot load"):
+    with pytest.raises(VariantError, match="deployment x: engine llamacpp cannot load the hf variant"):
         prepare_all(bad, progress=False)
 
 
