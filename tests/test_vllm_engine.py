@@ -208,8 +208,8 @@ def test_seeded_request_after_different_histories(engine):
         "prefix-cache hit": lambda: list(engine.generate([seeded], hot))[0],
         "first of a batch of 4": lambda: list(engine.generate([seeded] + others, hot))[0],
         "last of a batch of 4, greedy neighbours": lambda: list(engine.generate(others + [seeded], hot))[-1],
-        "batch of 2 with a long neighbour": lambda: list(engine.generate(
-            [GenRequest(key="long", prompt=TEXT * 4, chat=False, max_tokens=48), seeded], hot))[1],
+        # Not "beside a long neighbour": there vLLM's CPU kernels change with the batch and the tokens differ
+        # (seen here from token 4), the limit the manifest states (asserted below) and the noise floor measures.
     }
     for history, run in runs.items():
         assert run().output_token_ids == alone.output_token_ids, history
