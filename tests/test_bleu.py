@@ -53,9 +53,9 @@ def test_bleu_and_chrf_equal_the_sacrebleu_cli(tmp_path: Path, lang: str) -> Non
 def test_paired_comparison_direction_and_significance() -> None:
     refs = [i["reference"] for i in _translation_items("de")]
     good, bad = refs, [r.split()[0] for r in refs]  # the second system keeps one word per segment
-    res = {p.metric: p for p in paired_comparison(good, bad, refs, "de")}
+    res = paired_comparison(good, bad, refs, "de")
     for p in res.values():
-        assert p.diff == pytest.approx(p.system - p.baseline)
+        assert p.diff == pytest.approx(p.value - p.reference_value)
         assert p.diff < 0 and p.ci_high < 0 and p.significant
-    same = {p.metric: p for p in paired_comparison(good, good, refs, "de")}
+    same = paired_comparison(good, good, refs, "de")
     assert all(p.diff == 0 and not p.significant for p in same.values())

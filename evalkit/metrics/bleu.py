@@ -6,14 +6,14 @@ the significance rule are evalkit.metrics.stats's, shared with every other suite
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
 from evalkit.config import StatsSettings
-from evalkit.metrics.stats import corpus_bootstrap_ci, corpus_paired_bootstrap, excludes_zero
+from evalkit.metrics.stats import CorpusDiff, corpus_bootstrap_ci, corpus_paired_bootstrap
 
 
 def metrics_for(target_lang: str) -> dict[str, BLEU | CHRF]:
@@ -61,32 +61,15 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str], target_lang: str,
     return out
 
 
-@dataclass(frozen=True)
-class PairedScore:
-    metric: str
-    baseline: float
-    system: float
-    diff: float
-    ci_low: float | None
-    ci_high: float | None
-    p_value: float | None
-    n: int
-    method: str
-
-    @property
-    def significant(self) -> bool:
-        return excludes_zero(self.ci_low, self.ci_high)
-
-
 def paired_comparison(baseline_hyps: Sequence[str], system_hyps: Sequence[str], refs: Sequence[str],
-                      target_lang: str, settings: StatsSettings | None = None) -> list[PairedScore]:
+                      target_lang: str, settings: StatsSettings | None = None) -> dict[str, CorpusDiff]:
     """System minus baseline on the same segments: paired item bootstrap (evalkit.metrics.stats)."""
-    out = []
+    out: dict[str, CorpusDiff] = {}
     for name, metric in metrics_for(target_lang).items():
         res = corpus_paired_bootstrap(_item_stats(metric, system_hyps, refs), _item_stats(metric, baseline_hyps, refs),
                                       _scorer(metric), settings)
         # sacrebleu's corpus_score is the reference value; the statistics route must agree with it.
         b = float(metric.corpus_score(list(baseline_hyps), [list(refs)]).score)
         s = float(metric.corpus_score(list(system_hyps), [list(refs)]).score)
-        out.append(PairedScore(name, b, s, s - b, res.ci_low, res.ci_high, res.p_value, res.n, res.method))
+        out[name] = replace(res, reference_value=b, value=s, diff=s - b)
     return out

@@ -252,8 +252,8 @@ class PromptsSuite(Suite["PromptsSettings"]):
                         base = [ref_recs[i].output_text.strip() for i in ids]
                         sys_ = [r.output_text.strip() for r in group]
                         refs = [r.reference or "" for r in group]
-                        for p in bleu.paired_comparison(base, sys_, refs, lang, ctx.stats):
-                            rows.append(ComparisonRow(dep, ref, self.name, cat, f"{p.metric}_en-{lang}", p.system, p.baseline,
+                        for name, p in bleu.paired_comparison(base, sys_, refs, lang, ctx.stats).items():
+                            rows.append(ComparisonRow(dep, ref, self.name, cat, f"{name}_en-{lang}", p.value, p.reference_value,
                                                       p.diff, p.ci_low, p.ci_high, p.p_value, p.n, p.method,
                                                       p.significant))
                     continue
