@@ -30,8 +30,8 @@ run: $(STAMP)
 # `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached; skipped when
 # LLAMA_CPP_BIN already points at built tools).
 test: $(STAMP) system-deps $(if $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),,peer)
-	$(PY) -m pytest -q -m "not vllm"
-	$(PY) -m pytest -q -m vllm
+	$(PY) -m pytest -q -m "not vllm" --durations=25
+	$(PY) -m pytest -q -m vllm --durations=25
 
 # The edit-test loop: everything that does not load a model engine.
 quick: $(STAMP)
