@@ -120,6 +120,9 @@ suites:
   humaneval: {{path: {humaneval}, limit: 3, timeout_s: 20}}
   cost: {{concurrency: [1, 2], prompt_tokens: 32, output_tokens: 8, repeats: 1}}
 sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 64, seed: 0}}
+decision:  # scoring only (no engine time): the report's decision section comes from the real run too
+  workload: {{concurrency: 2, context_tokens: 1024}}
+  margins: {{perplexity/ppl_ratio: 1.05, mmlu/accuracy: -0.25}}
 """
 
 
@@ -128,7 +131,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real `evalkit run` (llama.cpp, every suite, tiny sizes) through the CLI, made once per session.
 
     Report, notebook, rating and verdict tests read it, so they see exactly the records the suites emit today
-    (the fabricated run in fixtures_run.py stays for formatting and escaping cases only)."""
+    (copies with ratings imported or hostile output injected: rated_run, hostile_run below)."""
     import subprocess
     import sys
 
@@ -144,4 +147,34 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
     (base / "out" / "terminal.txt").write_text(proc.stderr, encoding="utf-8")  # what a user's terminal showed
+    return run
+
+
+# Copies of the real run for what a model run cannot give on demand (tests/real_run_copies.py); one directory,
+# so the run-comparison notebook sees both. Tests read them and must not change them (copy first).
+@pytest.fixture(scope="session")
+def _derived_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("derived-runs")
+
+
+@pytest.fixture(scope="session")
+def rated_run(real_run: Path, _derived_root: Path) -> tuple[Path, list]:
+    """The real run with blind ratings imported and the report re-rendered: (run, the ratings written)."""
+    from evalkit.report.render import render_report
+    from real_run_copies import copy_run, rate
+
+    run = copy_run(real_run, _derived_root)
+    written = rate(run)
+    render_report(run)
+    return run, written
+
+
+@pytest.fixture(scope="session")
+def hostile_run(real_run: Path, _derived_root: Path) -> Path:
+    """The real run a day later, the non-reference deployment's QA answers and continuations replaced by
+    markup, re-scored and re-rendered: for escaping tests, and the second run of the comparison notebook."""
+    from real_run_copies import copy_run, make_hostile
+
+    run = copy_run(real_run, _derived_root, days_later=1)
+    make_hostile(run, next(d for d in REAL_RUN_DEPLOYMENTS if d != REAL_RUN_REFERENCE))
     return run

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import require_module
-
 pytestmark = pytest.mark.engine
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _config(shared: Path) -> str:
@@ -83,8 +80,11 @@ def test_real_run_decides(run_dir: Path) -> None:
     assert "## Decision" in (run_dir / "report.md").read_text()
 
 
-def test_report_re_decides_from_records_alone(run_dir: Path) -> None:
-    """Edit the margins in the manifest's config, delete decision.json: `evalkit report` decides anew."""
+def test_report_re_decides_from_records_alone(run_dir: Path, tmp_path: Path) -> None:
+    """Edit the margins in the manifest's config, delete decision.json: `evalkit report` decides anew.
+
+    On a copy: the module's run stays as `evalkit run` left it for the other tests, whatever their order."""
+    run_dir = Path(shutil.copytree(run_dir, tmp_path / run_dir.name))
     manifest = json.loads((run_dir / "manifest.json").read_text())
     manifest["config"]["decision"]["margins"] = {"perplexity/ppl_ratio": 100.0}  # everything passes
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
@@ -113,16 +113,9 @@ def test_notebook_api_re_decides(run_dir: Path) -> None:
 
 
 def test_decision_notebook_runs_on_the_real_run(run_dir: Path) -> None:
-    require_module("nbclient")
-    import nbformat
-    from nbclient import NotebookClient
+    from test_notebooks import execute
 
-    nb = nbformat.read(REPO / "notebooks" / "03_decision.ipynb", as_version=4)
-    os.environ["EVALKIT_RUN"] = str(run_dir)
-    try:
-        NotebookClient(nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(run_dir)}}).execute()
-    finally:
-        os.environ.pop("EVALKIT_RUN", None)
+    nb = execute("03_decision.ipynb", {"EVALKIT_RUN": str(run_dir)}, run_dir)  # restores EVALKIT_RUN afterwards
 
     def out(tag: str) -> str:
         (cell,) = [c for c in nb.cells if tag in c.get("metadata", {}).get("tags", [])]

@@ -7,14 +7,15 @@ import pandas as pd
 import pytest
 
 from evalkit.metrics.declarations import all_metrics, metric_spec, require_spec
-from fixtures_run import build_run
 
 
 @pytest.fixture(scope="module")
-def scored_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_run(tmp_path_factory.mktemp("decl"))
+def scored_run(rated_run: tuple[Path, list]) -> Path:
+    """The session's real run with ratings imported (conftest.rated_run): every suite's metrics, as scored."""
+    return rated_run[0]
 
 
+@pytest.mark.engine
 def test_every_emitted_metric_is_declared(scored_run: Path) -> None:
     frames = [pd.read_csv(scored_run / name, encoding="utf-8-sig") for name in ("scores.csv", "comparisons.csv")]
     emitted = {(s, m) for f in frames for s, m in zip(f["suite"], f["metric"])}
@@ -48,6 +49,7 @@ def test_declarations_are_consistent() -> None:
             assert s.kind == "rate"  # McNemar needs pass/fail items
 
 
+@pytest.mark.engine
 def test_report_marks_follow_the_declared_direction(scored_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Flip a metric's declared direction and the report's better/worse mark flips: it reads the declaration."""
     import dataclasses

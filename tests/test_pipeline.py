@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,8 +138,9 @@ def test_noise_floor_rerun_of_the_reference_is_compared_like_a_deployment(finish
     assert gemma == again
 
 
-def test_report_rescores_without_loading_a_model(finished_run: Path) -> None:
+def test_report_rescores_without_loading_a_model(finished_run: Path, tmp_path: Path) -> None:
     scores = (finished_run / "scores.csv").read_text()
+    finished_run = Path(shutil.copytree(finished_run, tmp_path / finished_run.name))  # the others read the original
     for name in ("scores.csv", "report.html", "report.md"):
         (finished_run / name).unlink()
     # Make both engines unimportable: re-scoring must not need them.

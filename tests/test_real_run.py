@@ -1,21 +1,20 @@
-"""Report, verdict, rating and notebook on the session's real run (conftest.real_run): every suite's records
+"""Report, verdict and engine logs of the session's real run (conftest.real_run): every suite's records
 exactly as the suites emit them today, from the real llama.cpp engine, SmolLM2-135M-Instruct Q4_1 vs Q2_K.
 
 Expected values come from the records themselves (read here with json, not through evalkit's scoring) or
-from the suites' sizes in the config; the fabricated run (fixtures_run.py) stays for formatting/escaping.
+from the suites' sizes in the config. Section by section the report is checked in test_report.py, the notebooks
+in test_notebooks.py, both on copies of this run (conftest.rated_run, conftest.hostile_run).
 """
 from __future__ import annotations
 
-import csv
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from conftest import REAL_RUN_DEPLOYMENTS, REAL_RUN_REFERENCE, require_module
+from conftest import REAL_RUN_DEPLOYMENTS, REAL_RUN_REFERENCE
 
 pytestmark = pytest.mark.engine
 
@@ -101,42 +100,6 @@ def test_verdict_traces_to_comparisons(real_run: Path) -> None:
     mmlu = comps.loc[("q2k", "mmlu", "all", "accuracy")]
     assert cell[("q2k", acc)].diff == C.fmt_diff(mmlu["diff"], mmlu["ci_low"], mmlu["ci_high"], "pct")
     assert cell[(REAL_RUN_REFERENCE, acc)].diff == ""
-
-
-def test_rating_round_trip_on_real_outputs(real_run: Path, tmp_path: Path) -> None:
-    from evalkit.rating import export_sheets, import_sheets
-    from evalkit.rating.aggregate import aggregate
-
-    run = tmp_path / real_run.name
-    shutil.copytree(real_run, run)
-    sheets = export_sheets(run, raters=2, fmt="csv")
-    key = json.loads((run / "ratings" / "key.json").read_text(encoding="utf-8"))
-    filled = []
-    for sheet in sheets:
-        with sheet.open(encoding="utf-8-sig", newline="") as f:
-            rows = list(csv.reader(f))
-        h = rows[0]
-        entry = key["sheets"][rows[1][h.index("sheet_id")]]
-        for r in rows[1:]:  # raters give the reference 4 and the Q2_K deployment 2
-            dep = entry["rows"][r[h.index("row_id")]]["deployment"]
-            r[h.index("score")] = "4" if dep == REAL_RUN_REFERENCE else "2"
-        out = tmp_path / f"filled-{sheet.name}"
-        with out.open("w", encoding="utf-8-sig", newline="") as f:
-            csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
-        filled.append(out)
-    import_sheets(run, filled)
-    absolute = aggregate(run)["absolute"].set_index(["deployment", "category"])["mean"]
-    assert set(absolute.loc[REAL_RUN_REFERENCE]) == {4.0} and set(absolute.loc["q2k"]) == {2.0}
-
-
-def test_explore_notebook_runs_on_the_real_run(real_run: Path, tmp_path: Path) -> None:
-    require_module("nbclient", "runs the notebooks")
-    require_module("ipykernel", "runs the notebooks")
-    from test_notebooks import execute, no_errors, tagged, text
-
-    nb = execute("01_explore_run.ipynb", {"EVALKIT_RUN": str(real_run)}, tmp_path)
-    no_errors(nb)
-    assert f"Run('{real_run.name}'" in text(tagged(nb, "load"))
 
 
 def test_engine_logs_stay_out_of_the_terminal(real_run: Path) -> None:

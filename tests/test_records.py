@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +12,9 @@ import pytest
 from evalkit.engines.base import GenResult
 from evalkit.errors import RunDirError
 from evalkit.records import (
-    SCHEMA_VERSION, CostRecord, LongContextRecord, MmluRecord, PerplexityRecord, PromptRecord, dump_record, parse_record,
+    SCHEMA_VERSION, CostRecord, HumanEvalRecord, LongContextRecord, MmluRecord, PerplexityRecord, PromptRecord, dump_record, parse_record,
     provenance,
 )
-from fixtures_run import build_run
 
 PROMPT_V0 = {  # a prompts line as evalkit wrote it before records were versioned
     "suite": "prompts", "item_id": "qa-01", "category": "qa", "prompt": "Capital of France?", "prompt_format": "chat",
@@ -32,9 +32,13 @@ def test_v0_line_is_upgraded() -> None:
     assert rec.output_text == "Answer: Paris" and rec.item["answers"] == ["Paris"]
 
 
-def test_v0_cost_line_keeps_its_provenance() -> None:
-    run = build_run_records()
-    cost = next(r for r in run if r["suite"] == "cost")
+def real_records(run: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted((run / "records").glob("*.jsonl")) for line in p.read_text().splitlines()]
+
+
+@pytest.mark.engine
+def test_v0_cost_line_keeps_its_provenance(real_run: Path) -> None:
+    cost = next(r for r in real_records(real_run) if r["suite"] == "cost")
     old = {k: v for k, v in cost.items() if k != "schema_version"} | {"cached": True, "measured_at": "2025-03-01T12:00:00+00:00"}
     rec = parse_record(old)
     assert isinstance(rec, CostRecord) and rec.cached and rec.measured_at == "2025-03-01T12:00:00+00:00"
@@ -77,26 +81,22 @@ def test_provenance_from_engine_results() -> None:
     assert hit == fresh  # provenance is not part of a result's value
 
 
-def build_run_records() -> list[dict]:
-    import tempfile
-
-    root = Path(tempfile.mkdtemp())
-    run = build_run(root, ratings=False)
-    return [json.loads(line) for p in sorted((run / "records").glob("*.jsonl")) for line in p.read_text().splitlines()]
-
-
-def test_every_suite_of_a_realistic_run_parses_to_its_type() -> None:
+@pytest.mark.engine
+def test_every_suite_of_the_real_run_parses_to_its_type(real_run: Path) -> None:
     types = {"prompts": PromptRecord, "perplexity": PerplexityRecord, "mmlu": MmluRecord, "longcontext": LongContextRecord,
-             "cost": CostRecord}
-    for raw in build_run_records():
+             "humaneval": HumanEvalRecord, "cost": CostRecord}
+    raws = real_records(real_run)
+    assert {r["suite"] for r in raws} == set(types)
+    for raw in raws:
         rec = parse_record(raw)
         if raw["suite"] in types:
             assert isinstance(rec, types[raw["suite"]])
         assert dump_record(rec)["schema_version"] == SCHEMA_VERSION
 
 
-def test_report_refuses_a_newer_run_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
-    run = build_run(tmp_path, ratings=False)
+@pytest.mark.engine
+def test_report_refuses_a_newer_run_with_one_line_and_writes_nothing(real_run: Path, tmp_path: Path) -> None:
+    run = Path(shutil.copytree(real_run, tmp_path / real_run.name))
     path = next((run / "records").glob("*.jsonl"))
     lines = path.read_text().splitlines()
     lines[0] = json.dumps(json.loads(lines[0]) | {"schema_version": 99})
