@@ -19,12 +19,19 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy import stats
 
 from evalkit.config import StatsSettings
 
 DEFAULT = StatsSettings()
 CONFIDENCE = 1.0 - DEFAULT.alpha  # default confidence level, for code without a config at hand
+
+
+def _scipy_stats():  # type: ignore[no-untyped-def]
+    """scipy.stats, imported on first use: it takes about a second to import, and every worker and CLI start
+    imports the suites (hence this module) without computing a statistic."""
+    from scipy import stats
+
+    return stats
 
 
 def confidence_of(settings: StatsSettings | None = None) -> float:
@@ -33,7 +40,7 @@ def confidence_of(settings: StatsSettings | None = None) -> float:
 
 def z_value(alpha: float = DEFAULT.alpha) -> float:
     """Two-sided normal quantile for a (1 - alpha) interval (1.959964 at alpha = 0.05)."""
-    return float(stats.norm.ppf(1.0 - alpha / 2.0))
+    return float(_scipy_stats().norm.ppf(1.0 - alpha / 2.0))
 
 
 def excludes_zero(low: float | None, high: float | None) -> bool:
@@ -62,7 +69,7 @@ def wilson_ci(k: int, n: int, alpha: float = DEFAULT.alpha) -> tuple[float, floa
     """
     if n <= 0:
         return (math.nan, math.nan)
-    ci = stats.binomtest(int(k), int(n)).proportion_ci(confidence_level=1.0 - alpha, method="wilson")
+    ci = _scipy_stats().binomtest(int(k), int(n)).proportion_ci(confidence_level=1.0 - alpha, method="wilson")
     return (float(ci.low), float(ci.high))
 
 
@@ -111,7 +118,7 @@ def paired_bootstrap_diff(
     def mean_diff(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
         return u.mean(axis=axis) - v.mean(axis=axis)
 
-    res = stats.bootstrap(
+    res = _scipy_stats().bootstrap(
         (x, y), mean_diff, paired=True, vectorized=True, confidence_level=1.0 - s.alpha,
         n_resamples=s.bootstrap_samples, method=method, rng=np.random.default_rng(s.seed),
     )
@@ -166,7 +173,7 @@ def mcnemar_flips(reference_correct: Sequence[bool], deployment_correct: Sequenc
     w2r = int(np.sum(~ref & dep))
     m = r2w + w2r
     # Exact McNemar = two-sided binomial (sign) test on the discordant pairs; no discordant pair -> 1.
-    p = float(stats.binomtest(w2r, m, 0.5).pvalue) if m else 1.0
+    p = float(_scipy_stats().binomtest(w2r, m, 0.5).pvalue) if m else 1.0
     return Flips(n=int(ref.size), both_right=int(np.sum(ref & dep)), both_wrong=int(np.sum(~ref & ~dep)),
                  right_to_wrong=r2w, wrong_to_right=w2r, p_value=p)
 
@@ -184,7 +191,7 @@ def mcnemar_interval(flips: Flips, alpha: float = DEFAULT.alpha) -> tuple[float 
         return None, None
     if m == 0:
         return 0.0, 0.0
-    ci = stats.binomtest(flips.wrong_to_right, m, 0.5).proportion_ci(confidence_level=1.0 - alpha, method="exact")
+    ci = _scipy_stats().binomtest(flips.wrong_to_right, m, 0.5).proportion_ci(confidence_level=1.0 - alpha, method="exact")
     scale = m / n
     return scale * (2 * float(ci.low) - 1), scale * (2 * float(ci.high) - 1)
 
@@ -344,7 +351,7 @@ def clustered_mean(sums: Sequence[float], counts: Sequence[float], settings: Sta
         return sm[idx].sum(axis=axis) / cn[idx].sum(axis=axis)
 
     for method in ("BCa", "percentile"):  # BCa first; percentile when BCa cannot form an interval
-        res = stats.bootstrap((np.arange(len(sm)),), ratio, vectorized=True, n_resamples=s.bootstrap_samples,
+        res = _scipy_stats().bootstrap((np.arange(len(sm)),), ratio, vectorized=True, n_resamples=s.bootstrap_samples,
                               confidence_level=1.0 - s.alpha, method=method, rng=np.random.default_rng(s.seed))
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(low) and math.isfinite(high):
