@@ -122,3 +122,27 @@ def make_hostile(run: Path, deployment: str) -> None:
         (run / stale).unlink(missing_ok=True)
     score_run(RunDir(run))
     render_report(run)
+
+
+def keep_only(run: Path, suites: tuple[str, ...]) -> None:
+    """The run as if only `suites` had been configured, by a pipeline that stored no ledger and no suite
+    provenance in the manifest (an older evalkit's run); re-scored and re-rendered."""
+    from evalkit.report.render import render_report
+    from evalkit.scoring import score_run
+    from evalkit.store import RunDir
+
+    manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    manifest["config"]["suites"] = {k: v for k, v in manifest["config"]["suites"].items() if k in suites}
+    manifest["config"].pop("decision", None)
+    for key in ("ledger", "suites"):
+        manifest.pop(key, None)
+    (run / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    for path in (run / "records").glob("*.jsonl"):
+        kept = [x for x in path.read_text(encoding="utf-8").splitlines() if json.loads(x)["suite"] in suites]
+        path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+    for stale in ("decision.json", "parity.csv"):
+        (run / stale).unlink(missing_ok=True)
+    shutil.rmtree(run / "items")
+    shutil.rmtree(run / "report_files", ignore_errors=True)
+    score_run(RunDir(run))
+    render_report(run)

@@ -390,6 +390,25 @@ def test_markdown_mirrors_tables(rated: Path) -> None:
         assert f"](report_files/{p.name})" in md
 
 
+@pytest.mark.engine
+def test_prompts_only_run_without_provenance_renders(real_run: Path, tmp_path: Path) -> None:
+    """Only the prompts suite, and a manifest without ledger or suite provenance (an older evalkit's run):
+    only what is there is shown, and the BLEU/chrF signatures come from the metrics themselves."""
+    from real_run_copies import copy_run, keep_only
+
+    run = copy_run(real_run, tmp_path)
+    keep_only(run, ("prompts",))
+    ctx = context(Run(run))
+    assert [s.key for s in ctx["sections"]] == ["prompts", "hardware", "environment", "numbers"]
+    assert [p.key for s in ctx["sections"] for p in s.plots] == ["prompts-categories"]
+    assert ctx["verdict"].header == ["deployment", "code pass@1", "reasoning correct", "translation chrF en-de",
+                                     "translation chrF en-zh", "QA correct", "BLEU en-de", "BLEU en-zh"]
+    sigs = {r[0].value: r[1].value for s in ctx["sections"] for t in s.tables if t.key == "signatures" for r in t.rows}
+    assert sigs["prompts · chrf en-de"].startswith("nrefs:1|") and "tok:zh" in sigs["prompts · bleu en-zh"]
+    assert sorted(p.name for p in (run / "report_files").iterdir()) == ["prompts-categories.png"]
+    assert ctx["decision"] is None and "## Decision" not in (run / "report.md").read_text(encoding="utf-8")
+
+
 # -- hostile model output stays text ------------------------------------------------------------------------
 
 
