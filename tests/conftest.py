@@ -17,9 +17,10 @@ from typing import NoReturn
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# ../shared/data beside the clone (a git worktree deeper down finds the same one further up).
-SHARED_DATA = next((p / "shared" / "data" for p in REPO.parents if (p / "shared" / "data").is_dir()),
-                   REPO.parent / "shared" / "data")
+# EVALKIT_SHARED_DATA where set, else ../shared/data beside the clone (a git worktree deeper down finds the same
+# one further up). Every test that reads shared benchmark files takes the path from here.
+SHARED_DATA = Path(os.environ["EVALKIT_SHARED_DATA"]) if os.environ.get("EVALKIT_SHARED_DATA") else next(
+    (p / "shared" / "data" for p in REPO.parents if (p / "shared" / "data").is_dir()), REPO.parent / "shared" / "data")
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -8,6 +8,7 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
+from conftest import SHARED_DATA, unavailable
 from evalkit.config import HumanEvalSettings
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.errors import DataError
@@ -16,8 +17,7 @@ from evalkit.suites.base import ScoreContext
 from evalkit.suites.code import HumanEvalSuite, load_humaneval, score_code_item
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-HUMANEVAL = SHARED / "humaneval" / "HumanEval.jsonl.gz"
+HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
 
 TASKS = [
     {"task_id": "T/0", "prompt": "def add(a: int, b: int) -> int:\n    \"\"\"a + b\"\"\"\n",
@@ -88,8 +88,9 @@ def test_limit_takes_the_first_items(tmp_path: Path):
 # -- the real HumanEval file --
 
 @pytest.mark.shared
-@pytest.mark.skipif(not HUMANEVAL.exists(), reason=f"HumanEval not present at {HUMANEVAL}")
 def test_real_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
+    if not HUMANEVAL.exists():
+        unavailable("shared HumanEval", f"{HUMANEVAL} not present")
     items = load_humaneval(HUMANEVAL)
     assert len(items) == 164 and items[0].item_id == "HumanEval/0"
     for it in items[:10]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_module
+from conftest import SHARED_DATA, require_module, unavailable
 from evalkit.config import MmluSettings
 from evalkit.errors import DataError
 from evalkit.metrics.stats import mcnemar_flips, paired_bootstrap_diff
@@ -20,7 +20,7 @@ from evalkit.suites.mmlu import (
     BUILTIN_LABEL, MmluSuite, Question, format_prompt, load_mc_data, select_questions,
 )
 
-SHARED_MMLU = Path(__file__).resolve().parents[2] / "shared" / "data" / "mmlu"
+SHARED_MMLU = SHARED_DATA / "mmlu"
 
 # Hand-made questions in MMLU's CSV layout (question,A,B,C,D,answer-letter; no header).
 TEST_ROWS = [
@@ -126,7 +126,7 @@ def test_parquet_export_hub_layout(csv_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.shared
 def test_shared_mmlu_csv_layout() -> None:
     if not (SHARED_MMLU / "test").is_dir():
-        pytest.skip(f"{SHARED_MMLU} not present (shared data is optional)")
+        unavailable("shared MMLU", f"{SHARED_MMLU} not present")
     data = load_mc_data(str(SHARED_MMLU), Path("/nonexistent/c.yaml"))
     assert len(data.test) == 57 and sum(len(v) for v in data.test.values()) == 14042
     assert all(len(v) == 5 for v in data.dev.values())
