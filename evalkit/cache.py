@@ -5,7 +5,9 @@ version and backend, the engine options that change numerics (the engine spec's 
 prompt token ids, the sampling parameters and the call kind (generate / score(top_k) /
 next_token_logprobs(candidates)). One JSON file per entry, sharded by the key's first two hex digits,
 written atomically (temp file + fsync + rename): a process killed mid-write leaves at most a stray temp
-file, which is never read. An unreadable or mismatching entry is a miss and is overwritten.
+file, which is never read. An unreadable or mismatching entry is a miss and is overwritten. An entry of an
+engine result also keeps when the engine measured it (`measured_at`), so a result served from the cache says
+when its numbers were made (`GenResult` / `TokenScores` carry it; `last_call_provenance` for plain lists).
 
 Timing-sensitive work (the cost suite) must not be served from here as engine calls: it calls
 `engine.uncached()`. It may store whole measurements (`CachedEngine.measurement` / `store_measurement`),
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from evalkit.engines import load_engine
-from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, Provenance, SamplingParams, TokenScores, utc_now
 from evalkit.models import cache_dir, fingerprint
 from evalkit.store import atomic_write_text
 
@@ -88,6 +90,14 @@ def entry_key(parts: Mapping[str, Any], kind: str, payload: Mapping[str, Any]) -
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+@dataclass(frozen=True)
+class Entry:
+    value: Any
+    # When the engine measured the stored result. Entries written before entries carried the time have
+    # none: None there, and only there ("unknown"), never a made-up time.
+    measured_at: str | None
+
+
 class ResultCache:
     """One JSON file per key under `root/<2 hex>/<key>.json`."""
 
@@ -97,18 +107,25 @@ class ResultCache:
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> Any | None:
-        """The stored value, or None for a miss (absent, torn, corrupt or written for another key)."""
+    def entry(self, key: str) -> Entry | None:
+        """The stored entry, or None for a miss (absent, torn, corrupt or written for another key)."""
         try:
             entry = json.loads(self.path(key).read_bytes())
             if entry["key"] != key or entry["format"] != FORMAT:
                 return None
-            return entry["value"]
-        except (OSError, ValueError, KeyError, TypeError):  # ValueError covers JSON and UTF-8 errors
+            return Entry(entry["value"], entry.get("measured_at"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # ValueError: JSON and UTF-8 errors
             return None
 
-    def put(self, key: str, value: Any) -> None:
-        text = json.dumps({"format": FORMAT, "key": key, "value": value}, ensure_ascii=False, separators=(",", ":"))
+    def get(self, key: str) -> Any | None:
+        """The stored value, or None for a miss."""
+        hit = self.entry(key)
+        return hit.value if hit is not None else None
+
+    def put(self, key: str, value: Any, measured_at: str | None = None) -> None:
+        # The time sits beside the value (not in it): older readers of the same layout still read the value.
+        entry = {"format": FORMAT, "key": key, "value": value} | ({"measured_at": measured_at} if measured_at else {})
+        text = json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
         atomic_write_text(self.path(key), text)  # temp + fsync + rename: never a half entry under the name
 
 
@@ -118,32 +135,34 @@ class CacheStats:
     misses: int = 0
 
 
-def _mark_cached(result: Any) -> Any:
-    """Tag a result served from the cache: `result.cached` is True (absent/False for fresh results)."""
-    if "cached" in {f.name for f in fields(result)}:  # once GenResult/TokenScores carry the field
-        return dataclasses.replace(result, cached=True)
-    object.__setattr__(result, "cached", True)  # frozen dataclass without the field yet: attribute tag
-    return result
+_PROVENANCE = {"cached", "measured_at"}  # kept in the entry's envelope, not in its value
+
+
+def _stamped(res: Any) -> Any:
+    """A fresh GenResult/TokenScores with its time of measurement (engines stamp them when made; one built
+    with measured_at=None gets the time it reached the cache)."""
+    return res if res.measured_at else dataclasses.replace(res, measured_at=utc_now())
 
 
 def _gen_to_json(res: GenResult) -> dict[str, Any]:
-    out = asdict(res)
-    out.pop("cached", None)
-    return out
+    return {k: v for k, v in asdict(res).items() if k not in _PROVENANCE}
 
 
-def _gen_from_json(d: dict[str, Any], key: str) -> GenResult:
-    names = {f.name for f in fields(GenResult)} - {"cached"}
-    return GenResult(**{k: v for k, v in d.items() if k in names} | {"key": key})
+def _gen_from_json(hit: Entry, key: str) -> GenResult:
+    names = {f.name for f in fields(GenResult)} - _PROVENANCE
+    # measured_at passed explicitly: a result made here would otherwise be stamped "now" (its default)
+    return GenResult(**{k: v for k, v in hit.value.items() if k in names} | {"key": key},
+                     cached=True, measured_at=hit.measured_at)
 
 
 def _scores_to_json(res: TokenScores) -> dict[str, Any]:
     return {"token_ids": list(res.token_ids), "logprobs": list(res.logprobs), "top": res.top}
 
 
-def _scores_from_json(d: dict[str, Any]) -> TokenScores:
+def _scores_from_json(hit: Entry) -> TokenScores:
+    d = hit.value
     top = [[(int(t), float(lp)) for t, lp in row] for row in d["top"]] if d["top"] is not None else None
-    return TokenScores(token_ids=d["token_ids"], logprobs=d["logprobs"], top=top)
+    return TokenScores(token_ids=d["token_ids"], logprobs=d["logprobs"], top=top, cached=True, measured_at=hit.measured_at)
 
 
 _REQUEST_FIELDS_IN_PROMPT = {"key", "prompt", "chat", "prompt_token_ids", "max_tokens"}
@@ -163,9 +182,11 @@ def _generate_payload(req: GenRequest, sampling: SamplingParams, prompt_ids: lis
 class CachedEngine(Engine):
     """An Engine whose results come from the cache when the same request was run before.
 
-    Misses go to the inner engine in one batch and are stored. Results served from the cache keep the
-    timings recorded when they were computed and carry `cached = True` (see `_mark_cached`);
-    `cached_keys` lists the GenRequest keys of the last generate() call that were hits.
+    Misses go to the inner engine in one batch and are stored with the time they were measured. Results
+    served from the cache keep the timings recorded when they were computed and carry `cached = True` and
+    that time; `cached_keys` lists the GenRequest keys of the last generate() call that were hits, and
+    `last_call_provenance()` says the same for each result of the last score / next_token_logprobs /
+    score_span call (whose plain-list results cannot carry it).
     """
 
     def __init__(
@@ -184,6 +205,7 @@ class CachedEngine(Engine):
         self.store = ResultCache(root)
         self.stats = CacheStats()
         self.cached_keys: set[str] = set()
+        self._provenance: list[Provenance] = []
         # Tokenization is memoised only when told what the tokenizer depends on (`engine_identity`).
         self.tokenizer_parts = dict(tokenizer_parts) if tokenizer_parts is not None else None
         self.measurements = measurements  # whether whole measurements (the cost suite's) may be stored
@@ -252,19 +274,20 @@ class CachedEngine(Engine):
         for req in requests:
             payload = _generate_payload(req, sampling, self.prompt_token_ids(req))
             key = self._key("generate", payload)
-            hit = self.store.get(key)
+            hit = self.store.entry(key)
             if hit is None:
                 keys[req.key] = key
                 misses.append(req)
                 continue
             self.stats.hits += 1
             self.cached_keys.add(req.key)
-            yield _mark_cached(_gen_from_json(hit, req.key))
+            yield _gen_from_json(hit, req.key)
         if not misses:
             return
         self.stats.misses += len(misses)
         for res in self.inner.generate(misses, sampling):
-            self.store.put(keys[res.key], _gen_to_json(res))
+            res = _stamped(res)
+            self.store.put(keys[res.key], _gen_to_json(res), res.measured_at)
             yield res
 
     def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
@@ -273,29 +296,37 @@ class CachedEngine(Engine):
         keys = [self._key("score", {"token_ids": list(s), "top_k": top_k}) for s in sequences]
         out: list[TokenScores | None] = []
         for key in keys:
-            hit = self.store.get(key)
-            out.append(_mark_cached(_scores_from_json(hit)) if hit is not None else None)
+            hit = self.store.entry(key)
+            out.append(_scores_from_json(hit) if hit is not None else None)
         todo = [i for i, r in enumerate(out) if r is None]
         self.stats.hits += len(out) - len(todo)
         self.stats.misses += len(todo)
         if todo:
             for i, res in zip(todo, self.inner.score([sequences[i] for i in todo], top_k)):
-                self.store.put(keys[i], _scores_to_json(res))
+                res = _stamped(res)
+                self.store.put(keys[i], _scores_to_json(res), res.measured_at)
                 out[i] = res
-        return [r for r in out if r is not None]
+        results = [r for r in out if r is not None]
+        self._provenance = [Provenance(r.cached, r.measured_at) for r in results]
+        return results
 
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
         if not self.enabled:
             return self.inner.next_token_logprobs(prompts, candidates)
         keys = [self._key("next_token_logprobs", {"token_ids": list(p), "candidates": list(candidates)}) for p in prompts]
-        out: list[list[float] | None] = [self.store.get(k) for k in keys]
+        hits = [self.store.entry(k) for k in keys]
+        out: list[list[float] | None] = [h.value if h is not None else None for h in hits]
+        prov = [Provenance(True, h.measured_at) if h is not None else None for h in hits]
         todo = [i for i, r in enumerate(out) if r is None]
         self.stats.hits += len(out) - len(todo)
         self.stats.misses += len(todo)
         if todo:
-            for i, res in zip(todo, self.inner.next_token_logprobs([prompts[i] for i in todo], candidates)):
-                self.store.put(keys[i], res)
-                out[i] = res
+            results = self.inner.next_token_logprobs([prompts[i] for i in todo], candidates)
+            now = utc_now()  # the engine's call has just returned them
+            for i, res in zip(todo, results):
+                self.store.put(keys[i], res, now)
+                out[i], prov[i] = res, Provenance(False, now)
+        self._provenance = [p for p in prov if p is not None]
         return [r for r in out if r is not None]  # every slot is filled by now
 
     def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
@@ -304,13 +335,16 @@ class CachedEngine(Engine):
         if not self.enabled:
             return self.inner.score_span(token_ids, first, top_k)
         key = self._key("score_span", {"token_ids": list(token_ids), "first": first, "top_k": top_k})
-        hit = self.store.get(key)
+        hit = self.store.entry(key)
         if hit is not None:
             self.stats.hits += 1
-            return hit[0], hit[1]
+            self._provenance = [Provenance(True, hit.measured_at)]
+            return hit.value[0], hit.value[1]
         self.stats.misses += 1
         nll, top = self.inner.score_span(token_ids, first, top_k)
-        self.store.put(key, [nll, top])
+        now = utc_now()
+        self.store.put(key, [nll, top], now)
+        self._provenance = [Provenance(False, now)]
         return nll, top
 
     def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, Any]]:
@@ -319,6 +353,9 @@ class CachedEngine(Engine):
 
     def uncached(self) -> Engine:
         return self.inner.uncached()
+
+    def last_call_provenance(self) -> list[Provenance] | None:
+        return list(self._provenance) if self.enabled else None
 
     def run_stats(self) -> dict[str, Any]:
         return {**self.inner.run_stats(), "cache_hits": self.stats.hits, "cache_misses": self.stats.misses}

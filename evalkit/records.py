@@ -6,55 +6,52 @@ before records were versioned (no `schema_version`, "version 0") are upgraded; a
 evalkit (a version this one does not know) is refused with a RunDirError naming the version.
 
 `cached` says whether the engine result behind the record was served from evalkit's result cache;
-`measured_at` is the UTC time the engine produced it (None when unknown, e.g. a cache hit of an entry
-stored without it).
+`measured_at` is the UTC time the engine produced it: for a cache hit the time stored with the entry when
+it was first measured, for a fresh result the time it was made. None only where that time is not known:
+a cache entry stored before entries carried it, or a version-0 line.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Mapping, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from evalkit.engines.base import Engine, utc_now  # noqa: F401  (utc_now: the suites' clock, re-exported)
 from evalkit.errors import RunDirError
 
 SCHEMA_VERSION = 1
 
 
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def provenance(result: Any) -> dict[str, Any]:
-    """`cached` and `measured_at` of an engine result (GenResult/TokenScores, or anything without them).
+    """`cached` and `measured_at` of an engine result (GenResult/TokenScores carry both).
 
-    A fresh result is stamped now (it was just computed); a cache hit keeps the time stored with it.
+    A cache hit keeps the time stored with it (None: an entry from before entries kept it); a fresh result
+    has the time the engine made it, or now when it has none.
     """
     cached = bool(getattr(result, "cached", False))
     measured_at = getattr(result, "measured_at", None)
     return {"cached": cached, "measured_at": measured_at if (measured_at or cached) else utc_now()}
 
 
-def cache_hits(engine: Any) -> int | None:
-    """Result-cache hits so far of an engine wrapped by evalkit.cache (None when it is not wrapped).
+def call_provenance(engine: Engine, count: int) -> list[dict[str, Any]]:
+    """`cached`/`measured_at` of each of the `count` results of `engine`'s latest score_span /
+    next_token_logprobs call, whose plain-list results cannot carry them (`Engine.last_call_provenance`:
+    the result cache knows; an engine without one computed them all just now)."""
+    log = engine.last_call_provenance()
+    if log is None:
+        now = utc_now()
+        return [{"cached": False, "measured_at": now} for _ in range(count)]
+    if len(log) != count:
+        raise RuntimeError(f"engine reported provenance for {len(log)} results of its last call, expected {count}")
+    return [{"cached": p.cached, "measured_at": p.measured_at} for p in log]
 
-    For engine calls whose results are plain lists (next_token_logprobs, score_span) and so cannot carry
-    a `cached` flag: a suite compares the count before and after its calls.
-    """
-    run_stats = getattr(engine, "run_stats", None)  # Engine.run_stats(): a cache wrapper reports "cache_hits"
-    hits = run_stats().get("cache_hits") if callable(run_stats) else None
-    return int(hits) if hits is not None else None
 
-
-def batch_provenance(engine: Any, hits_before: int | None, lookups: int) -> dict[str, Any]:
-    """`cached`/`measured_at` for records made from `lookups` engine calls since `hits_before`.
-
-    cached only when every call was a cache hit (a partly fresh batch was measured now); a cached
-    batch's original time is not stored with such results, so it is unknown (None).
-    """
-    after = cache_hits(engine)
-    cached = hits_before is not None and after is not None and lookups > 0 and after - hits_before >= lookups
-    return {"cached": cached, "measured_at": None if cached else utc_now()}
+def combined(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The provenance of a record made from several engine results: cached only when every one was a cache
+    hit; measured when the newest of them was (unknown when any time is unknown)."""
+    times = [p["measured_at"] for p in parts]
+    known = all(times) and bool(times)
+    return {"cached": bool(parts) and all(p["cached"] for p in parts), "measured_at": max(times) if known else None}
 
 
 class Record(BaseModel):

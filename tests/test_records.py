@@ -5,7 +5,9 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,9 +78,19 @@ def test_provenance_from_engine_results() -> None:
     assert p["cached"] is False and p["measured_at"] and p["measured_at"].endswith("+00:00")
     hit = GenResult("k", [1], "x", [2], "chat", "stop", 0.1, 0.2, cached=True, measured_at="2025-01-01T00:00:00+00:00")
     assert provenance(hit) == {"cached": True, "measured_at": "2025-01-01T00:00:00+00:00"}
-    unknown = GenResult("k", [1], "x", [2], "chat", "stop", 0.1, 0.2, cached=True)
+    unknown = GenResult("k", [1], "x", [2], "chat", "stop", 0.1, 0.2, cached=True, measured_at=None)  # an old entry
     assert provenance(unknown) == {"cached": True, "measured_at": None}  # a hit never claims "measured now"
     assert hit == fresh  # provenance is not part of a result's value
+
+
+def test_provenance_of_a_record_made_from_several_results() -> None:
+    from evalkit.records import combined
+
+    t1, t2 = "2025-01-01T00:00:00+00:00", "2025-01-02T09:30:00+00:00"
+    hit1, hit2, fresh2 = {"cached": True, "measured_at": t1}, {"cached": True, "measured_at": t2}, {"cached": False, "measured_at": t2}
+    assert combined([hit2, hit1]) == {"cached": True, "measured_at": t2}  # the newest number in it
+    assert combined([hit1, fresh2]) == {"cached": False, "measured_at": t2}  # partly computed now: not cached
+    assert combined([hit1, {"cached": True, "measured_at": None}]) == {"cached": True, "measured_at": None}
 
 
 @pytest.mark.engine
@@ -110,31 +122,76 @@ def test_report_refuses_a_newer_run_with_one_line_and_writes_nothing(real_run: P
 
 
 @pytest.mark.engine
-def test_real_engine_records_say_whether_they_came_from_the_cache(gemma_engine, tmp_path: Path) -> None:
-    """Prompts (generate) and perplexity (score_span) through evalkit's result cache on llama.cpp: a first run
-    is measured now, a second identical run is served from the cache and its records say so."""
+def test_real_engine_records_say_whether_and_when_they_were_measured(gemma_engine, tmp_path: Path) -> None:
+    """Every suite on llama.cpp through evalkit's result cache, run twice: the first run's records are fresh and
+    measured within the run's time window; the second run's are all served from the cache and carry the first
+    run's times. Cache entries stored before entries kept the time (simulated by deleting it) give None.
+    Perplexity runs both ways: top-k scoring (score_span) and, as a run's reference, full distributions."""
     from evalkit.cache import CachedEngine, key_parts_from_info
-    from evalkit.config import PerplexitySettings, PromptsSettings
+    from evalkit.config import (
+        CostSettings, HumanEvalSettings, LongContextSettings, MmluSettings, PerplexitySettings, PromptsSettings,
+    )
     from evalkit.engines.base import SamplingParams
     from evalkit.resources import resource_path
+    from evalkit.suites.base import RunBinding
+    from evalkit.suites.code import HumanEvalSuite
+    from evalkit.suites.cost import CostSuite
+    from evalkit.suites.longcontext import LongContextSuite
+    from evalkit.suites.mmlu import MmluSuite
     from evalkit.suites.perplexity import PerplexitySuite
     from evalkit.suites.prompts import PromptsSuite
 
     config_file = resource_path("default.yaml")
-    suites = [PromptsSuite(PromptsSettings(categories=["qa"], limit_per_category=2), None, config_file),  # type: ignore[arg-type]
-              PerplexitySuite(PerplexitySettings(n_ctx=64, max_chunks=1, top_k=5), None, config_file)]  # type: ignore[arg-type]
+    task = {"task_id": "T/0", "prompt": "def add(a, b):\n", "canonical_solution": "    return a + b\n",
+            "entry_point": "add", "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"}
+    (tmp_path / "he.jsonl").write_text(json.dumps(task) + "\n")
+    reference_ppl = PerplexitySuite(PerplexitySettings(n_ctx=64, max_chunks=1, top_k=5), None, config_file)  # type: ignore[arg-type]
+    reference_ppl.bind(RunBinding(tmp_path / "run", "ref", "ref"))  # the reference: full distributions, stored
+    suites = [
+        PromptsSuite(PromptsSettings(categories=["qa"], limit_per_category=2), None, config_file),  # type: ignore[arg-type]
+        PerplexitySuite(PerplexitySettings(n_ctx=64, max_chunks=1, top_k=5), None, config_file),  # type: ignore[arg-type]
+        reference_ppl,
+        MmluSuite(MmluSettings(source="builtin", subjects=["arithmetic"], per_subject=2, shots=0), None, config_file),  # type: ignore[arg-type]
+        LongContextSuite(LongContextSettings(lengths=[128], depths=[0.5], continuation_tokens=4), None, config_file),  # type: ignore[arg-type]
+        HumanEvalSuite(HumanEvalSettings(path=str(tmp_path / "he.jsonl"), limit=1), None, config_file),  # type: ignore[arg-type]
+        CostSuite(CostSettings(concurrency=[1], prompt_tokens=8, output_tokens=4, repeats=1), None, config_file),  # type: ignore[arg-type]
+    ]
     parts = key_parts_from_info(gemma_engine.info(), None, gemma_engine.options)
-    runs = []
-    for _ in range(2):
-        engine = CachedEngine(gemma_engine, parts, root=tmp_path / "cache")
-        lines: list[dict] = []
+    cache = tmp_path / "cache"
+
+    # Suites whose cache entry is a whole stored measurement carrying its own time (the cost suite's record,
+    # the reference's full-distribution chunk) rather than an engine result.
+    whole = {id(reference_ppl), id(suites[-1])}
+
+    def run() -> tuple[list[tuple[bool, Any]], datetime, datetime]:
+        engine = CachedEngine(gemma_engine, parts, root=cache, measurements=True)  # as the worker's
+        start = datetime.now(timezone.utc).replace(microsecond=0)  # measured_at is to the second
+        out: list[tuple[bool, Any]] = []
         for suite in suites:
+            lines: list[dict] = []
             suite.run(engine, suite.items(), SamplingParams(max_tokens=8), lines.extend)
-        runs.append([parse_record(r) for r in lines])
-    first, second = runs
-    assert len(first) == len(second) == 3 and all(r.schema_version == SCHEMA_VERSION for r in first)
-    assert all(not r.cached and r.measured_at for r in first)
-    assert all(r.cached for r in second)
+            out += [(id(suite) in whole, parse_record(r)) for r in lines]
+        return out, start, datetime.now(timezone.utc)
+
+    first_run, start, end = run()
+    first = [r for _, r in first_run]
+    second = [r for _, r in run()[0]]
+    assert {r.suite for r in first} == {"prompts", "perplexity", "mmlu", "longcontext", "humaneval", "cost"}
+    assert any(isinstance(r, PerplexityRecord) and r.store_sha256 for r in first)  # the full-distribution path ran
+    assert not any(getattr(r, "skipped", None) for r in first)
+    for r in first:
+        assert r.schema_version == SCHEMA_VERSION and r.cached is False and r.measured_at, (r.suite, r.item_id)
+        assert start <= datetime.fromisoformat(r.measured_at) <= end, (r.suite, r.item_id, r.measured_at)
+    assert [(r.suite, r.item_id) for r in second] == [(r.suite, r.item_id) for r in first]
     for a, b in zip(first, second):
-        assert a.model_dump(exclude={"cached", "measured_at", "timings", "ttft_s", "total_s"}) == \
-            b.model_dump(exclude={"cached", "measured_at", "timings", "ttft_s", "total_s"})
+        assert b.cached is True and b.measured_at == a.measured_at, (b.suite, b.item_id)
+        assert a.model_dump(exclude={"cached", "measured_at", "timings"}) == b.model_dump(exclude={"cached", "measured_at", "timings"})
+
+    # Entries written before entries kept the time: a hit says "unknown", never a made-up time. (A whole
+    # stored measurement keeps the time inside it and is not affected.)
+    for path in cache.rglob("*.json"):
+        entry = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in entry.items() if k != "measured_at"}))
+    old = run()[0]
+    assert [r.cached for _, r in old] == [True] * len(first)
+    assert [r.measured_at for _, r in old] == [a.measured_at if is_whole else None for (is_whole, _), a in zip(old, first)]

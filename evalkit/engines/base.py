@@ -3,9 +3,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+
+
+def utc_now() -> str:
+    """Now in UTC, ISO 8601 to the second: when a result was measured."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -38,10 +44,11 @@ class GenResult:
     finish_reason: str
     ttft_s: float | None
     total_s: float
-    # Provenance (records carry it): served from the result cache, and when the engine produced it (UTC
-    # ISO time; None when unknown). Not part of equality: a cached result equals the fresh one.
+    # Provenance (records carry it): served from the result cache, and when the engine produced it (UTC ISO
+    # time, stamped when the result is made; a cache hit keeps the stored time, None only for an entry stored
+    # before entries carried one). Not part of equality: a cached result equals the fresh one.
     cached: bool = field(default=False, compare=False)
-    measured_at: str | None = field(default=None, compare=False)
+    measured_at: str | None = field(default_factory=utc_now, compare=False)
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,16 @@ class TokenScores:
     logprobs: list[float | None]
     top: list[list[tuple[int, float]]] | None = None
     cached: bool = field(default=False, compare=False)  # as GenResult's
-    measured_at: str | None = field(default=None, compare=False)
+    measured_at: str | None = field(default_factory=utc_now, compare=False)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where one engine result's numbers come from, for results that cannot carry it themselves (the plain
+    lists of `next_token_logprobs` and `score_span`): served from the result cache, and when measured."""
+
+    cached: bool
+    measured_at: str | None  # None only for a cache entry stored before entries carried the time
 
 
 @dataclass(frozen=True)
@@ -147,6 +163,12 @@ class Engine(ABC):
     def store_measurement(self, kind: str, payload: Mapping[str, Any], value: Any) -> None:
         """Keep a whole measurement for later runs (a plain engine has nowhere to keep it)."""
 
+    def last_call_provenance(self) -> Sequence[Provenance] | None:
+        """Provenance of each result of this engine's latest `score`, `next_token_logprobs` or `score_span`
+        call, in result order; None: this engine has no result cache, so the call computed every result.
+        (GenResult and TokenScores also carry their own `cached` / `measured_at`.)"""
+        return None
+
     def run_stats(self) -> dict[str, Any]:
         """What this run's engine calls cost, for the run's engine description (cache hits, whether a
         lazily loaded engine loaded at all); empty for a plain engine."""
@@ -154,3 +176,4 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release the model. Worker processes exit afterwards anyway."""
+

@@ -27,7 +27,7 @@ from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.compare import pass_fail_rows
 from evalkit.metrics.stats import wilson_ci
-from evalkit.records import MmluRecord, MmluTimings, batch_provenance, cache_hits, dump_record, typed
+from evalkit.records import MmluRecord, MmluTimings, call_provenance, combined, dump_record, provenance, typed
 from evalkit.resources import resource_path
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
@@ -319,7 +319,7 @@ class MmluSuite(Suite["MmluSettings"]):
             letter_ids.append([f[-1] for f in fulls] if single else None)
 
         logprobs: list[list[float]] = [[] for _ in items]
-        hits_before = cache_hits(engine)
+        prov: list[dict[str, Any]] = [{} for _ in items]  # cached / measured_at of each item's engine results
         start = time.perf_counter()
         # One engine call per candidate set (the letter ids are the same for every prompt of a tokenizer,
         # but group defensively in case a prompt ending changes the merge).
@@ -330,6 +330,8 @@ class MmluSuite(Suite["MmluSettings"]):
         for cand, idxs in groups.items():
             for i, lp in zip(idxs, engine.next_token_logprobs([prompts[i][0] for i in idxs], list(cand))):
                 logprobs[i] = [float(x) for x in lp]
+            for i, p in zip(idxs, call_provenance(engine, len(idxs))):
+                prov[i] = p
         fallback = [i for i, ok in enumerate(one_pass) if not ok]
         if fallback:
             seqs = [f for i in fallback for f in prompts[i][1]]
@@ -338,9 +340,8 @@ class MmluSuite(Suite["MmluSettings"]):
                 n_ctx = len(prompts[i][0])
                 logprobs[i] = [float(sum(lp for lp in s.logprobs[n_ctx:] if lp is not None))
                                for s in scored[4 * j : 4 * j + 4]]
+                prov[i] = combined([provenance(s) for s in scored[4 * j : 4 * j + 4]])
         elapsed = time.perf_counter() - start
-        lookups = sum(len(idxs) for idxs in groups.values()) + 4 * len(fallback)
-        prov = batch_provenance(engine, hits_before, lookups)
 
         out = []
         for i, item in enumerate(items):
@@ -361,7 +362,7 @@ class MmluSuite(Suite["MmluSettings"]):
                 gold=item.data["gold"],
                 correct=pred == item.data["gold"],
                 timings=MmluTimings(batch_s=elapsed, batch_size=len(items), per_item_s=elapsed / len(items)),
-                **prov,
+                **prov[i],
             )))
         return out
 

@@ -45,7 +45,7 @@ from evalkit.metrics.likelihood import (
     token_drift,
 )
 from evalkit.metrics.stats import excludes_zero, z_value
-from evalkit.records import PerplexityRecord, batch_provenance, cache_hits, dump_record, typed, utc_now
+from evalkit.records import PerplexityRecord, call_provenance, dump_record, typed, utc_now
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
@@ -155,17 +155,17 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             if bos is not None:
                 chunk[0] = bos
             extra: dict[str, Any] = {}
-            hits_before = cache_hits(engine)
             path = store / f"{item.item_id}{STORE_SUFFIX}" if store is not None else None
             if distributions is not None and path is not None and (is_reference or path.is_file()):
                 full = cached_chunk_full(engine, distributions, chunk, first, s.top_k, info.vocab_size, path,
                                          write=is_reference, meta={"deployment": binding.deployment})  # type: ignore[union-attr]
                 nll, top, hit = full.pop("nll"), full.pop("top"), bool(full.pop("cached", False))
+                stamp = full.pop("measured_at", None)  # None: a stored measurement from before it kept the time
                 extra = {**full, **({"kld_reference": binding.reference} if "kld" in full else {})}  # type: ignore[union-attr]
-                prov = {"cached": hit, "measured_at": None if hit else utc_now()}
+                prov = {"cached": hit, "measured_at": stamp if hit else stamp or utc_now()}
             else:
                 nll, top = score_chunk(engine, chunk, first, s.top_k)
-                prov = batch_provenance(engine, hits_before, 1)
+                prov = call_provenance(engine, 1)[0]
             score_s = time.perf_counter() - start
             emit([_dump({
                 **base,
@@ -341,6 +341,7 @@ def cached_chunk_full(
             os.replace(tmp, path)
         return {**hit, "cached": True}
     out = score_chunk_full(distributions, chunk, first, top_k, vocab, path, write=write, meta=meta)
+    out["measured_at"] = utc_now()  # kept with the measurement: a re-run's record says when it was made
     if write:
         digest = _file_sha256(path)
         _kept_stores().mkdir(parents=True, exist_ok=True)
