@@ -76,6 +76,23 @@ def test_each_deployment_ran_in_its_own_process_and_exited(vllm_run: Path) -> No
     assert all(e["engine"] == "vllm" for e in engines.values())
 
 
+def _native_bf16_cpu() -> bool:
+    """From /proc/cpuinfo and the oneDNN cap, not from evalkit (an AVX2-only CPU is emulated by the cap)."""
+    flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("AVX2", "AVX", "SSE41", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX2_VNNI")
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and not capped
+
+
+def test_bf16_reference_computes_in_float32_where_the_cpu_lacks_bf16(vllm_run: Path) -> None:
+    import torch
+
+    extra = json.loads((vllm_run / "engines" / "bf16.json").read_text())["extra"]
+    if torch.cuda.is_available() or _native_bf16_cpu():
+        assert extra["dtype"] == "bfloat16" and "dtype_note" not in extra
+    else:
+        assert extra["dtype"] == "float32" and "computes in float32 instead of bfloat16" in extra["dtype_note"]
+
+
 def test_parity_and_hardware_truth_are_reported(vllm_run: Path) -> None:
     manifest = json.loads((vllm_run / "manifest.json").read_text())
     hw = manifest["deployments"]["fp8w"]["hardware"]
