@@ -3,6 +3,8 @@
 A suite declares what it needs (`Suite.requires`), an engine what it can do (`EngineSpec.capabilities`).
 A pair whose engine lacks something is skipped with the reason in the run's manifest (`skipped`) and
 report, or refused as a user error with `run --strict`. Nothing then fails mid-run for a missing capability.
+A deployment's own `suites:` list skips the others the same way (`chosen`: the user's choice, which
+`--strict` does not refuse).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class Skip:
     deployment: str
     suite: str
     reason: str
+    chosen: bool = False  # left out by the deployment's `suites:` list, not for a missing capability
 
 
 def plan_skips(config: Any, config_file: Path, suites: "list[Suite] | None" = None) -> list[Skip]:
@@ -34,6 +37,9 @@ def plan_skips(config: Any, config_file: Path, suites: "list[Suite] | None" = No
     for dep in config.deployments:
         spec = engine_spec(dep.engine)
         for suite in suites:
+            if not dep.runs(suite.name):
+                out.append(Skip(dep.name, suite.name, f"not in its suites: list ({', '.join(dep.suites or [])})", True))
+                continue
             missing = spec.missing(frozenset(suite.requires))
             if missing:
                 what = ", ".join(c.value for c in missing)
@@ -44,9 +50,10 @@ def plan_skips(config: Any, config_file: Path, suites: "list[Suite] | None" = No
 def check_capabilities(config: Any, config_file: Path, strict: bool) -> list[dict[str, str]]:
     """The manifest's `skipped` list; with `strict`, any skip is a ConfigError (nothing is written)."""
     skips = plan_skips(config, config_file)
-    if strict and skips:
-        first = skips[0]
-        more = f" (and {len(skips) - 1} more)" if len(skips) > 1 else ""
+    refused = [s for s in skips if not s.chosen]
+    if strict and refused:
+        first = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
         raise ConfigError(
             str(config_file),
             f"deployment {first.deployment} cannot run suite {first.suite}: {first.reason}{more}; "

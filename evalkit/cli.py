@@ -59,7 +59,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps([r.plan_json() for r in rows], indent=2))
     else:
         print(format_ledger(rows))
+        from evalkit.capabilities import plan_skips
         from evalkit.suites.perplexity import plan_store_note
+
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for skip in plan_skips(config, config_file):  # what each deployment will not run, and why
+            grouped.setdefault((skip.deployment, skip.reason), []).append(skip.suite)
+        for (name, reason), suites in grouped.items():
+            print(f"{name}: does not run {', '.join(suites)}: {reason}")
 
         note = plan_store_note(config, config_file)
         if note:

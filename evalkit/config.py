@@ -42,11 +42,31 @@ class Deployment(_Strict):
     engine: str
     options: SerializeAsAny[BaseModel] = Field(default=None, validate_default=True)  # type: ignore[assignment]
     replicas: int = Field(default=1, ge=1)  # data-parallel shards of its items (Ray executor: run at once)
+    # The suites this deployment runs (None: every enabled one). The others are skipped with the reason in
+    # the plan, manifest and report; the decision never recommends it on measurements it lacks.
+    suites: list[str] | None = Field(default=None, min_length=1)
 
     @field_validator("model", mode="before")
     @classmethod
     def _model_from_string(cls, v: Any) -> Any:
         return {"source": v} if isinstance(v, str) else v
+
+    @field_validator("suites")
+    @classmethod
+    def _known_suites(cls, v: list[str] | None) -> list[str] | None:
+        from evalkit.suites import SUITES
+
+        for name in v or []:
+            if name not in SUITES:
+                raise ValueError(f"unknown suite {name!r}{_did_you_mean(name, list(SUITES))} "
+                                 f"(suites: {', '.join(SUITES)})")
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError(f"suite {next(n for n in v if v.count(n) > 1)!r} listed twice")
+        return v
+
+    def runs(self, suite: str) -> bool:
+        """True when this deployment's `suites:` list (if it has one) includes `suite`."""
+        return self.suites is None or suite in self.suites
 
     @field_validator("engine")
     @classmethod
@@ -96,6 +116,10 @@ class PerplexitySettings(_Strict):
     # Where KLD is the top-k + tail bound (vLLM): at k = 2000 it read 2.9% below the exact KLD of fp8-weight vs
     # bf16 Gemma 3 270M (hf engine, same weights; k = 20: 31%, 100: 17%, 1000: 5.0%). Exact pairs ignore it.
     top_k: int = Field(default=2000, ge=1)
+    # The deployment whose full next-token distributions every other full-distribution deployment's exact
+    # KLD is measured against (None: the run's reference). It must give full distributions (Capability.
+    # FULL_DISTRIBUTION); deployments that cannot (vLLM) keep the top-k bound against the run's reference.
+    kld_reference: str | None = Field(default=None, min_length=1)
 
 
 class MmluSettings(_Strict):
@@ -248,7 +272,36 @@ class Config(_Strict):
         if self.reference not in names:
             hint = _did_you_mean(self.reference, names)
             raise ValueError(f"reference {self.reference!r} is not a deployment name{hint}")
+        ref = self.deployment(self.reference)
+        enabled = [n for n in Suites.model_fields if getattr(self.suites, n) is not None]
+        lacking = [n for n in enabled if not ref.runs(n)]
+        if lacking:  # every comparison of a suite is against the reference's results
+            raise ValueError(f"deployments: the reference {ref.name} must run every enabled suite; its suites: list "
+                             f"leaves out {', '.join(lacking)}")
+        self._check_kld_reference(names)
         return self
+
+    def _check_kld_reference(self, names: list[str]) -> None:
+        """`suites.perplexity.kld_reference` names a deployment that gives full distributions and runs perplexity."""
+        from evalkit.engines import engine_spec
+        from evalkit.engines.spec import Capability
+
+        ppl = self.suites.perplexity
+        name = ppl.kld_reference if ppl is not None else None
+        if name is None:
+            return
+        where = "suites.perplexity.kld_reference"
+        if name not in names:
+            raise ValueError(f"{where}: {name!r} is not a deployment name{_did_you_mean(name, names)}")
+        dep = self.deployment(name)
+        if Capability.FULL_DISTRIBUTION not in engine_spec(dep.engine).capabilities:
+            full = [d.name for d in self.deployments
+                    if Capability.FULL_DISTRIBUTION in engine_spec(d.engine).capabilities]
+            hint = f" (deployments that do: {', '.join(full)})" if full else ""
+            raise ValueError(f"{where}: {name} runs on engine {dep.engine}, which gives no full next-token "
+                             f"distributions, so exact KLD cannot be measured against it{hint}")
+        if not dep.runs("perplexity"):
+            raise ValueError(f"{where}: {name} does not run the perplexity suite (its suites: list)")
 
     def deployment(self, name: str) -> Deployment:
         return next(d for d in self.deployments if d.name == name)
@@ -324,6 +377,8 @@ def explain_validation_error(err: ValidationError, raw: Any = None) -> str:
             return f"missing field {where!r} (registered engines: {', '.join(ENGINES)})"
         return f"missing field {where!r}"
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "value_error" and not loc:  # a check across sections names its own fields
+        return msg
     return f"{where}: {msg} (got {first.get('input')!r})" if first["type"] != "value_error" else f"{where}: {msg}"
 
 

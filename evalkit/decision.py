@@ -415,10 +415,19 @@ def _margin_reason(m: MarginResult) -> tuple[str, str]:
 
 
 def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.DataFrame, margins: dict[str, float],
-                     workload: Any, memory: MemoryFit | None) -> DeploymentDecision:
+                     workload: Any, memory: MemoryFit | None, lacking: dict[str, str] | None = None) -> DeploymentDecision:
+    """`lacking`: suite -> why, for the suites the decision needs (margins, cost) that this deployment does not
+    run in this run; such a deployment is never recommended, and that is said once instead of per margin."""
     results = [judge_margin(scores, comps, dep, reference, k, v) for k, v in margins.items()]
     reasons, changes = [], []
+    if lacking:
+        names = sorted(lacking)
+        reasons.append(f"not measured on {', '.join(names)}, which the decision needs (it does not run "
+                       f"{'it' if len(names) == 1 else 'them'}: {lacking[names[0]]})")
+        changes.append(f"running {', '.join(names)} for it")
     for m in results:
+        if lacking and MarginKey.parse(m.key).suite in lacking:
+            continue  # said once above
         if m.decision in ("inferior", "inconclusive"):
             why, change = _margin_reason(m)
             reasons.append(why)
@@ -457,7 +466,7 @@ def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.D
     if memory_ok is False or latency_ok is False:
         feasible = False
     return DeploymentDecision(dep, dep == reference, memory, cost, memory_ok, latency_ok, feasible, results,
-                              non_inferior, bool(feasible) and non_inferior, reasons, changes)
+                              non_inferior, bool(feasible) and non_inferior and not lacking, reasons, changes)
 
 
 def _tps(d: DeploymentDecision) -> float:
@@ -482,8 +491,10 @@ def rank(qualifying: list[DeploymentDecision], tie: float) -> tuple[list[Deploym
 
 def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.DataFrame, reference: str,
                     deployments: list[str], margins: dict[str, float], memory: dict[str, MemoryFit],
-                    tie: float = 0.05) -> ScenarioDecision:
-    table = [judge_deployment(d, reference, scores, comps, margins, workload, memory.get(d)) for d in deployments]
+                    tie: float = 0.05, lacking: dict[str, dict[str, str]] | None = None) -> ScenarioDecision:
+    lacking = lacking or {}
+    table = [judge_deployment(d, reference, scores, comps, margins, workload, memory.get(d), lacking.get(d))
+             for d in deployments]
     ranked, n_tied = rank([d for d in table if d.qualifies], tie)
     load = _workload_text(workload)
     reasons: list[str] = []
@@ -518,12 +529,14 @@ def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.Da
 
 
 def decide(scores: pd.DataFrame, comps: pd.DataFrame, reference: str, deployments: list[str], settings: Any,
-           memory: dict[str, dict[str, MemoryFit]], alpha: float = 0.05) -> Decision:
-    """Decide every workload of `settings` (config.DecisionSettings); `memory` maps scenario name -> plan."""
+           memory: dict[str, dict[str, MemoryFit]], alpha: float = 0.05,
+           lacking: dict[str, dict[str, str]] | None = None) -> Decision:
+    """Decide every workload of `settings` (config.DecisionSettings); `memory` maps scenario name -> plan;
+    `lacking` deployment -> {suite: why} for needed suites it does not run (see `lacking_suites`)."""
     workloads = [(PRIMARY, settings.workload)] + [(s.name, s) for s in settings.scenarios]
     margins = dict(settings.margins)
     tie = float(settings.throughput_tie)
-    out = [decide_scenario(name, w, scores, comps, reference, deployments, margins, memory.get(name, {}), tie)
+    out = [decide_scenario(name, w, scores, comps, reference, deployments, margins, memory.get(name, {}), tie, lacking)
            for name, w in workloads]
     return Decision(RULE.format(tie=tie), TEST, alpha, margins, out)
 
@@ -547,6 +560,23 @@ def workloads(settings: Any) -> list[tuple[str, Any]]:
     return [(PRIMARY, settings.workload)] + [(s.name, s) for s in settings.scenarios]
 
 
+def lacking_suites(config: Any, manifest: dict[str, Any], settings: Any) -> dict[str, dict[str, str]]:
+    """deployment -> {suite: why} for the suites the decision needs (its margins' suites, and the cost suite
+    when the run has one: the workload's throughput and latency) that the run skipped for that deployment
+    (its `suites:` list, or a capability its engine lacks)."""
+    from evalkit.capabilities import skipped_suites
+
+    needed = {MarginKey.parse(k).suite for k in settings.margins}
+    if getattr(getattr(config, "suites", None), COST_SUITE, None) is not None:
+        needed.add(COST_SUITE)
+    out = {}
+    for dep in candidates(manifest, config):
+        missing = {s: why for s, why in skipped_suites(manifest, dep).items() if s in needed}
+        if missing:
+            out[dep] = missing
+    return out
+
+
 def decide_from(config: Any, config_file: Path, manifest: dict[str, Any], scores: pd.DataFrame, comps: pd.DataFrame,
                 settings: Any | None = None) -> Decision | None:
     """Decide from a run's frames; `settings` overrides the config's `decision:` (None: the config's)."""
@@ -555,7 +585,8 @@ def decide_from(config: Any, config_file: Path, manifest: dict[str, Any], scores
         return None
     memory = {name: memory_plan(config, config_file, w) for name, w in workloads(settings)}
     alpha = getattr(getattr(config, "stats", None), "alpha", 0.05)
-    return decide(scores, comps, manifest.get("reference", config.reference), candidates(manifest, config), settings, memory, alpha)
+    return decide(scores, comps, manifest.get("reference", config.reference), candidates(manifest, config), settings,
+                  memory, alpha, lacking_suites(config, manifest, settings))
 
 
 def annotate_comparisons(decision: Decision, comparisons: list[Any]) -> list[Any]:

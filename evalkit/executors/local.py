@@ -19,8 +19,11 @@ class LocalExecutor:
         """The engines' own output (vLLM's and llama.cpp's logs, from Python and from C code, in the worker and
         in vLLM's child processes) goes to logs/<deployment>.log; evalkit's progress reaches the terminal
         through a duplicate of our stderr handed to the worker (EVALKIT_PROGRESS_FD)."""
+        from evalkit.executors.order import dependencies, dependency_order
         from evalkit.progress import RunProgress, pending_by_suite
 
+        # A deployment that reads another's artefacts (the KLD reference's stored distributions) runs after it.
+        names = dependency_order(names, dependencies(run, names))
         record_execution(run, {"kind": self.kind, "hostname": platform.node()})
         RunProgress.start(run.path, {n: pending_by_suite(run, n) for n in names})
         logs = run.path / "logs"

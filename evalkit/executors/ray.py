@@ -228,31 +228,27 @@ class _Driver:
             out.extend(Unit(name, i, n) for i in range(n))
         return out
 
-    def _reference_first(self) -> bool:
-        from evalkit.suites import enabled_suites
-
-        manifest = self.run.manifest()
-        return any(s.reference_first for s in enabled_suites(self.config, Path(manifest["config_file"])))
-
     def drive(self) -> dict[str, int]:
         import ray
 
-        reference = self.run.manifest()["reference"]
+        from evalkit.executors.order import dependencies
+
         units = self.units()
-        # Suites that read the reference's artefacts (perplexity's exact KLD) need it finished first.
-        waiting = [u for u in units if u.deployment != reference] if self._reference_first() else []
+        # A unit that reads another deployment's artefacts (perplexity's exact KLD reads the KLD reference's
+        # stored distributions) waits until that deployment has no unit running or waiting.
+        deps = dependencies(self.run, self.names)
+        waiting = list(units)
         try:
-            for unit in units:
-                if unit not in waiting:
-                    self._start(unit, attempt=1)
             while self.active or waiting:
-                if waiting and not any(a.unit.deployment == reference for a in self.active.values()):
-                    for unit in waiting:
+                busy = {a.unit.deployment for a in self.active.values()} | {u.deployment for u in waiting}
+                ready = [u for u in waiting if not (deps[u.deployment] & busy)] or ([] if self.active else waiting[:1])
+                if ready:
+                    for unit in ready:
+                        waiting.remove(unit)
                         self._start(unit, attempt=1)
-                    waiting = []
                     continue
-                ready, _ = ray.wait(list(self.active), num_returns=1, timeout=1.0)
-                for gen in ready:
+                done, _ = ray.wait(list(self.active), num_returns=1, timeout=1.0)
+                for gen in done:
                     self._step(gen)
         finally:
             for att in list(self.active.values()):

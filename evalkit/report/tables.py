@@ -11,7 +11,7 @@ import pandas as pd
 from evalkit.report.cells import (
     CATEGORIES, CATEGORY_LABEL, Cell, Table, cell, fmt, fmt_interval, isnum, plain, signed, spec_for,
 )
-from evalkit.report.verdict import human_cell, translation_langs
+from evalkit.report.verdict import human_cell, kld_kind, translation_langs
 from evalkit.report.view import RunView, bleu_signatures, measured_peak
 
 
@@ -49,26 +49,27 @@ def perplexity_table(view: RunView) -> Table:
 
 
 def kld_caption(view: RunView) -> str:
-    """Which deployments' KLD is exact, which a lower bound, and how low the bound read where both exist."""
+    """Which deployments' KLD is exact (against whom), which a lower bound, and how low the bound read where
+    both exist."""
     exact, bound, bias = [], [], []
     for d in view.deployments:
-        flag = view.score(d, "perplexity", "text", "kld_exact")
-        if flag is None:
+        kind = kld_kind(view, d)
+        if not kind:
             continue
-        (exact if float(flag["value"]) == 1.0 else bound).append(d)
+        (exact if kind.startswith("exact") else bound).append(f"{d} ({kind})")
         b = view.score(d, "perplexity", "text", "kld_bound_bias")
         if b is not None and isnum(b["value"]):
             bias.append((d, float(b["value"])))
     parts = ["KLD is KL(reference ‖ deployment) per token."]
     if exact:
-        parts.append(f"Exact over the full vocabulary for {', '.join(exact)} (the reference's distributions stored "
-                     "once, each deployment compared token by token).")
+        parts.append(f"Exact over the full vocabulary for {', '.join(exact)}: the KLD reference's distributions "
+                     "stored once, each deployment compared token by token.")
     if bound:
         k = view.suite_info.get("perplexity", {}).get("top_k", "k")
         text = (f"A lower bound for {', '.join(bound)}: top-{k} log-probabilities plus one tail bucket (the engine "
                 "gives no full distribution)")
         if bias:
-            text += "; on this run's exact pairs the same bound reads " + ", ".join(
+            text += "; on this run's exact pairs the same top-k bound reads " + ", ".join(
                 f"{100 * b:.1f}% low for {d}" for d, b in bias)
         else:
             measured = view.suite_info.get("perplexity", {}).get("kld_bias")
@@ -97,8 +98,7 @@ LLAMA_BLOCK = (
 
 def llama_block_table(view: RunView) -> Table:
     """llama.cpp's statistics block, one column per deployment, so the two outputs read side by side."""
-    deps = [d for d in view.deployments if d != view.reference
-            and view.score(d, "perplexity", "text", "kld_mean") is not None]
+    deps = [d for d in view.deployments if view.score(d, "perplexity", "text", "kld_mean") is not None]
     rows = []
     for label, metric, kind in LLAMA_BLOCK:
         cells = []
@@ -111,17 +111,14 @@ def llama_block_table(view: RunView) -> Table:
             cells.append(Cell(fmt(r["value"], kind), interval))
         if any(c.value != "–" for c in cells):
             rows.append([Cell(label)] + cells)
-    kinds = []
-    for d in deps:
-        flag = view.score(d, "perplexity", "text", "kld_exact")
-        kinds.append("exact" if flag is not None and float(flag["value"]) == 1.0 else "lower bound")
     if deps:
-        rows.append([Cell("KLD")] + [Cell(k) for k in kinds])
+        rows.append([Cell("KLD")] + [Cell(kld_kind(view, d) or "lower bound") for d in deps])
     ref = view.score(view.reference, "perplexity", "text", "ppl")
     base = f"PPL(base) = {fmt(ref['value'], 'num')} ({view.reference}). " if ref is not None else ""
     return Table("perplexity-llama-block", "Statistics block as llama-perplexity --kl-divergence prints it",
                  ["statistic"] + deps, rows,
-                 base + "Intervals are the run's (1 − alpha) normal intervals (llama.cpp prints ± one SE). "
+                 base + "PPL ratios are against it; KLD, Δp and same top p against the deployment the KLD row names. "
+                 "Intervals are the run's (1 − alpha) normal intervals (llama.cpp prints ± one SE). "
                  "Percentiles interpolate linearly, as llama.cpp.", numeric=True)
 
 
@@ -329,8 +326,10 @@ def warnings(view: RunView) -> list[tuple[str, str]]:
         w = ((view.run.manifest["deployments"].get(name) or {}).get("hardware") or {}).get("warning")
         if w:
             out.append((name, str(w)))
-    # Pairs the plan skipped because the deployment's engine lacks a capability the suite needs.
-    out += [(s["deployment"], f"suite {s['suite']} skipped: {s['reason']}") for s in view.run.manifest.get("skipped", [])]
+    # Pairs the plan skipped: the deployment's engine lacks a capability the suite needs, or its own `suites:`
+    # list leaves the suite out (`chosen`).
+    out += [(s["deployment"], f"does not run suite {s['suite']}: {s['reason']}" if s.get("chosen") else
+             f"suite {s['suite']} skipped: {s['reason']}") for s in view.run.manifest.get("skipped", [])]
     return out
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 import pandas as pd
 
 from evalkit.report.cells import (
-    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Table, cell, fmt_interval, isnum, spec_for, z_score,
+    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Table, cell, fmt, fmt_interval, isnum, spec_for, z_score,
 )
 from evalkit.report.view import RunView
 
@@ -63,6 +63,31 @@ def _flips_cell(view: RunView, dep: str, suite: str = "mmlu", category: str = "a
                 if isnum(p) else "", z_score(rate) if mark != "same" else 0.0)
 
 
+def kld_kind(view: RunView, dep: str) -> str:
+    """How a deployment's KLD was measured, in words: exact against whom, or a lower bound and how far it reads
+    below the exact value another engine measured on the same weights in this run. "" without KLD."""
+    from evalkit.suites.perplexity import same_weights
+
+    flag = view.score(dep, "perplexity", "text", "kld_exact")
+    if flag is None:
+        return ""
+    comp = view.comps[(view.comps.deployment == dep) & (view.comps.suite == "perplexity") & (view.comps.metric == "kld")] \
+        if not view.comps.empty else view.comps
+    against = f" against {comp.iloc[0]['reference']}" if not comp.empty else ""
+    if float(flag["value"]) == 1.0:
+        return f"exact{against}"
+    text = f"lower bound{against}"
+    below = view.score(dep, "perplexity", "text", "kld_bound_reads_below")
+    if below is not None and isnum(below["value"]):
+        x = float(below["value"])
+        exact = view.score(dep, "perplexity", "text", "kld_same_weights_exact")
+        by = [d for d in view.deployments if d != dep and same_weights(view.run.manifest, d, dep)
+              and (f := view.score(d, "perplexity", "text", "kld_exact")) is not None and float(f["value"]) == 1.0]
+        text += (f", reads {abs(100 * x):.1f}% {'below' if x >= 0 else 'above'} the exact value measured on the same "
+                 f"weights ({fmt(exact['value'] if exact is not None else None, 'kld')}{', ' + by[0] if by else ''})")
+    return text
+
+
 def _kld_cell(view: RunView, dep: str) -> Cell:
     if dep == view.reference:
         return Cell("–", note="reference")
@@ -71,8 +96,9 @@ def _kld_cell(view: RunView, dep: str) -> Cell:
     if comp is not None and not isnum(comp.get("value")):  # not computed (e.g. tokenizations differ)
         return Cell("–", note=str(comp.get("method")))
     c = cell(score, comp, spec_for("perplexity", "kld"))
+    kind = kld_kind(view, dep)
     # The value is the difference (the reference's KLD is 0): shown once, with its interval beside the mark.
-    return Cell(c.value, "", "", c.interval, c.mark, c.note, c.raw)
+    return Cell(c.value, "", "", c.interval, c.mark, "; ".join(x for x in (kind, c.note) if x), c.raw)
 
 
 def _longest_length(view: RunView, metric: str) -> str | None:

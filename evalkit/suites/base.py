@@ -70,9 +70,12 @@ class Suite(ABC, Generic[SettingsT]):
     # What the engine must be able to do; a deployment whose engine lacks one is skipped at plan time
     # (evalkit/capabilities.py). An instance may narrow or widen it from its settings.
     requires: frozenset[Capability] = frozenset()
-    # True when other deployments read what the reference's run leaves in the run directory (perplexity's
-    # stored distributions): a parallel executor then runs the reference first.
-    reference_first: bool = False
+
+    def runs_after(self, deployment: str, spec: Any) -> frozenset[str]:
+        """Deployments whose units must finish before this suite runs for `deployment` (whose config entry is
+        `spec`): those whose run-directory artefacts it reads (perplexity: the KLD reference's stored
+        distributions). Both executors order units by it (evalkit/executors/order.py)."""
+        return frozenset()
 
     def bind(self, binding: RunBinding) -> None:
         """Called by the worker before `run`."""

@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,22 @@ def chunk_id(index: int) -> str:
 class PerplexitySuite(Suite["PerplexitySettings"]):
     name = "perplexity"
     requires = frozenset({Capability.PROMPT_LOGPROBS, Capability.TOKENIZER})
-    reference_first = True  # exact KLD reads the reference's stored distributions
+
+    def kld_owner(self) -> str | None:
+        """The deployment whose stored distributions this run's exact KLD reads (None: no exact KLD).
+
+        A bare suite (no config: unit tests) takes the binding's reference, and exact KLD wherever its
+        store happens to exist."""
+        if self.config is None:
+            return self.binding.reference if self.binding is not None else None
+        return kld_reference(self.config)
+
+    def runs_after(self, deployment: str, spec: Any) -> frozenset[str]:
+        """A deployment that gives full distributions reads the KLD reference's store: it runs after it."""
+        owner = self.kld_owner()
+        if owner is None or deployment == owner or not gives_full_distributions(spec.engine):
+            return frozenset()
+        return frozenset({owner})
 
     # -- data -----------------------------------------------------------------------------------
 
@@ -142,8 +158,14 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         first = scored_from(s.n_ctx)
         distributions = distribution_source(engine)
         binding = self.binding
-        store = store_dir(binding.run_dir, binding.reference) if binding is not None else None
-        is_reference = binding is not None and binding.deployment == binding.reference
+        owner = self.kld_owner()
+        store = store_dir(binding.run_dir, owner) if binding is not None and owner is not None else None
+        is_reference = binding is not None and binding.deployment == owner
+        # In a configured run the KLD reference stores every chunk before a reader runs (the executors order
+        # units by `runs_after`); a chunk whose store is missing (that reference failed) stays pending, so a
+        # resumed run measures it exactly instead of recording the bound for good.
+        must_read = self.config is not None and distributions is not None and store is not None and not is_reference
+        waiting: list[str] = []
         for item in items:
             index = int(item.data["index"])
             base = {"suite": self.name, "item_id": item.item_id, "category": CATEGORY}
@@ -156,12 +178,15 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                 chunk[0] = bos
             extra: dict[str, Any] = {}
             path = store / f"{item.item_id}{STORE_SUFFIX}" if store is not None else None
+            if must_read and path is not None and not path.is_file():
+                waiting.append(item.item_id)
+                continue
             if distributions is not None and path is not None and (is_reference or path.is_file()):
                 full = cached_chunk_full(engine, distributions, chunk, first, s.top_k, info.vocab_size, path,
                                          write=is_reference, meta={"deployment": binding.deployment})  # type: ignore[union-attr]
                 nll, top, hit = full.pop("nll"), full.pop("top"), bool(full.pop("cached", False))
                 stamp = full.pop("measured_at", None)  # None: a stored measurement from before it kept the time
-                extra = {**full, **({"kld_reference": binding.reference} if "kld" in full else {})}  # type: ignore[union-attr]
+                extra = {**full, **({"kld_reference": owner} if "kld" in full else {})}
                 prov = {"cached": hit, "measured_at": stamp if hit else stamp or utc_now()}
             else:
                 nll, top = score_chunk(engine, chunk, first, s.top_k)
@@ -184,40 +209,51 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                 "timings": {"score_s": score_s, "total_s": time.perf_counter() - start},
                 **prov,
             })])
+        if waiting:
+            print(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending ({', '.join(waiting)}): the KLD reference "
+                  f"{owner} has not stored their distributions (it did not finish); --resume measures them",
+                  file=sys.stderr, flush=True)
 
     # -- scoring --------------------------------------------------------------------------------
 
     def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
         rows: list[ScoreRow] = []
         chunks = {dep: _chunks(recs) for dep, recs in records.items()}
+        pairs = _pairs(chunks, ctx)
+        exact = {dep: p for dep, p in pairs.items() if p.exact}
         for dep in _ordered(chunks, ctx):
             st = _ppl(chunks[dep].values())
             rows += _ppl_rows(dep, self.name, st, ctx.stats.alpha)
-            pair = _pair(chunks.get(ctx.reference, {}), chunks[dep]) if dep != ctx.reference else None
-            if pair is None or pair.drift is None:
+            p = pairs[dep]
+            if p.kld is None or p.kld.drift is None:
                 continue
-            rows += _drift_rows(dep, self.name, pair.drift, pair.ratio_rows(), ctx.stats.alpha)
+            extra = p.ppl.ratio_rows() if p.ppl is not None and p.ppl.reason is None else []
+            extra += p.kld.bias_rows()
+            if not p.exact:
+                extra += _same_weights_rows(dep, p.kld.drift, exact, ctx)
+            rows += _drift_rows(dep, self.name, p.kld.drift, extra, ctx.stats.alpha)
         return rows
 
     def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
         chunks = {dep: _chunks(recs) for dep, recs in records.items()}
-        ref_chunks = chunks.get(ctx.reference)
-        if not ref_chunks:
-            return []
         rows: list[ComparisonRow] = []
-        for dep in _ordered(chunks, ctx):
-            if dep == ctx.reference:
-                continue
-            pair = _pair(ref_chunks, chunks[dep])
-            rows += pair.comparison_rows(dep, ctx.reference, self.name, ctx.stats.alpha)
+        alpha = ctx.stats.alpha
+        for dep, p in _pairs(chunks, ctx).items():
+            if p.kld is not None and p.kld is not p.ppl and p.kld.drift is not None:
+                # Exact KLD against the KLD reference's stored distributions; PPL stays paired with the run's reference.
+                if p.ppl is not None:
+                    rows += [r for r in p.ppl.comparison_rows(dep, ctx.reference, self.name, alpha) if r.metric not in DRIFT_METRICS]
+                rows += p.kld.drift_comparison_rows(dep, p.kld_reference, self.name, z_value(alpha))
+            elif p.ppl is not None:
+                rows += p.ppl.comparison_rows(dep, ctx.reference, self.name, alpha)
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
         chunks = {dep: _chunks(recs) for dep, recs in records.items()}
-        ref_chunks = chunks.get(ctx.reference, {})
+        pairs = _pairs(chunks, ctx)
         out = []
         for dep in _ordered(chunks, ctx):
-            pair = _pair(ref_chunks, chunks[dep]) if dep != ctx.reference and ref_chunks else None
+            pair = pairs[dep].kld
             for cid, rec in sorted(chunks[dep].items()):
                 st = perplexity_stats(rec["nll"], rec["n_bytes"])
                 row: dict[str, Any] = {
@@ -248,12 +284,36 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             "ci": "95% normal: ±1.96 SE over tokens (llama-perplexity's ±); top-1 agreement: Wilson",
             "method": METHOD,
             "kld_bias": KLD_BIAS,
+            "kld_reference": kld_reference(self.config) if self.config is not None else None,
         }
 
 
 # -- engine side -------------------------------------------------------------------------------
 
 Distributions = Callable[[list[int], int], Iterator[tuple[int, np.ndarray]]]
+
+
+def gives_full_distributions(engine: str) -> bool:
+    from evalkit.engines import engine_spec
+
+    return Capability.FULL_DISTRIBUTION in engine_spec(engine).capabilities
+
+
+def kld_reference(config: Any) -> str | None:
+    """The deployment whose full distributions a run's exact KLD is measured against: `suites.perplexity.
+    kld_reference`, else the run's reference; None when that one gives no full distributions (vLLM) or does
+    not run perplexity, so there is no exact KLD in the run (only the top-k bound)."""
+    from evalkit.engines import engine_spec
+
+    settings = config.suites.perplexity
+    if settings is None:
+        return None
+    name = settings.kld_reference or config.reference
+    dep = config.deployment(name)
+    spec = engine_spec(dep.engine)
+    if not gives_full_distributions(dep.engine) or spec.missing(PerplexitySuite.requires) or not dep.runs("perplexity"):
+        return None
+    return name
 
 
 def store_dir(run_dir: Path, reference: str) -> Path:
@@ -267,19 +327,25 @@ def store_bytes_upper_bound(n_tokens: int, vocab: int) -> int:
 
 
 def plan_store_note(config: Any, config_file: Path) -> str | None:
-    """The plan's line on the reference's KLD store, before anything runs: None when no store will be written
-    (perplexity off, or a reference engine without full distributions)."""
-    from evalkit.engines import engine_spec
-    from evalkit.engines.spec import Capability
+    """The plan's lines on exact KLD, before anything runs: which deployments get it, against whose stored
+    distributions and how large that store can get; which keep the top-k bound. None: perplexity is off."""
     from evalkit.ledger import _resolve, gguf_weights, hf_weights
 
     s = config.suites.perplexity
     if s is None:
         return None
-    ref = config.deployment(config.reference)
-    if Capability.FULL_DISTRIBUTION not in engine_spec(ref.engine).capabilities:
+    owner = kld_reference(config)
+    if owner is None:
+        ref = config.deployment(config.reference)
         return (f"perplexity: no exact KLD (the reference {ref.name} runs on {ref.engine}, which gives no full "
-                f"distributions); KLD is the top-{s.top_k} + tail lower bound")
+                f"distributions, and no suites.perplexity.kld_reference is set); KLD is the top-{s.top_k} + tail lower bound")
+    ref = config.deployment(owner)
+    runs = [d for d in config.deployments if d.runs("perplexity") and d.name != owner]
+    readers = [d.name for d in runs if gives_full_distributions(d.engine)]
+    bound = [d.name for d in runs if not gives_full_distributions(d.engine) and d.name != config.reference]
+    lines = [f"perplexity: exact KLD against {owner} for {', '.join(readers) or 'no deployment'}"]
+    if bound:  # engines without full distributions keep the bound, against the run's reference
+        lines.append(f"perplexity: top-{s.top_k} + tail lower bound of KLD against {config.reference} for {', '.join(bound)}")
     suite = PerplexitySuite(s, config, config_file)
     chunks = len(suite.items())  # upper bound from the text's bytes
     tokens = chunks * (s.n_ctx - scored_from(s.n_ctx))
@@ -289,11 +355,13 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
     except Exception:  # noqa: BLE001 - an unreadable model is the ledger's row to report, not this line's
         vocab = None
     if not vocab:
-        return f"perplexity: exact KLD; the reference's store size is unknown (vocabulary of {ref.model.source} unknown)"
-    most = store_bytes_upper_bound(tokens, vocab)
-    return (f"perplexity: exact KLD against {ref.name}'s stored distributions: at most {most / 1e9:.2f} GB in the run "
-            f"directory ({tokens:,} scored tokens x {vocab:,} ids, 2 bytes each at most, as llama.cpp's base file; "
-            f"long-tailed distributions take less)")
+        lines.append(f"perplexity: {owner}'s store size is unknown (vocabulary of {ref.model.source} unknown)")
+    else:
+        most = store_bytes_upper_bound(tokens, vocab)
+        lines.append(f"perplexity: {owner}'s stored distributions: at most {most / 1e9:.2f} GB in the run directory "
+                     f"({tokens:,} scored tokens x {vocab:,} ids, 2 bytes each at most, as llama.cpp's base file; "
+                     f"long-tailed distributions take less)")
+    return "\n".join(lines)
 
 
 def distribution_source(engine: Engine) -> Distributions | None:
@@ -511,13 +579,13 @@ class _Pair:
     def ratio_rows(self) -> list[tuple[str, float, float | None]]:
         """llama.cpp's "Perplexity statistics" block beside the deployment's own PPL."""
         p = paired_perplexity(*self.nll())
-        rows: list[tuple[str, float, float | None]] = [
+        return [
             ("ppl_ratio", p.ratio, p.ratio_se), ("ln_ppl_ratio", p.ln_ratio, p.ln_ratio_se),
             ("ppl_diff", p.diff, p.diff_se), ("nll_correlation", p.correlation, None),
         ]
-        if self.bound_bias is not None:
-            rows.append(("kld_bound_bias", self.bound_bias, None))
-        return rows
+
+    def bias_rows(self) -> list[tuple[str, float, float | None]]:
+        return [("kld_bound_bias", self.bound_bias, None)] if self.bound_bias is not None else []
 
     def comparison_rows(self, dep: str, ref: str, suite: str, alpha: float) -> list[ComparisonRow]:
         # Significance, as everywhere: the (1 - alpha) interval of the difference excludes 0.
@@ -550,8 +618,13 @@ class _Pair:
             f"paired over {n} tokens: SE of per-token NLL differences; p as for ppl",
             excludes_zero(bpb_diff - z * bpb_se, bpb_diff + z * bpb_se),
         ))
+        return rows + self.drift_comparison_rows(dep, ref, suite, z)
+
+    def drift_comparison_rows(self, dep: str, ref: str, suite: str, z: float) -> list[ComparisonRow]:
+        """KLD and top-1 agreement of `dep` against `ref` (whose distributions or top-k it was measured with)."""
         assert self.drift is not None
         k = self.drift
+        rows: list[ComparisonRow] = []
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "kld", k.kld_mean, 0.0, k.kld_mean,
             k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se, None, k.n_tokens,
@@ -582,6 +655,60 @@ class _Pair:
             excludes_zero(diff - z * se, diff + z * se),
         ))
         return rows
+
+
+DRIFT_METRICS = ("kld", "top1_agreement")
+
+
+@dataclass
+class _Pairs:
+    """One deployment's pairings: `ppl` with the run's reference (paired PPL, and the top-k bound), `kld` the
+    one whose drift is reported (exact against `kld_reference`'s stored distributions where the records were
+    measured so, else `ppl`)."""
+
+    ppl: _Pair | None
+    kld: _Pair | None
+    kld_reference: str
+
+    @property
+    def exact(self) -> bool:
+        return self.kld is not None and self.kld.drift is not None and self.kld.drift.exact
+
+
+def _pairs(chunks: dict[str, dict[str, dict[str, Any]]], ctx: ScoreContext) -> dict[str, _Pairs]:
+    ref = ctx.reference
+    out: dict[str, _Pairs] = {}
+    for dep in _ordered(chunks, ctx):
+        ppl = _pair(chunks[ref], chunks[dep]) if dep != ref and chunks.get(ref) else None
+        owners = {r.get("kld_reference") for r in chunks[dep].values()}
+        owner = owners.pop() if len(owners) == 1 else None
+        if owner is not None and owner not in (dep, ref) and chunks.get(owner):
+            exact = _pair(chunks[owner], chunks[dep])
+            if exact.drift is not None and exact.drift.exact:
+                out[dep] = _Pairs(ppl, exact, owner)
+                continue
+        out[dep] = _Pairs(ppl, ppl, ref)
+    return out
+
+
+def same_weights(manifest: dict[str, Any], a: str, b: str) -> bool:
+    """True when the manifest fingerprinted the same model files for deployments `a` and `b`."""
+    deps = manifest.get("deployments") or {}
+    sha = [(deps.get(n) or {}).get("sha256") for n in (a, b)]
+    return sha[0] is not None and sha[0] == sha[1]
+
+
+def _same_weights_rows(dep: str, bound: DriftSummary, exact: dict[str, _Pairs], ctx: ScoreContext
+                       ) -> list[tuple[str, float, float | None]]:
+    """For a deployment with only the top-k bound (vLLM): the exact KLD another engine measured in this run
+    on the same weights against a reference of the same weights, and how far the bound reads below it."""
+    for other, p in exact.items():
+        if other == dep or not (same_weights(ctx.manifest, dep, other) and same_weights(ctx.manifest, ctx.reference, p.kld_reference)):
+            continue
+        value = p.kld.drift.kld_mean  # type: ignore[union-attr]
+        if value > 0:
+            return [("kld_same_weights_exact", value, None), ("kld_bound_reads_below", 1.0 - bound.kld_mean / value, None)]
+    return []
 
 
 def _pair(ref_chunks: dict[str, dict[str, Any]], dep_chunks: dict[str, dict[str, Any]]) -> _Pair:

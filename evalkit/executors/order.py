@@ -1,0 +1,38 @@
+"""Which deployments must finish before which: a suite that reads another deployment's artefacts from the
+run directory says so (`Suite.runs_after`); the local executor runs deployments in an order that respects
+it, the Ray executor holds a unit back until the deployments it depends on have no unit left running."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalkit.capabilities import runnable_suites
+from evalkit.config import Config
+from evalkit.store import RunDir
+from evalkit.suites import enabled_suites
+
+
+def dependencies(run: RunDir, names: list[str]) -> dict[str, frozenset[str]]:
+    """deployment -> the deployments among `names` that must finish before it starts (the suites it runs)."""
+    manifest = run.manifest()
+    config = Config.model_validate(manifest["config"])
+    suites = enabled_suites(config, Path(manifest["config_file"]))
+    out: dict[str, frozenset[str]] = {}
+    for name in names:
+        spec = config.deployment((manifest["deployments"].get(name) or {}).get("base", name))
+        after: set[str] = set()
+        for suite in runnable_suites(suites, manifest, name):
+            after |= suite.runs_after(name, spec)
+        out[name] = frozenset(after & set(names) - {name})
+    return out
+
+
+def dependency_order(names: list[str], deps: dict[str, frozenset[str]]) -> list[str]:
+    """`names` reordered so each comes after what it depends on, otherwise in the given order (stable).
+    A cycle cannot arise from today's suites; if one did, its members keep their given order."""
+    out: list[str] = []
+    left = list(names)
+    while left:
+        ready = next((n for n in left if not (deps.get(n, frozenset()) & set(left))), left[0])
+        out.append(ready)
+        left.remove(ready)
+    return out
