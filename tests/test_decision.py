@@ -280,3 +280,27 @@ def test_margin_on_a_comparison_only_value_is_annotated_in_place() -> None:
     assert (m.basis, m.decision, m.n_needed) == ("value", "inconclusive", 392)
     rows = [r for r in annotate_comparisons(dec, comps) if r.metric == "flip_rate"]
     assert len(rows) == 1 and (rows[0].margin, rows[0].decision) == (0.10, "inconclusive")
+
+
+def test_a_deployment_lacking_needed_measurements_is_never_recommended() -> None:
+    """a is the one the rule picks (test above); if it did not run mmlu (its suites: list) nor cost, it lacks
+    what the margins and the workload need: never recommended, said in one phrase, and the next qualifying
+    deployment (the reference: c is inconclusive, b inferior) is recommended instead."""
+    from evalkit.decision import lacking_suites
+
+    manifest = {"deployment_order": [REF, A, B, C], "deployments": {},
+                "skipped": [{"deployment": A, "suite": s, "reason": "not in its suites: list (perplexity)", "chosen": True}
+                            for s in ("prompts", "mmlu", "cost")]}
+    config = load_config(None)[0]  # the default's suites (cost among them); deployments named as here
+    config = config.model_copy(update={"deployments": [d.model_copy(update={"name": n}) for n in (REF, A, B, C)
+                                                       for d in config.deployments[:1]]})
+    lacking = lacking_suites(config, manifest, settings(concurrency=2))
+    # prompts is not needed (no margin on it); mmlu by its margin, cost by the workload.
+    assert lacking == {A: {"mmlu": "not in its suites: list (perplexity)", "cost": "not in its suites: list (perplexity)"}}
+    scores, comps, _, _ = frames()
+    dec = decide(scores, comps, REF, [REF, A, B, C], settings(concurrency=2), {"workload": fits()}, lacking=lacking)
+    d = by_name(dec)
+    assert not d[A].qualifies and dec.recommended == REF
+    assert d[A].reasons == ["not measured on cost, mmlu, which the decision needs (it does not run them: "
+                            "not in its suites: list (perplexity))"]
+    assert d[A].changes == ["running cost, mmlu for it"]

@@ -47,7 +47,7 @@ from evalkit.metrics.likelihood import (
 )
 from evalkit.metrics.stats import excludes_zero, z_value
 from evalkit.records import PerplexityRecord, call_provenance, dump_record, typed, utc_now
-from evalkit.store import ComparisonRow, ScoreRow
+from evalkit.store import MANIFEST, ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 
@@ -163,8 +163,10 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         is_reference = binding is not None and binding.deployment == owner
         # In a configured run the KLD reference stores every chunk before a reader runs (the executors order
         # units by `runs_after`); a chunk whose store is missing (that reference failed) stays pending, so a
-        # resumed run measures it exactly instead of recording the bound for good.
-        must_read = self.config is not None and distributions is not None and store is not None and not is_reference
+        # resumed run measures it exactly instead of recording the bound for good. A Ray node that does not
+        # see the run directory (no shared filesystem) cannot read the store: it records the bound.
+        must_read = (self.config is not None and distributions is not None and store is not None and not is_reference
+                     and (binding.run_dir / MANIFEST).is_file())  # type: ignore[union-attr]
         waiting: list[str] = []
         for item in items:
             index = int(item.data["index"])
