@@ -151,7 +151,7 @@ def test_scores_report_plan_and_decision_name_the_kld_reference_and_what_is_not_
     assert comps[("fp8w", "ppl")]["reference"] == "q4" and ("f32", "ppl_ratio") in scores
     assert scores[("f32", "kld_exact")] == 0.0  # the KLD reference itself: the top-k bound against the run's reference
     report = (run / "report.md").read_text(encoding="utf-8")
-    assert "exact against f32" in report and "does not run suite prompts" in report
+    assert "exact against f32" in report and "does not run prompts" in report
     decision = json.loads((run / "decision.json").read_text())
     deps = {d["deployment"]: d for d in decision["deployments"]}
     for name in ("f32", "fp8w"):

@@ -51,23 +51,26 @@ def perplexity_table(view: RunView) -> Table:
 def kld_caption(view: RunView) -> str:
     """Which deployments' KLD is exact (against whom), which a lower bound, and how low the bound read where
     both exist."""
-    exact, bound, bias = [], [], []
+    exact: dict[str, list[str]] = {}  # "exact against X" -> deployments
+    bound, bias = [], []
     for d in view.deployments:
         kind = kld_kind(view, d)
-        if not kind:
-            continue
-        (exact if kind.startswith("exact") else bound).append(f"{d} ({kind})")
+        if kind.startswith("exact"):
+            exact.setdefault(kind, []).append(d)
+        elif kind:
+            bound.append(f"{d} ({kind.removeprefix('lower bound').lstrip(', ')})")
         b = view.score(d, "perplexity", "text", "kld_bound_bias")
         if b is not None and isnum(b["value"]):
             bias.append((d, float(b["value"])))
     parts = ["KLD is KL(reference ‖ deployment) per token."]
-    if exact:
-        parts.append(f"Exact over the full vocabulary for {', '.join(exact)}: the KLD reference's distributions "
-                     "stored once, each deployment compared token by token.")
+    for kind, deps in exact.items():
+        parts.append(f"Exact over the full vocabulary for {', '.join(deps)} ({kind}: its distributions stored once, "
+                     "each deployment compared token by token).")
     if bound:
         k = view.suite_info.get("perplexity", {}).get("top_k", "k")
-        text = (f"A lower bound for {', '.join(bound)}: top-{k} log-probabilities plus one tail bucket (the engine "
-                "gives no full distribution)")
+        text = (f"A lower bound for {', '.join(bound)}: top-{k} log-probabilities plus one tail bucket, where a pair "
+                "cannot give exact KLD (an engine without full distributions, or the KLD reference itself against "
+                "the reference)")
         if bias:
             text += "; on this run's exact pairs the same top-k bound reads " + ", ".join(
                 f"{100 * b:.1f}% low for {d}" for d, b in bias)
@@ -328,8 +331,13 @@ def warnings(view: RunView) -> list[tuple[str, str]]:
             out.append((name, str(w)))
     # Pairs the plan skipped: the deployment's engine lacks a capability the suite needs, or its own `suites:`
     # list leaves the suite out (`chosen`).
-    out += [(s["deployment"], f"does not run suite {s['suite']}: {s['reason']}" if s.get("chosen") else
-             f"suite {s['suite']} skipped: {s['reason']}") for s in view.run.manifest.get("skipped", [])]
+    chosen: dict[tuple[str, str], list[str]] = {}
+    for s in view.run.manifest.get("skipped", []):
+        if s.get("chosen"):
+            chosen.setdefault((s["deployment"], s["reason"]), []).append(s["suite"])
+        else:
+            out.append((s["deployment"], f"suite {s['suite']} skipped: {s['reason']}"))
+    out += [(dep, f"does not run {', '.join(suites)}: {reason}") for (dep, reason), suites in chosen.items()]
     return out
 
 
