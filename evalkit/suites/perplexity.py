@@ -218,10 +218,20 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
 
     # -- scoring --------------------------------------------------------------------------------
 
-    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
-        rows: list[ScoreRow] = []
+    def _scored(self, records: Any, ctx: ScoreContext) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, "_Pairs"]]:
+        """Chunks and pairings of one scoring pass. score, compare and item_rows get the same `records` and
+        `ctx` objects, and pairing top-k lists takes seconds per deployment at a large top_k: done once."""
+        kept = getattr(self, "_scored_pass", None)
+        if kept is not None and kept[0] is records and kept[1] is ctx:
+            return kept[2], kept[3]
         chunks = {dep: _chunks(recs) for dep, recs in records.items()}
         pairs = _pairs(chunks, ctx)
+        self._scored_pass = (records, ctx, chunks, pairs)
+        return chunks, pairs
+
+    def score(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ScoreRow]:
+        rows: list[ScoreRow] = []
+        chunks, pairs = self._scored(records, ctx)
         exact = {dep: p for dep, p in pairs.items() if p.exact}
         for dep in _ordered(chunks, ctx):
             st = _ppl(chunks[dep].values())
@@ -237,10 +247,9 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         return rows
 
     def compare(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[ComparisonRow]:
-        chunks = {dep: _chunks(recs) for dep, recs in records.items()}
         rows: list[ComparisonRow] = []
         alpha = ctx.stats.alpha
-        for dep, p in _pairs(chunks, ctx).items():
+        for dep, p in self._scored(records, ctx)[1].items():
             if p.kld is not None and p.kld is not p.ppl and p.kld.drift is not None:
                 # Exact KLD against the KLD reference's stored distributions; PPL stays paired with the run's reference.
                 if p.ppl is not None:
@@ -251,8 +260,7 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         return rows
 
     def item_rows(self, records: dict[str, list[dict[str, Any]]], ctx: ScoreContext) -> list[dict[str, Any]]:
-        chunks = {dep: _chunks(recs) for dep, recs in records.items()}
-        pairs = _pairs(chunks, ctx)
+        chunks, pairs = self._scored(records, ctx)
         out = []
         for dep in _ordered(chunks, ctx):
             pair = pairs[dep].kld
@@ -620,7 +628,7 @@ class _Pair:
             f"paired over {n} tokens: SE of per-token NLL differences; p as for ppl",
             excludes_zero(bpb_diff - z * bpb_se, bpb_diff + z * bpb_se),
         ))
-        return rows + self.drift_comparison_rows(dep, ref, suite, z)
+        return rows + (self.drift_comparison_rows(dep, ref, suite, z) if self.drift is not None else [])
 
     def drift_comparison_rows(self, dep: str, ref: str, suite: str, z: float) -> list[ComparisonRow]:
         """KLD and top-1 agreement of `dep` against `ref` (whose distributions or top-k it was measured with)."""
@@ -681,15 +689,15 @@ def _pairs(chunks: dict[str, dict[str, dict[str, Any]]], ctx: ScoreContext) -> d
     ref = ctx.reference
     out: dict[str, _Pairs] = {}
     for dep in _ordered(chunks, ctx):
-        ppl = _pair(chunks[ref], chunks[dep]) if dep != ref and chunks.get(ref) else None
         owners = {r.get("kld_reference") for r in chunks[dep].values()}
         owner = owners.pop() if len(owners) == 1 else None
-        if owner is not None and owner not in (dep, ref) and chunks.get(owner):
-            exact = _pair(chunks[owner], chunks[dep])
-            if exact.drift is not None and exact.drift.exact:
-                out[dep] = _Pairs(ppl, exact, owner)
-                continue
-        out[dep] = _Pairs(ppl, ppl, ref)
+        exact = _pair(chunks[owner], chunks[dep]) if owner is not None and owner not in (dep, ref) and chunks.get(owner) else None
+        if exact is not None and not (exact.drift is not None and exact.drift.exact):
+            exact = None
+        # With exact KLD elsewhere, the pair with the reference serves paired PPL only: its top-k drift (the
+        # slow part of scoring at a large top_k) is not computed.
+        ppl = _pair(chunks[ref], chunks[dep], drift=exact is None) if dep != ref and chunks.get(ref) else None
+        out[dep] = _Pairs(ppl, exact, owner) if exact is not None else _Pairs(ppl, ppl, ref)  # type: ignore[arg-type]
     return out
 
 
@@ -713,8 +721,9 @@ def _same_weights_rows(dep: str, bound: DriftSummary, exact: dict[str, _Pairs], 
     return []
 
 
-def _pair(ref_chunks: dict[str, dict[str, Any]], dep_chunks: dict[str, dict[str, Any]]) -> _Pair:
-    """Line up chunks present for both; KLD needs every shared chunk's token ids to be identical."""
+def _pair(ref_chunks: dict[str, dict[str, Any]], dep_chunks: dict[str, dict[str, Any]], drift: bool = True) -> _Pair:
+    """Line up chunks present for both; KLD needs every shared chunk's token ids to be identical (`drift`
+    False: paired PPL only, no KLD)."""
     shared = sorted(set(ref_chunks) & set(dep_chunks))
     ref = [ref_chunks[c] for c in shared]
     dep = [dep_chunks[c] for c in shared]
@@ -726,7 +735,7 @@ def _pair(ref_chunks: dict[str, dict[str, Any]], dep_chunks: dict[str, dict[str,
     elif any(r["token_ids"] != d["token_ids"] or r["scored_from"] != d["scored_from"] for r, d in zip(ref, dep)):
         reason = "mismatched tokenization (chunk token ids differ from the reference's)"
         ref, dep = list(ref_chunks.values()), list(dep_chunks.values())
-    if reason is not None:
+    if reason is not None or not drift:
         return _Pair(ref, dep, reason, {}, None, top_k)
     bound = {c: token_drift(r["token_ids"][r["scored_from"]:], r["nll"], d["nll"], r["top"], d["top"])
              for c, r, d in zip(shared, ref, dep)}
