@@ -85,6 +85,10 @@ def kld_kind(view: RunView, dep: str) -> str:
               and (f := view.score(d, "perplexity", "text", "kld_exact")) is not None and float(f["value"]) == 1.0]
         text += (f", reads {abs(100 * x):.1f}% {'below' if x >= 0 else 'above'} the exact value measured on the same "
                  f"weights ({fmt(exact['value'] if exact is not None else None, 'kld')}{', ' + by[0] if by else ''})")
+        own = view.score(by[0], "perplexity", "text", "kld_bound_bias") if by else None
+        if x < 0:  # above: the two engines' numerics differ by more than the top-k truncation loses
+            text += ": the engines' numerics differ by more than the top-k truncation loses" + (
+                f" ({100 * float(own['value']):.1f}% on {by[0]}'s exact pair)" if own is not None and isnum(own["value"]) else "")
     return text
 
 
