@@ -218,7 +218,7 @@ def test_perplexity_section_and_kld_block(rated: Path) -> None:
     }
     for label, (value, scale) in expect.items():
         shows(block[label].value, value, scale)
-    assert block["KLD"].value == "exact"  # the reference's full distributions were stored (llama.cpp)
+    assert block["KLD"].value == f"exact against {REF}"  # the reference's full distributions were stored (llama.cpp)
     se = float(np.std(kld, ddof=1) / math.sqrt(len(kld)))  # Mean KLD ± 1.96 SE, as llama.cpp's ± is one SE
     lo, hi = interval(block["Mean KLD"].interval)
     assert lo == pytest.approx(np.mean(kld) - 1.959964 * se, abs=6e-3) and hi == pytest.approx(np.mean(kld) + 1.959964 * se, abs=6e-3)
