@@ -17,6 +17,7 @@ from evalkit.store import RunDir, read_jsonl, record_key
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[1]
+MAX_TOKENS = 12  # enough for every metric to be computed; the runs here test plumbing, not answers
 
 CONFIG = f"""\
 reference: gemma
@@ -31,7 +32,7 @@ deployments:
     options: {{n_ctx: 1024}}
 suites:
   prompts: {{path: {REPO / 'prompts'}, categories: [code, reasoning, translation, qa], limit_per_category: 2}}
-sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 24, seed: 0}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
 noise_floor: true
 """
 N_ITEMS = 8
@@ -75,7 +76,7 @@ def test_run_directory_contents(finished_run: Path) -> None:
         assert len(recs) == N_ITEMS
         assert {r["category"] for r in recs} == {"code", "reasoning", "translation", "qa"}
         for r in recs:
-            assert r["prompt_token_ids"] and r["n_output_tokens"] == len(r["output_token_ids"]) <= 24
+            assert r["prompt_token_ids"] and r["n_output_tokens"] == len(r["output_token_ids"]) <= MAX_TOKENS
             assert r["total_s"] > 0
     assert manifest["environment"]["libraries"]["llama-cpp-python"]
     engines = {p.stem: json.loads(p.read_text()) for p in (finished_run / "engines").glob("*.json")}

@@ -147,10 +147,18 @@ def test_cut_at_every_byte_of_the_last_two_lines_loses_and_duplicates_nothing(re
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _scores(run: Path) -> dict[tuple[str, str, str], float]:
+def _scores(run: Path) -> dict[tuple[str, str, str, str], float]:
     """Quality scores (the cost suite measures time, which no two runs share)."""
     with (run / "scores.csv").open() as f:
-        return {(r["suite"], r["category"], r["metric"]): float(r["value"]) for r in csv.DictReader(f) if r["suite"] != "cost"}
+        return {(r["deployment"], r["suite"], r["category"], r["metric"]): float(r["value"])
+                for r in csv.DictReader(f) if r["suite"] != "cost"}
+
+
+def _assert_same_scores(copy: Path, records_run: Path) -> None:
+    want, have = _scores(records_run), _scores(copy)
+    assert have.keys() == want.keys()
+    for k in want:
+        assert math.isclose(have[k], want[k], rel_tol=1e-9, abs_tol=1e-12), (k, have[k], want[k])
 
 
 def _cuts(data: bytes, keys: list[str]) -> dict[str, int]:
@@ -163,28 +171,34 @@ def _cuts(data: bytes, keys: list[str]) -> dict[str, int]:
     }
 
 
-@pytest.mark.parametrize("where", ["inside-a-line", "before-a-newline", "on-a-boundary"])
-def test_run_resume_after_a_cut_matches_the_uninterrupted_run(records_run: Path, where: str, tmp_path: Path) -> None:
-    copy = tmp_path / records_run.name
-    shutil.copytree(records_run, copy)
-    dep = _dep(copy)
-    path = copy / "records" / f"{dep}.jsonl"
-    data = path.read_bytes()
-    keys = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
-    cut = _cuts(data, keys)[where]
-    path.write_bytes(data[:cut])
-    for name in ("scores.csv", "comparisons.csv", "report.html"):
-        (copy / name).unlink(missing_ok=True)
-    assert len(RunDir(copy).done_keys(dep)) < len(keys)  # items are pending
+def test_run_resume_after_cuts_matches_the_uninterrupted_run(records_run: Path, tmp_path: Path) -> None:
+    """Cut inside a line and just before a newline (items still pending after each), then `run --resume`.
 
-    proc = _evalkit("run", "--resume", str(copy), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
-    assert sorted(got) == sorted(keys) and len(set(got)) == len(got)
-    want, have = _scores(records_run), _scores(copy)
-    assert have.keys() == want.keys()
-    for k in want:
-        assert math.isclose(have[k], want[k], rel_tol=1e-9, abs_tol=1e-12), (k, have[k], want[k])
+    Each deployment's records get their own cut, so one resume finishes several (one copy per round when
+    the run has fewer deployments than cuts); the on-a-boundary cut is resumed in the test below."""
+    deployments = json.loads((records_run / "manifest.json").read_text())["deployment_order"]
+    wheres = ["inside-a-line", "before-a-newline"]
+    rounds = [wheres[i:i + len(deployments)] for i in range(0, len(wheres), len(deployments))]
+    for n, round_ in enumerate(rounds):
+        copy = tmp_path / f"{n}" / records_run.name
+        shutil.copytree(records_run, copy)
+        for name in ("scores.csv", "comparisons.csv", "report.html"):
+            (copy / name).unlink(missing_ok=True)
+        expected = {}
+        for dep, where in zip(deployments, round_):
+            path = copy / "records" / f"{dep}.jsonl"
+            data = path.read_bytes()
+            keys = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
+            path.write_bytes(data[:_cuts(data, keys)[where]])
+            assert len(RunDir(copy).done_keys(dep)) < len(keys), where  # items are pending
+            expected[dep] = keys
+
+        proc = _evalkit("run", "--resume", str(copy), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for dep, keys in expected.items():
+            got = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(copy / "records" / f"{dep}.jsonl")]
+            assert sorted(got) == sorted(keys) and len(set(got)) == len(got), dep
+        _assert_same_scores(copy, records_run)
 
 
 def test_two_resumes_of_one_run_at_once_record_each_item_once(records_run: Path, tmp_path: Path) -> None:
@@ -196,6 +210,7 @@ def test_two_resumes_of_one_run_at_once_record_each_item_once(records_run: Path,
     data = path.read_bytes()
     keys = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
     path.write_bytes(data[: _cuts(data, keys)["on-a-boundary"]])
+    (copy / "scores.csv").unlink()
     procs = [subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--resume", str(copy)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
     results = [p.communicate(timeout=1800) for p in procs]
@@ -206,3 +221,4 @@ def test_two_resumes_of_one_run_at_once_record_each_item_once(records_run: Path,
     assert len(lines) == 1 and "in use by another evalkit process" in lines[0], refused
     got = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
     assert sorted(got) == sorted(keys) and len(set(got)) == len(got)
+    _assert_same_scores(copy, records_run)  # the resume that ran finished the run after an on-a-boundary cut
