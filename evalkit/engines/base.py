@@ -1,10 +1,11 @@
 """The one small interface every engine implements. An engine runs requests; it never knows which suite asked."""
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -177,3 +178,64 @@ class Engine(ABC):
     def close(self) -> None:
         """Release the model. Worker processes exit afterwards anyway."""
 
+
+# -- what in-process engines share ------------------------------------------------------------------
+
+
+class _Tokens(Protocol):
+    def prompt_token_ids(self, request: GenRequest) -> list[int]: ...
+
+    def prompt_format(self, request: GenRequest) -> str: ...  # "chat" (template applied) or "completion"
+
+    def detokenize(self, token_ids: Sequence[int]) -> str: ...
+
+
+def generate_in_turn(
+    engine: _Tokens,
+    requests: Sequence[GenRequest],
+    sampling: SamplingParams,
+    context: int,
+    sample: Callable[[list[int]], Iterable[int]],
+    is_end: Callable[[int], bool],
+) -> Iterator[GenResult]:
+    """Requests one after another through one model context (llama.cpp and hf in-process): the stopping
+    rules and the result every such engine gives.
+
+    `sample(prompt_ids)` streams one request's sampled tokens (the engine resets and seeds its own state
+    there; it is not resumed after the last token wanted). Generation stops at an end-of-generation token
+    (`is_end`, not kept; ignored with `ignore_eos`), at the request's max_tokens, or when `context` tokens
+    (prompt included) are used. `ttft_s` / `total_s` are measured from this call's start: all requests
+    arrive together and each waits for those before it.
+    """
+    arrival = time.perf_counter()
+    for req in requests:
+        tokens = engine.prompt_token_ids(req)
+        max_tokens = req.max_tokens or sampling.max_tokens
+        room = context - len(tokens)
+        out: list[int] = []
+        ttft: float | None = None
+        finish = "length"
+        if not tokens:
+            finish = "empty_prompt"
+        elif room <= 0:
+            finish = "prompt_too_long"
+        else:
+            for tok in sample(tokens):
+                if ttft is None:
+                    ttft = time.perf_counter() - arrival
+                if not req.ignore_eos and is_end(tok):
+                    finish = "stop"
+                    break
+                out.append(tok)
+                if len(out) >= min(max_tokens, room):
+                    break
+        yield GenResult(
+            key=req.key,
+            prompt_token_ids=tokens,
+            output_text=engine.detokenize(out),
+            output_token_ids=out,
+            prompt_format=engine.prompt_format(req),
+            finish_reason=finish,
+            ttft_s=ttft,
+            total_s=time.perf_counter() - arrival,
+        )

@@ -32,15 +32,14 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
-from evalkit.engines.tokenizer import HfTokens
+from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.errors import EngineUnavailableError, ModelFileError
+from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators
 
 if TYPE_CHECKING:
     import torch
-
-    from evalkit.hardware import HardwareUse, Precision
 
 ROW_BLOCK = 64  # logit rows per block: 64 x 262k float32 = 67 MB
 # Token texts that end a turn in common chat templates; llama.cpp counts them as end-of-generation too.
@@ -78,8 +77,6 @@ class HfEngine(HfTokens, Engine):
     def __init__(self, model_path: str, options: HfOptions) -> None:
         import torch
         import transformers
-
-        from evalkit.engines.tokenizer import VllmTokenizer
 
         self.options = options
         self.model_path = str(model_path)
@@ -169,45 +166,18 @@ class HfEngine(HfTokens, Engine):
         """Requests one after another (in-process, like llama.cpp); timings from the call's start."""
         import torch
 
-        arrival = time.perf_counter()
-        for req in requests:
-            tokens = self.prompt_token_ids(req)
-            max_tokens = req.max_tokens or sampling.max_tokens
-            room = self.options.max_length - len(tokens)
-            out: list[int] = []
-            ttft: float | None = None
-            finish = "length"
-            if not tokens:
-                finish = "empty_prompt"
-            elif room <= 0:
-                finish = "prompt_too_long"
-            else:
-                gen = torch.Generator(device=self._device)
-                gen.manual_seed(sampling.seed)  # per request: earlier requests cannot change this one
-                ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
-                past: Any = None
-                while True:
-                    logits, past = self._next_logits(ids, past)
-                    tok = _pick(logits, sampling, gen)
-                    if ttft is None:
-                        ttft = time.perf_counter() - arrival
-                    if not req.ignore_eos and tok in self._eog:
-                        finish = "stop"
-                        break
-                    out.append(tok)
-                    if len(out) >= min(max_tokens, room):
-                        break
-                    ids = torch.tensor([[tok]], dtype=torch.long, device=self._device)
-            yield GenResult(
-                key=req.key,
-                prompt_token_ids=tokens,
-                output_text=self.detokenize(out),
-                output_token_ids=out,
-                prompt_format=self.prompt_format(req),
-                finish_reason=finish,
-                ttft_s=ttft,
-                total_s=time.perf_counter() - arrival,
-            )
+        def sample(tokens: list[int]) -> Iterator[int]:
+            gen = torch.Generator(device=self._device)
+            gen.manual_seed(sampling.seed)  # per request: earlier requests cannot change this one
+            ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
+            past: Any = None
+            while True:
+                logits, past = self._next_logits(ids, past)
+                tok = _pick(logits, sampling, gen)
+                yield tok
+                ids = torch.tensor([[tok]], dtype=torch.long, device=self._device)
+
+        return generate_in_turn(self, requests, sampling, self.options.max_length, sample, self._eog.__contains__)
 
     # -- likelihoods ------------------------------------------------------------------------------
 
@@ -332,17 +302,10 @@ def _first_line(e: BaseException) -> str:
 # -- the spec -------------------------------------------------------------------------------------
 
 
-def _load(model_path: str, options: Any) -> Engine:
-    return HfEngine(model_path, options)
+class HfTokenizer(VllmTokenizer):
+    """The tokenizer-only stand-in: the checkpoint's HF tokenizer, set up as the engine sets up its own."""
 
-
-def _tokenizer(model_path: str, options: Any) -> Engine:
-    from evalkit.engines.tokenizer import VllmTokenizer
-
-    class HfTokenizer(VllmTokenizer):
-        name = "hf"
-
-    return HfTokenizer(model_path, options)
+    name = "hf"
 
 
 def _memory(
@@ -379,17 +342,13 @@ def _memory(
     )
 
 
-def _precision(requested: str | None, capability: tuple[int, int] | None) -> "Precision":
-    from evalkit.hardware import Precision
-
+def _precision(requested: str | None, capability: tuple[int, int] | None) -> Precision:
     if requested is not None:
         return Precision("unavailable", f"the hf engine loads a checkpoint as it is; it has no quantization {requested!r}")
     return Precision("not-requested", "no quantization: weights and compute in the configured torch dtype")
 
 
-def _hardware(deployment: Any) -> "HardwareUse":
-    from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators
-
+def _hardware(deployment: Any) -> HardwareUse:
     options = deployment.options
     accs = detect_accelerators()
     used = accs[:1] if accs and options.device != "cpu" else []
@@ -401,21 +360,16 @@ def _hardware(deployment: Any) -> "HardwareUse":
 
 
 def _resources(options: Any) -> UnitResources:
-    return UnitResources(num_cpus=float(options.n_threads or 1), num_gpus=0.0 if options.device == "cpu" else (1.0 if _has_gpu() else 0.0))
-
-
-def _has_gpu() -> bool:
-    from evalkit.hardware import detect_accelerators
-
-    return bool(detect_accelerators())
+    gpu = options.device != "cpu" and bool(detect_accelerators())
+    return UnitResources(num_cpus=float(options.n_threads or 1), num_gpus=1.0 if gpu else 0.0)
 
 
 SPEC = EngineSpec(
     name="hf",
     options_model=HfOptions,
     model_kind="hf",
-    loader=_load,
-    tokenizer_loader=_tokenizer,
+    loader=HfEngine,
+    tokenizer_loader=HfTokenizer,
     # n_threads is kept: torch's CPU kernels may split reductions across threads, changing the rounding.
     numerics_options=("dtype", "device", "max_length", "attn_implementation", "n_threads"),
     memory_model=_memory,

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import time
 from importlib.metadata import version
-from typing import Annotated, TYPE_CHECKING, Any, Iterator, Literal, Sequence
+from typing import Annotated, Any, Iterator, Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
+from evalkit.engines.tokenizer import llamacpp_tokenizer
 from evalkit.errors import ModelFileError
-from evalkit.hardware import engine_threads
-
-if TYPE_CHECKING:
-    from evalkit.hardware import HardwareUse, Precision
+from evalkit.hardware import (
+    HardwareUse, describe_devices, detect_accelerators, engine_threads, gguf_precision, gguf_type, llama_gpu_offload,
+)
+from evalkit.ledger import predict_llamacpp
 
 
 class LlamaCppOptions(BaseModel):
@@ -132,44 +133,13 @@ class LlamaCppEngine(Engine):
         """
         import llama_cpp
 
-        arrival = time.perf_counter()
-        for req in requests:
-            tokens = self.prompt_token_ids(req)
-            max_tokens = req.max_tokens or sampling.max_tokens
+        def sample(tokens: list[int]) -> Iterator[int]:
             self._fresh_context(sampling.seed)
-            out: list[int] = []
-            ttft: float | None = None
-            finish = "length"
-            room = self.options.n_ctx - len(tokens)
-            if room <= 0:
-                finish = "prompt_too_long"
-            else:
-                for tok in self._llm.generate(
-                    tokens,
-                    temp=sampling.temperature,
-                    top_p=sampling.top_p,
-                    top_k=0,
-                    min_p=0.0,
-                    repeat_penalty=1.0,
-                ):
-                    if ttft is None:
-                        ttft = time.perf_counter() - arrival
-                    if not req.ignore_eos and llama_cpp.llama_vocab_is_eog(self._llm._model.vocab, tok):
-                        finish = "stop"
-                        break
-                    out.append(tok)
-                    if len(out) >= min(max_tokens, room):
-                        break
-            yield GenResult(
-                key=req.key,
-                prompt_token_ids=tokens,
-                output_text=self.detokenize(out),
-                output_token_ids=out,
-                prompt_format=self.prompt_format(req),
-                finish_reason=finish,
-                ttft_s=ttft,
-                total_s=time.perf_counter() - arrival,
-            )
+            return self._llm.generate(tokens, temp=sampling.temperature, top_p=sampling.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0)
+
+        vocab = self._llm._model.vocab
+        return generate_in_turn(self, requests, sampling, self.options.n_ctx, sample,
+                                lambda tok: bool(llama_cpp.llama_vocab_is_eog(vocab, tok)))
 
     def _fresh_context(self, seed: int) -> None:
         """Every request starts from an empty KV cache and a sampler seeded with `seed`.
@@ -366,31 +336,7 @@ class LlamaCppEngine(Engine):
 # -- the spec -------------------------------------------------------------------------------------
 
 
-def _load(model_path: str, options: Any) -> Engine:
-    return LlamaCppEngine(model_path, options)
-
-
-def _tokenizer(model_path: str, options: Any) -> Engine:
-    from evalkit.engines.tokenizer import llamacpp_tokenizer
-
-    return llamacpp_tokenizer(model_path, options)
-
-
-def _memory(*args: Any, **kwargs: Any) -> Any:
-    from evalkit.ledger import predict_llamacpp
-
-    return predict_llamacpp(*args, **kwargs)
-
-
-def _precision(requested: str | None, capability: tuple[int, int] | None) -> "Precision":
-    from evalkit.hardware import gguf_precision
-
-    return gguf_precision(requested, capability)
-
-
-def _hardware(deployment: Any) -> "HardwareUse":
-    from evalkit.hardware import HardwareUse, describe_devices, detect_accelerators, gguf_precision, gguf_type, llama_gpu_offload
-
+def _hardware(deployment: Any) -> HardwareUse:
     accs = detect_accelerators()
     notes: list[str] = []
     gpu = bool(accs) and deployment.options.n_gpu_layers != 0
@@ -413,8 +359,8 @@ SPEC = EngineSpec(
     name="llamacpp",
     options_model=LlamaCppOptions,
     model_kind="gguf",
-    loader=_load,
-    tokenizer_loader=_tokenizer,
+    loader=LlamaCppEngine,
+    tokenizer_loader=llamacpp_tokenizer,
     numerics_options=(
         # n_ctx does not change the numbers of a request that fits, but it bounds how many tokens
         # generate() may produce (room = n_ctx - prompt) and whether scoring fails; kept for safety.
@@ -425,9 +371,9 @@ SPEC = EngineSpec(
         "flash_attn",  # a different attention kernel: different rounding
         # n_threads is left out: ggml's CPU matmuls give each output to one thread (no split-K sums).
     ),
-    memory_model=_memory,
+    memory_model=predict_llamacpp,
     describe_hardware=_hardware,
-    precision=_precision,
+    precision=gguf_precision,
     install_hint="pip install 'evalkit[llamacpp]' (llama-cpp-python)",
     capabilities=frozenset(Capability),  # everything, FULL_DISTRIBUTION included (token_distributions)
     resources=_resources,
