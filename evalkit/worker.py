@@ -104,7 +104,7 @@ def run_unit(
     work: UnitWork,
     sink: RecordSink,
     model_path: str | None = None,
-    on_cache_put: Callable[[str, Any], None] | None = None,
+    on_cache_put: Callable[[str, Any, str | None], None] | None = None,
 ) -> None:
     """Run every pending item of `work` on one engine (loaded once, only when the cache cannot answer).
 
@@ -148,7 +148,7 @@ def run_unit(
 class _TeeCache:
     """A result cache that also tells a listener about every entry it stores."""
 
-    def __init__(self, inner: Any, listener: Callable[[str, Any], None]) -> None:
+    def __init__(self, inner: Any, listener: Callable[[str, Any, str | None], None]) -> None:
         self.inner = inner
         self.listener = listener
 
@@ -158,9 +158,9 @@ class _TeeCache:
     def get(self, key: str) -> Any | None:
         return self.inner.get(key)
 
-    def put(self, key: str, value: Any) -> None:
-        self.inner.put(key, value)
-        self.listener(key, value)
+    def put(self, key: str, value: Any, measured_at: str | None = None) -> None:
+        self.inner.put(key, value, measured_at)
+        self.listener(key, value, measured_at)
 
 
 def engine_file(run: RunDir, deployment: str) -> Path:

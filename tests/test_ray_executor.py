@@ -191,7 +191,11 @@ def ray_run(cluster: _Cluster, config_file: Path, tmp_path_factory: pytest.TempP
         time.sleep(0.1)
     _, stderr = proc.communicate(timeout=1200)
     cluster.add_node(**SMALL)  # later tests get their two nodes back
-    assert removed_after, "the unit on the second node never reached a partial state"
+    if not removed_after:
+        dirs = [p for p in out.iterdir() if p.is_dir()]
+        units = {n: _units(dirs[0], n) for n in DEPLOYMENTS if dirs and (dirs[0] / "engines" / f"{n}.json").exists()}
+        pytest.fail(f"the unit on the second node ({victim.node_id}) never reached a partial state; units: {units}; "
+                    f"stderr: {stderr[-3000:]}")
     assert proc.returncode == 0, stderr[-4000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     return RayRun(run_dir, driver_cache, victim.node_id, *removed_after)

@@ -86,14 +86,14 @@ class _QueueSink:
 
     def __init__(self, q: "queue.Queue[Any]") -> None:
         self.q = q
-        self._entries: list[tuple[str, Any]] = []
+        self._entries: list[tuple[str, Any, str | None]] = []
         self._lock = threading.Lock()
 
-    def cache_put(self, key: str, value: Any) -> None:
+    def cache_put(self, key: str, value: Any, measured_at: str | None = None) -> None:
         with self._lock:
-            self._entries.append((key, value))
+            self._entries.append((key, value, measured_at))
 
-    def _take(self) -> list[tuple[str, Any]]:
+    def _take(self) -> list[tuple[str, Any, str | None]]:
         with self._lock:
             out, self._entries = self._entries, []
         return out
@@ -408,14 +408,15 @@ class _Driver:
     # -- the engine-result cache, on the driver ----------------------------------------------------
 
     @staticmethod
-    def _store_cache(entries: list[tuple[str, Any]]) -> None:
-        """A node's new cache entries, into the driver's cache (no shared filesystem needed)."""
+    def _store_cache(entries: list[tuple[str, Any, str | None]]) -> None:
+        """A node's new cache entries, into the driver's cache (no shared filesystem needed), with the time
+        each result was measured."""
         from evalkit.cache import ResultCache
 
         store = ResultCache()
-        for key, value in entries:
+        for key, value, measured_at in entries:
             if store.get(key) is None:
-                store.put(key, value)
+                store.put(key, value, measured_at)
 
     def _store_info(self, att: _Attempt, described: dict[str, Any]) -> None:
         """The engine description a node reported, under the driver's identity of the deployment, so the
