@@ -16,7 +16,10 @@ Emulating an AVX2-only CPU on an AVX-512 one (what issue 9's figure was measured
 set before this script starts: ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
 (torch/oneDNN/MKL kernels; evalkit's hardware.cpu_native_bf16 honours the first two), and an AVX2-only build
 of llama-cpp-python first on PYTHONPATH. vLLM-CPU chooses its own kernel library (_C vs _C_AVX2) and attention
-ISA from torch.cpu._is_avx512_supported() & co., which read CPUID and ignore those variables.
+ISA from torch.cpu._is_avx512_supported() & co., which read CPUID and ignore those variables: put
+benchmarks/avx2_emu on PYTHONPATH with EVALKIT_EMULATE_AVX2=1 (its sitecustomize makes them answer False, so
+vLLM loads _C_AVX2). An AVX2-only libllama: the llama-cpp-python sdist built with -DGGML_NATIVE=OFF
+-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF (and AMX off), LLAMA_CPP_LIB_PATH=<its build/bin>.
 """
 from __future__ import annotations
 
