@@ -283,8 +283,7 @@ class Config(_Strict):
 
     def _check_kld_reference(self, names: list[str]) -> None:
         """`suites.perplexity.kld_reference` names a deployment that gives full distributions and runs perplexity."""
-        from evalkit.engines import engine_spec
-        from evalkit.engines.spec import Capability
+        from evalkit.engines import gives_full_distributions
 
         ppl = self.suites.perplexity
         name = ppl.kld_reference if ppl is not None else None
@@ -294,9 +293,8 @@ class Config(_Strict):
         if name not in names:
             raise ValueError(f"{where}: {name!r} is not a deployment name{_did_you_mean(name, names)}")
         dep = self.deployment(name)
-        if Capability.FULL_DISTRIBUTION not in engine_spec(dep.engine).capabilities:
-            full = [d.name for d in self.deployments
-                    if Capability.FULL_DISTRIBUTION in engine_spec(d.engine).capabilities]
+        if not gives_full_distributions(dep.engine):
+            full = [d.name for d in self.deployments if gives_full_distributions(d.engine)]
             hint = f" (deployments that do: {', '.join(full)})" if full else ""
             raise ValueError(f"{where}: {name} runs on engine {dep.engine}, which gives no full next-token "
                              f"distributions, so exact KLD cannot be measured against it{hint}")

@@ -51,6 +51,11 @@ def engine_spec(name: str) -> EngineSpec:
     return _load_spec(ENGINES[name])
 
 
+def gives_full_distributions(engine: str) -> bool:
+    """Whether the registered engine gives full next-token distributions (exact KLD can be measured on it)."""
+    return Capability.FULL_DISTRIBUTION in engine_spec(engine).capabilities
+
+
 def load_engine(engine: str, model_path: str, options: Any, deployment: str) -> "Engine":
     """Load `model_path` with the named engine and options (its spec's options model)."""
     try:

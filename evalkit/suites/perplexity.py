@@ -29,6 +29,7 @@ import numpy as np
 from scipy import stats
 
 from evalkit.config import resolve_data_path
+from evalkit.engines import gives_full_distributions
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.kld import FORMAT_VERSION as KLD_FORMAT
@@ -303,12 +304,6 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
 Distributions = Callable[[list[int], int], Iterator[tuple[int, np.ndarray]]]
 
 
-def gives_full_distributions(engine: str) -> bool:
-    from evalkit.engines import engine_spec
-
-    return Capability.FULL_DISTRIBUTION in engine_spec(engine).capabilities
-
-
 def kld_reference(config: Any) -> str | None:
     """The deployment whose full distributions a run's exact KLD is measured against: `suites.perplexity.
     kld_reference`, else the run's reference; None when that one gives no full distributions (vLLM) or does
@@ -378,14 +373,11 @@ def distribution_source(engine: Engine) -> Distributions | None:
     """`token_distributions` of an engine whose spec declares FULL_DISTRIBUTION, else None.
 
     Reads the capability from the engine's spec (not hasattr: a lazy engine would load to answer)."""
-    from evalkit.engines import engine_spec
-    from evalkit.engines.spec import Capability
-
     try:
-        spec = engine_spec(engine.info().engine)
+        full = gives_full_distributions(engine.info().engine)
     except Exception:  # noqa: BLE001 - an engine outside the registry (test doubles): no full distributions
         return None
-    if Capability.FULL_DISTRIBUTION not in spec.capabilities:
+    if not full:
         return None
 
     def source(tokens: list[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
