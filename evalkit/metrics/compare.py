@@ -2,7 +2,8 @@
 
 Suites collect the paired per-item values; these builders turn them into `ComparisonRow`s with one
 method text and one significance rule, so a pass/fail metric reads the same in MMLU, HumanEval, the
-prompt suite and long-context recall.
+prompt suite and long-context recall. The pass/fail score row (share correct with its Wilson interval)
+is built here too, beside its comparison.
 """
 from __future__ import annotations
 
@@ -11,8 +12,19 @@ from typing import Sequence
 import numpy as np
 
 from evalkit.config import StatsSettings
-from evalkit.metrics.stats import compare_pass_fail, paired_bootstrap_diff
-from evalkit.store import ComparisonRow
+from evalkit.metrics.stats import compare_pass_fail, paired_bootstrap_diff, wilson_ci
+from evalkit.store import ComparisonRow, ScoreRow
+
+
+def pass_fail_scores(deployment: str, suite: str, category: str, metric: str, ok: Sequence[bool],
+                     settings: StatsSettings) -> list[ScoreRow]:
+    """The share of items correct with its Wilson interval; no row for no items (as `pass_fail_rows`)."""
+    n = len(ok)
+    if n == 0:
+        return []
+    k = sum(ok)
+    lo, hi = wilson_ci(k, n, settings.alpha)
+    return [ScoreRow(deployment, suite, category, metric, k / n, lo, hi, n)]
 
 
 def pass_fail_rows(deployment: str, reference: str, suite: str, category: str, metric: str,

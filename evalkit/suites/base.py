@@ -4,15 +4,17 @@ A suite never knows which engine runs it, and scoring never loads a model.
 """
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from pydantic import BaseModel
 
 from evalkit.config import Config, StatsSettings
 from evalkit.engines.base import Engine, SamplingParams
+from evalkit.errors import DataError
 from evalkit.records import Record
 from evalkit.engines.spec import Capability
 from evalkit.store import ComparisonRow, ScoreRow
@@ -23,6 +25,8 @@ SettingsT = TypeVar("SettingsT", bound=BaseModel)  # the suite's block of the co
 RecordT = TypeVar("RecordT", bound=Record)
 # What scoring hands a suite: deployment -> its parsed records of this suite (evalkit.records.parse_record).
 SuiteRecords = Mapping[str, list[RecordT]]
+# Builds the error for line n of a data file (with the problem); each file format names its lines one way.
+LineError = Callable[[int, str], DataError]
 
 
 @dataclass(frozen=True)
@@ -112,3 +116,36 @@ class Suite(ABC, Generic[SettingsT]):
     def describe(self) -> dict[str, Any]:
         """Provenance for the manifest and report (data files, seeds, signatures)."""
         return {}
+
+
+# -- helpers for suites -----------------------------------------------------------------------
+
+
+def at_line(path: Path) -> LineError:
+    """Errors as `<path>:<n>: <problem>`, the form editors and terminals jump to."""
+    return lambda n, problem: DataError(f"{path}:{n}", problem)
+
+
+def jsonl_values(text: str, line_error: LineError) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSONL data file; a line that is not JSON
+    raises `line_error`, so the user is told the file and line before anything runs."""
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise line_error(n, f"not valid JSON ({e.msg})") from None
+        yield n, value
+
+
+def paired_with_reference(records: SuiteRecords[RecordT], reference: str,
+                          keep: Callable[[RecordT], bool] = lambda r: True) -> dict[str, list[tuple[RecordT, RecordT]]]:
+    """deployment -> its records paired as (reference's, deployment's) on the same item, for every deployment but
+    the reference (in the deployment's record order; items the reference lacks are left out, and records
+    `keep` rejects on either side). Empty when the reference has no records: there is nothing to compare."""
+    if reference not in records:
+        return {}
+    ref_by = {r.item_id: r for r in records[reference] if keep(r)}
+    return {dep: [(ref_by[r.item_id], r) for r in recs if keep(r) and r.item_id in ref_by]
+            for dep, recs in records.items() if dep != reference}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,13 +16,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
 from evalkit.errors import DataError
-from evalkit.metrics.compare import pass_fail_rows
-from evalkit.metrics.stats import wilson_ci
+from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
 from evalkit.records import HumanEvalRecord, dump_record, provenance, typed
 from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, jsonl_values, paired_with_reference
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.humaneval`)
     from evalkit.config import Config, HumanEvalSettings
@@ -56,22 +54,19 @@ def load_humaneval(path: str | Path) -> list[Item]:
         raise DataError(str(path), "file not found") from None
     except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
         raise DataError(str(path), f"cannot read: {e}") from None
+    def line_error(n: int, problem: str) -> DataError:  # HumanEval's messages say "<file>: line <n>: ..."
+        return DataError(str(path), f"line {n}: {problem}")
+
     items: list[Item] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(str(path), f"line {lineno}: not valid JSON ({e.msg})") from None
+    for lineno, row in jsonl_values(text, line_error):
         if not isinstance(row, dict):
-            raise DataError(str(path), f"line {lineno}: expected a JSON object")
+            raise line_error(lineno, "expected a JSON object")
         bad = [k for k in _FIELDS if not isinstance(row.get(k), str) or not row[k].strip()]
         if bad:
-            raise DataError(str(path), f"line {lineno}: missing or empty field {bad[0]!r} (expected {', '.join(_FIELDS)})")
+            raise line_error(lineno, f"missing or empty field {bad[0]!r} (expected {', '.join(_FIELDS)})")
         if row["task_id"] in seen:
-            raise DataError(str(path), f"line {lineno}: duplicate task_id {row['task_id']!r}")
+            raise line_error(lineno, f"duplicate task_id {row['task_id']!r}")
         seen.add(row["task_id"])
         data = {k: row[k] for k in ("prompt", "test", "entry_point")}
         data["canonical_solution"] = row.get("canonical_solution")
@@ -168,28 +163,20 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
         results = self._run_all(records)
         rows = []
         for dep, by_item in results.items():
-            n = len(by_item)
-            if not n:
-                continue
-            k = sum(r.passed for r in by_item.values())
-            lo, hi = wilson_ci(k, n, ctx.stats.alpha)
-            rows.append(ScoreRow(dep, self.name, "code", "pass@1", k / n, lo, hi, n))
+            rows += pass_fail_scores(dep, self.name, "code", "pass@1", [r.passed for r in by_item.values()], ctx.stats)
         return rows
 
     def compare(self, records: Records, ctx: ScoreContext) -> list[ComparisonRow]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
         ref = ctx.reference
-        if ref not in records:
+        paired = paired_with_reference(records, ref)
+        if not paired:
             return []
         results = self._run_all(records)
-        ref_by = results[ref]
         rows: list[ComparisonRow] = []
-        for dep, by_item in results.items():
-            ids = [i for i in by_item if i in ref_by] if dep != ref else []
-            if not ids:
-                continue
-            dep_ok = [by_item[i].passed for i in ids]
-            ref_ok = [ref_by[i].passed for i in ids]
+        for dep, pairs in paired.items():
+            dep_ok = [results[dep][d.item_id].passed for _, d in pairs]
+            ref_ok = [results[ref][a.item_id].passed for a, _ in pairs]
             rows += pass_fail_rows(dep, ref, self.name, "code", "pass@1", dep_ok, ref_ok, ctx.stats,
                                    flips=True, unit="tasks")
         return rows

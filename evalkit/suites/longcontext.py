@@ -23,12 +23,11 @@ from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.repetition import distinct_n, seq_rep_n, words
 from evalkit.config import StatsSettings
-from evalkit.metrics.compare import continuous_row, pass_fail_rows
-from evalkit.metrics.stats import wilson_ci
+from evalkit.metrics.compare import continuous_row, pass_fail_rows, pass_fail_scores
 from evalkit.records import GenTimings, LongContextRecord, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, paired_with_reference
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.longcontext`)
     from evalkit.config import LongContextSettings
@@ -192,21 +191,15 @@ class LongContextSuite(Suite["LongContextSettings"]):
                 for r in (r for r in of_len if r.kind == "rep" and r.skipped is None):
                     for metric, value in rep_scores(r.output_text or "").items():
                         rows.append(ScoreRow(dep, self.name, cat, metric, value, n=1))
-                rows.extend(_recall_row(dep, self.name, cat, of_len, ctx.stats.alpha))
-            rows.extend(_recall_row(dep, self.name, "all", recs, ctx.stats.alpha))
+                rows.extend(_recall_row(dep, self.name, cat, of_len, ctx.stats))
+            rows.extend(_recall_row(dep, self.name, "all", recs, ctx.stats))
         return rows
 
     def compare(self, records: Records, ctx: ScoreContext) -> list[ComparisonRow]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
         ref = ctx.reference
-        if ref not in records:
-            return []
-        ref_by = {r.item_id: r for r in records[ref] if r.skipped is None}
         rows: list[ComparisonRow] = []
-        for dep, recs in records.items():
-            if dep == ref:
-                continue
-            pairs = [(ref_by[r.item_id], r) for r in recs if r.skipped is None and r.item_id in ref_by]
+        for dep, pairs in paired_with_reference(records, ref, keep=lambda r: r.skipped is None).items():
             for cat in _lengths(r for _, r in pairs):
                 rep = [(a, b) for a, b in pairs if b.category == cat and b.kind == "rep"]
                 for metric, _, _ in REP_METRICS:
@@ -260,13 +253,9 @@ def _lengths(recs: Iterable[LongContextRecord]) -> list[str]:
     return sorted({r.category for r in recs}, key=lambda c: int(c[1:]))
 
 
-def _recall_row(dep: str, suite: str, cat: str, recs: list[LongContextRecord], alpha: float) -> list[ScoreRow]:
+def _recall_row(dep: str, suite: str, cat: str, recs: list[LongContextRecord], settings: StatsSettings) -> list[ScoreRow]:
     done = [r for r in recs if r.kind == "recall" and r.skipped is None]
-    if not done:
-        return []
-    k, n = sum(bool(r.correct) for r in done), len(done)
-    lo, hi = wilson_ci(k, n, alpha)
-    return [ScoreRow(dep, suite, cat, "recall_accuracy", k / n, lo, hi, n)]
+    return pass_fail_scores(dep, suite, cat, "recall_accuracy", [bool(r.correct) for r in done], settings)
 
 
 def _recall_compare(dep: str, ref: str, suite: str, cat: str,

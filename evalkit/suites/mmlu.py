@@ -25,13 +25,12 @@ import numpy as np
 from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
-from evalkit.metrics.compare import pass_fail_rows
-from evalkit.metrics.stats import wilson_ci
+from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
 from evalkit.records import MmluRecord, MmluTimings, call_provenance, combined, dump_record, provenance, typed
 from evalkit.resources import resource_path
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, at_line, jsonl_values, paired_with_reference
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.mmlu`)
     from evalkit.config import MmluSettings
@@ -162,18 +161,13 @@ def _read_export_file(path: Path) -> list[dict[str, Any]]:
         return [dict(r, _where=f"{path}:row {i + 1}") for i, r in enumerate(frame.to_dict("records"))]
     rows = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(str(path), f"cannot read: {e}") from None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}", f"not valid JSON ({e.msg})") from None
+    line_error = at_line(path)
+    for n, row in jsonl_values(text, line_error):
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{n}", "expected a JSON object per line")
+            raise line_error(n, "expected a JSON object per line")
         rows.append(dict(row, _where=f"{path}:{n}"))
     return rows
 
@@ -375,10 +369,7 @@ class MmluSuite(Suite["MmluSettings"]):
             if not recs:
                 continue
             for cat in _categories(recs):
-                sel = [r for r in recs if _in(cat, r)]
-                k, n = sum(r.correct for r in sel), len(sel)
-                lo, hi = wilson_ci(k, n, ctx.stats.alpha)
-                rows.append(ScoreRow(dep, self.name, cat, "accuracy", k / n, lo, hi, n))
+                rows += pass_fail_scores(dep, self.name, cat, "accuracy", [r.correct for r in recs if _in(cat, r)], ctx.stats)
             fell_back = sum(r.method == "four-continuations" for r in recs)
             if fell_back:  # visible in the report: letters were not single tokens for this tokenizer
                 rows.append(ScoreRow(dep, self.name, "all", "four_continuation_items", float(fell_back), n=len(recs)))
@@ -387,14 +378,8 @@ class MmluSuite(Suite["MmluSettings"]):
     def compare(self, records: SuiteRecords[MmluRecord], ctx: ScoreContext) -> list[ComparisonRow]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
         ref = ctx.reference
-        if ref not in records:
-            return []
-        ref_by = _by_item(records[ref])
         rows: list[ComparisonRow] = []
-        for dep, recs in records.items():
-            if dep == ref:
-                continue
-            paired = [(ref_by[r.item_id], r) for r in recs if r.item_id in ref_by]
+        for dep, paired in paired_with_reference(records, ref).items():
             for cat in _categories(r for _, r in paired):
                 sel = [(a, b) for a, b in paired if _in(cat, b)]
                 ref_ok = [a.correct for a, _ in sel]

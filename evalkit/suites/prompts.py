@@ -1,7 +1,6 @@
 """The prompt suite: code, reasoning, translation and QA prompts; scored by tests, gold answers, BLEU/chrF."""
 from __future__ import annotations
 
-import json
 import re
 import string
 import unicodedata
@@ -14,10 +13,11 @@ from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics import bleu
+from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
 from evalkit.records import PromptRecord, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
-from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, at_line, jsonl_values, paired_with_reference
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.prompts`)
     from evalkit.config import PromptsSettings
@@ -60,21 +60,18 @@ class PromptItem(BaseModel):
 def load_prompt_file(path: Path) -> list[PromptItem]:
     items = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(str(path), f"cannot read prompt file: {e}") from None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    line_error = at_line(path)
+    for n, value in jsonl_values(text, line_error):
         try:
-            items.append(PromptItem.model_validate(json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}", f"not valid JSON ({e.msg})") from None
+            items.append(PromptItem.model_validate(value))
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
-            raise DataError(f"{path}:{n}", f"{where + ': ' if where else ''}{msg}") from None
+            raise line_error(n, f"{where + ': ' if where else ''}{msg}") from None
     return items
 
 
@@ -202,9 +199,6 @@ class PromptsSuite(Suite["PromptsSettings"]):
 
     def score(self, records: Records, ctx: ScoreContext) -> list[ScoreRow]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
-        from evalkit.metrics.stats import wilson_ci
-
-        alpha = ctx.stats.alpha
         per_item = self._per_item(records)
         rows: list[ScoreRow] = []
         for dep, recs in records.items():
@@ -220,10 +214,8 @@ class PromptsSuite(Suite["PromptsSettings"]):
                             rows.append(ScoreRow(dep, self.name, cat, f"{s.metric}_en-{lang}", s.score, s.ci_low, s.ci_high, s.n))
                     continue
                 for metric in ("pass",) if cat == "code" else ("exact_match", "contains"):
-                    values = [per_item[dep][r.item_id][metric] for r in cat_recs]
-                    k, n = int(sum(values)), len(values)
-                    lo, hi = wilson_ci(k, n, alpha)
-                    rows.append(ScoreRow(dep, self.name, cat, "pass@1" if metric == "pass" else metric, k / n, lo, hi, n))
+                    ok = [per_item[dep][r.item_id][metric] > 0 for r in cat_recs]
+                    rows += pass_fail_scores(dep, self.name, cat, "pass@1" if metric == "pass" else metric, ok, ctx.stats)
             rows.append(
                 ScoreRow(dep, self.name, "all", "output_tokens_mean", sum(r.n_output_tokens for r in recs) / len(recs), n=len(recs))
             )
@@ -231,25 +223,21 @@ class PromptsSuite(Suite["PromptsSettings"]):
 
     def compare(self, records: Records, ctx: ScoreContext) -> list[ComparisonRow]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
-        from evalkit.metrics.compare import pass_fail_rows
-
         ref = ctx.reference
-        if ref not in records:
+        paired = paired_with_reference(records, ref)
+        if not paired:
             return []
         per_item = self._per_item(records)
-        ref_recs = {r.item_id: r for r in records[ref]}
         rows: list[ComparisonRow] = []
-        for dep, recs in records.items():
-            if dep == ref:
-                continue
+        for dep, dep_pairs in paired.items():
             for cat in self.settings.categories:
-                pairs = [(ref_recs[r.item_id], r) for r in recs if r.category == cat and r.item_id in ref_recs]
+                pairs = [(a, b) for a, b in dep_pairs if b.category == cat]
                 if not pairs:
                     continue
                 if cat == "translation":
+                    ref_of = {b.item_id: a for a, b in pairs}
                     for lang, group in _by_lang([p[1] for p in pairs]).items():
-                        ids = [r.item_id for r in group]
-                        base = [ref_recs[i].output_text.strip() for i in ids]
+                        base = [ref_of[r.item_id].output_text.strip() for r in group]
                         sys_ = [r.output_text.strip() for r in group]
                         refs = [r.reference or "" for r in group]
                         for name, p in bleu.paired_comparison(base, sys_, refs, lang, ctx.stats).items():
