@@ -9,6 +9,8 @@ import pytest
 
 from evalkit.engines.base import GenRequest, SamplingParams
 
+from conftest import REPO
+
 pytestmark = pytest.mark.engine
 
 
@@ -76,6 +78,55 @@ def test_seeded_sample_does_not_depend_on_what_ran_before(gemma_gguf: Path) -> N
         # The seed matters (else the assertions above could not fail): another seed, another sample.
         other = list(engine.generate([SEEDED], SamplingParams(**{**HOT.__dict__, "seed": 8})))[0].output_token_ids
         assert other != expected
+    finally:
+        engine.close()
+
+
+def test_prefix_reuse_changes_no_logit_and_no_sample(smollm_gguf: Path) -> None:
+    """Prompts sharing a long prefix reuse its KV cache (long-context prompts share their filler, few-shot
+    prompts their examples), and every logit and seeded sample equals a fresh engine's: also when the shared
+    part runs into tokens the engine generated itself (one-row batches: they are not reused)."""
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+
+    def fresh() -> LlamaCppEngine:
+        return LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=2048))
+
+    text = (REPO / "texts" / "ppl_default.txt").read_text(encoding="utf-8")
+    engine = fresh()
+    filler = engine.tokenize(text, add_bos=True)[:1000]
+    question = engine.tokenize(" The pass key is 12345. What is the pass key? The pass key is", add_bos=False)
+    # 760 tokens: the 24 generated after it cross the multiple of 64 at 768, so a reuse that wrongly took
+    # generated rows would start at 768 instead of 704.
+    long_prompt = filler[: 760 - len(question)] + question
+    req = GenRequest("p", "", chat=False, max_tokens=24, prompt_token_ids=tuple(long_prompt))
+    vocab = list(range(engine.info().vocab_size))
+    try:
+        list(engine.generate([GenRequest("f", "", chat=False, max_tokens=8, prompt_token_ids=tuple(filler))], HOT))
+        (got,) = engine.generate([req], HOT)
+        reused = engine.run_stats()["reused_prompt_tokens"]
+        # What the engine generated is now in its cache, evaluated one token at a time; a prompt continuing it:
+        follow_up = long_prompt + list(got.output_token_ids) + filler[800:900]
+        follow_logits = engine.next_token_logprobs([follow_up], vocab)[0]
+        got_logits = engine.next_token_logprobs([long_prompt], vocab)[0]
+    finally:
+        engine.close()
+    assert reused >= 640, f"only {reused} prompt tokens came from the cache"  # 760 - len(question) shared
+    clean = fresh()
+    try:
+        (want,) = clean.generate([req], HOT)
+        assert clean.run_stats()["reused_prompt_tokens"] == 0
+    finally:
+        clean.close()
+    want_logits, want_follow = (fresh_logits(fresh, p, vocab) for p in (long_prompt, follow_up))
+    assert len(want.output_token_ids) == 24 and got.output_token_ids == want.output_token_ids
+    assert got_logits == want_logits  # bit for bit
+    assert follow_logits == want_follow
+
+
+def fresh_logits(make, prompt: list[int], vocab: list[int]) -> list[float]:  # type: ignore[no-untyped-def]
+    engine = make()
+    try:
+        return engine.next_token_logprobs([prompt], vocab)[0]
     finally:
         engine.close()
 

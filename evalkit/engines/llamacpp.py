@@ -50,8 +50,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 # What a seeded request can promise on this engine (manifest and report quote it).
 REPRODUCIBILITY = (
-    "bit-identical: each request is evaluated alone from an empty cache with a sampler seeded per request, "
-    "so the same request and seed give the same tokens whatever ran before"
+    "bit-identical: a sampler seeded per request, and a prompt prefix is reused from the cache only where every "
+    "logit equals an evaluation from an empty cache, so the same request and seed give the same tokens "
+    "whatever ran before"
 )
 
 
@@ -83,6 +84,8 @@ class LlamaCppEngine(Engine):
         except ValueError as e:  # llama-cpp-python raises ValueError for files it cannot load
             raise ModelFileError(self.model_path, f"llama.cpp could not load the model ({e})") from None
         self._load_s = time.perf_counter() - start
+        self._exact_rows = 0  # leading context rows evaluated in batches of >= 2 rows (`_prefill`)
+        self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._init_tokenizer()
 
     def _init_tokenizer(self) -> None:
@@ -134,24 +137,59 @@ class LlamaCppEngine(Engine):
         import llama_cpp
 
         def sample(tokens: list[int]) -> Iterator[int]:
-            self._fresh_context(sampling.seed)
+            self._prefill(tokens)
+            self._llm.set_seed(sampling.seed)  # the dist sampler is rebuilt from this seed by every Llama.generate()
+            # The whole prompt is in the context with its last logits: generate() samples from them directly.
             return self._llm.generate(tokens, temp=sampling.temperature, top_p=sampling.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0)
 
         vocab = self._llm._model.vocab
         return generate_in_turn(self, requests, sampling, self.options.n_ctx, sample,
                                 lambda tok: bool(llama_cpp.llama_vocab_is_eog(vocab, tok)))
 
-    def _fresh_context(self, seed: int) -> None:
-        """Every request starts from an empty KV cache and a sampler seeded with `seed`.
+    _REUSE_ALIGN = 64  # reuse points are multiples of 64, at least 64 rows before the prompt's end
 
-        Why: llama-cpp-python reuses the longest cached prefix of the previous request, so the prompt is then
-        evaluated in a different batch shape (only its tail), and ggml's CPU kernels round differently per
-        batch shape: the logits move in the last bits and a seeded sample at temperature > 0 diverges (same
-        seed, other tokens, depending on what ran before). A fresh pass costs one prompt evaluation.
+    def _prefill(self, tokens: Sequence[int]) -> int:
+        """Leave `tokens` evaluated in the context (its last row's logits ready), reusing the cached prefix of
+        what ran before where that gives exactly the logits an evaluation from an empty cache gives; returns
+        how many tokens were reused.
+
+        Why it is exact: ggml's CPU kernels compute a row identically in any batch of two or more rows, but a
+        one-row batch takes another path (measured on SmolLM2 Q4_1 with AVX-512 and AVX2 builds: a prompt's
+        last logits identical for every reuse point leaving >= 2 rows to evaluate, up to 0.6 apart with one).
+        So only rows evaluated in batches of >= 2 are reused (`_exact_rows`; generated tokens are one-row
+        batches), at least 64 rows are evaluated, and batches are cut at absolute multiples of n_batch as an
+        evaluation from an empty cache cuts them. Long-context prompts sharing their filler and few-shot
+        prompts sharing their examples then evaluate only what differs.
         """
+        llm = self._llm
+        usable = min(llm.n_tokens, self._exact_rows)
+        keep = 0
+        for a, b in zip(llm.input_ids[:usable].tolist(), tokens):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(tokens) - self._REUSE_ALIGN)
+        keep = max(0, keep - keep % self._REUSE_ALIGN)
+        if not llm._ctx.kv_cache_seq_rm(-1, keep, -1):  # some caches (small SWA) cannot drop a tail
+            llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+            keep = 0
+        llm.n_tokens = keep
+        self._exact_rows = keep
+        start = keep
+        while start < len(tokens):
+            end = min(len(tokens), (start // llm.n_batch + 1) * llm.n_batch)
+            llm.eval(tokens[start:end])
+            if end - start >= 2:
+                self._exact_rows = end
+            start = end
+        self._reused_prompt_tokens += keep
+        return keep
+
+    def _forget_context(self) -> None:
+        """The context no longer holds what `_prefill` and generate() think it holds: start empty."""
         self._llm.reset()
         self._llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-        self._llm.set_seed(seed)  # the dist sampler is rebuilt from this seed by every Llama.generate()
+        self._exact_rows = 0
 
     # -- likelihoods ----------------------------------------------------------------------------
 
@@ -163,8 +201,7 @@ class LlamaCppEngine(Engine):
         llm = self._llm
         if len(tokens) > self.options.n_ctx:
             raise ValueError(f"sequence of {len(tokens)} tokens exceeds n_ctx={self.options.n_ctx}")
-        llm.reset()
-        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        self._forget_context()
         n_vocab = llm.n_vocab()
         for start in range(0, len(tokens), llm.n_batch):
             chunk = list(tokens[start : start + llm.n_batch])
@@ -172,7 +209,7 @@ class LlamaCppEngine(Engine):
             llm._ctx.decode(llm._batch)
             logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(chunk), n_vocab))
             yield start, log_softmax(logits)
-        llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
+        self._forget_context()  # logits_all rows were written behind generate()'s bookkeeping
 
     def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
         results = []
@@ -209,8 +246,7 @@ class LlamaCppEngine(Engine):
         if not 1 <= first <= n:
             raise ValueError(f"first={first} must be in 1..{n}")
         n_vocab = llm.n_vocab()
-        llm.reset()
-        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        self._forget_context()
         batch = llm._batch.batch
         try:
             for start in range(0, n, llm.n_batch):
@@ -231,7 +267,7 @@ class LlamaCppEngine(Engine):
                 if rows:
                     yield rows, np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(rows), n_vocab))
         finally:
-            llm.reset()  # the cache no longer matches generate()'s prefix bookkeeping
+            self._forget_context()  # rows were written behind generate()'s bookkeeping
 
     def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
         """The fast path for long spans (perplexity): logits only for the scored rows, then logsumexp +
@@ -261,44 +297,20 @@ class LlamaCppEngine(Engine):
                 lse = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
                 yield rows[b0] + 1, x - lse
 
-    _REUSE_ALIGN = 64  # reuse point rounded down so every row keeps the batch layout a fresh pass gives it
 
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
-        """Last-position log-softmax read at `candidates`.
-
-        Consecutive prompts sharing a prefix (few-shot blocks) reuse its KV cache, and only the last position's
-        logits are computed. Batches are cut at absolute n_batch boundaries and the reuse point is a multiple of
-        64, so results are bit-identical to a fresh pass (ggml's CPU kernels depend on the batch shape).
-        """
+        """Last-position log-softmax read at `candidates`. Consecutive prompts sharing a prefix (few-shot
+        blocks) reuse its KV cache where that changes no logit (`_prefill`); only the last row's logits are
+        computed."""
         llm = self._llm
         n_vocab = llm.n_vocab()
         out: list[list[float]] = []
-        cached: list[int] = []
-        llm.reset()
-        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
         for prompt in map(list, prompts):
             if len(prompt) > self.options.n_ctx:
                 raise ValueError(f"sequence of {len(prompt)} tokens exceeds n_ctx={self.options.n_ctx}")
-            keep = 0
-            for a, b in zip(cached, prompt):
-                if a != b:
-                    break
-                keep += 1
-            keep = min(keep, len(prompt) - 1)  # decode at least one token to get logits
-            keep -= keep % self._REUSE_ALIGN
-            if not llm._ctx.kv_cache_seq_rm(-1, keep, -1):  # some caches (small SWA) cannot drop a tail
-                llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-                keep = 0
-            start = keep
-            while start < len(prompt):
-                end = min(len(prompt), (start // llm.n_batch + 1) * llm.n_batch)
-                llm._batch.set_batch(batch=prompt[start:end], n_past=start, logits_all=False)
-                llm._ctx.decode(llm._batch)
-                start = end
-            cached = prompt
+            self._prefill(prompt)
             row = log_softmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(1, n_vocab)))[0]
             out.append([float(row[c]) for c in candidates])
-        llm.reset()  # generate() keeps its own prefix bookkeeping
         return out
 
     # -- description ----------------------------------------------------------------------------
@@ -328,6 +340,9 @@ class LlamaCppEngine(Engine):
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
             },
         )
+
+    def run_stats(self) -> dict[str, Any]:
+        return {"reused_prompt_tokens": self._reused_prompt_tokens}
 
     def close(self) -> None:
         self._llm.close()

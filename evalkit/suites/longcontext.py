@@ -147,7 +147,9 @@ class LongContextSuite(Suite["LongContextSettings"]):
         records: list[LongContextRecord] = []
         requests: list[GenRequest] = []
         meta: dict[str, dict[str, Any]] = {}
-        for item in items:
+        # The plain filler first, then needles from the deepest: each prompt shares the longest prefix with
+        # the one before it, which engines with a prefix cache (llama.cpp, vLLM) do not evaluate again.
+        for item in sorted(items, key=lambda it: (it.data["kind"] != "rep", -it.data.get("depth", 0.0))):
             L, kind = item.data["length"], item.data["kind"]
             new = self.settings.continuation_tokens if kind == "rep" else RECALL_TOKENS
             base = {"item_id": item.item_id, "category": item.category, "kind": kind,
