@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -179,3 +179,61 @@ def hostile_run(real_run: Path, _derived_root: Path) -> Path:
     run = copy_run(real_run, _derived_root, days_later=1)
     make_hostile(run, next(d for d in REAL_RUN_DEPLOYMENTS if d != REAL_RUN_REFERENCE))
     return run
+
+
+# -- the default config's deployments of one engine, run small (the memory ledger check, the vLLM pipeline) ----
+
+# The measurement suite of every such run: the cost suite's records carry the worker's process-tree high-water
+# RSS (vLLM's engine-core and model-worker processes included), the memory test's measurement.
+DEFAULT_RUN_COST = {"concurrency": [1, 4], "prompt_tokens": 128, "output_tokens": 8, "repeats": 1}
+
+
+def default_engine_run(base: Path, engine: str, suites: dict[str, Any], sampling: dict[str, Any] | None = None) -> Path:
+    """`evalkit run --no-cache` of configs/default.yaml's `engine` deployments (whatever it holds today), engine
+    options unchanged (memory depends on them: n_ctx, max_model_len, gpu_memory_utilization), with `suites`
+    instead of the default's (one worker per deployment, as `make run`). Perplexity keeps the default's n_ctx (the
+    largest logits any suite asks for): the ledger predicts from it. Fresh measurements only (--no-cache), so
+    the cost records measure this run's workers even where $EVALKIT_CACHE_DIR holds earlier results."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from evalkit.config import load_config
+
+    _, config_file = load_config(None)  # the embedded default
+    raw = yaml.safe_load(config_file.read_text())
+    raw["deployments"] = [d for d in raw["deployments"] if d["engine"] == engine]
+    if not raw["deployments"]:
+        pytest.skip(f"the default config has no {engine} deployment")
+    raw["reference"] = raw["deployments"][0]["name"]
+    raw["noise_floor"] = False
+    raw.pop("decision", None)  # its margins name suites this small run may leave out
+    if "perplexity" in suites:
+        suites = {**suites, "perplexity": {**suites["perplexity"], "n_ctx": raw["suites"]["perplexity"]["n_ctx"]}}
+    raw["suites"] = suites
+    if sampling is not None:
+        raw["sampling"] = sampling
+    (base / "c.yaml").write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(base / "c.yaml"), "--out", str(base / "out"), "--no-cache"],
+                          capture_output=True, text=True, timeout=1800)
+    (base / "terminal.txt").write_text(proc.stdout + proc.stderr)  # what a user's terminal showed
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
+    return run
+
+
+@pytest.fixture(scope="session")
+def vllm_default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of the default config's vLLM deployments per session (two vLLM workers, ~3 min here), read by
+    the vLLM pipeline tests and the vLLM half of the memory ledger test: the reference (bf16 weights, `hf`
+    variant) and the fp8-weight variant, each in its own worker; prompts, two perplexity chunks, cost.
+    Hold `flock /tmp/evalkit-vllm.lock` around anything that requests it."""
+    require_module("vllm", "vLLM engine")
+    base = tmp_path_factory.mktemp("vllm-default-run")
+    suites = {
+        "prompts": {"path": str(REPO / "prompts"), "categories": ["qa", "translation"], "limit_per_category": 2},
+        "perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"), "max_chunks": 2, "top_k": 20},
+        "cost": DEFAULT_RUN_COST,
+    }
+    return default_engine_run(base, "vllm", suites, sampling={"temperature": 0.0, "max_tokens": 24})

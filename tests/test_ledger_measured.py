@@ -1,24 +1,20 @@
 """The memory ledger against what the default deployments really hold on this machine: within ±25%.
 
-A dedicated small run per engine of configs/default.yaml's deployments (whatever it holds), engine options
-unchanged (memory depends on them: n_ctx, max_model_len, gpu_memory_utilization), with the suites cut to one
-perplexity chunk of the configured length (the largest logits any suite asks for) and the cost suite, whose
-records carry the worker's process-tree high-water RSS (vLLM's engine-core and model-worker processes
-included). The prediction is the manifest's ledger, made before anything loaded. Run the vLLM half holding
-`flock /tmp/evalkit-vllm.lock`.
+A small run per engine of configs/default.yaml's deployments (whatever it holds; conftest.default_engine_run),
+engine options unchanged (memory depends on them: n_ctx, max_model_len, gpu_memory_utilization), with the
+suites cut to perplexity chunks of the configured length (the largest logits any suite asks for) and the cost
+suite, whose records carry the worker's process-tree high-water RSS (vLLM's engine-core and model-worker
+processes included). The prediction is the manifest's ledger, made before anything loaded. The vLLM run is
+the session's shared one (conftest.vllm_default_run); run the vLLM half holding `flock /tmp/evalkit-vllm.lock`.
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from evalkit.config import load_config
+from conftest import DEFAULT_RUN_COST, default_engine_run
 
 pytestmark = pytest.mark.engine
 
@@ -27,33 +23,16 @@ TOLERANCE = 0.25
 ENGINES = ["llamacpp", pytest.param("vllm", marks=pytest.mark.vllm)]
 
 
-def _run(base: Path, engine: str) -> Path:
-    """A small run of the default config's deployments on `engine` (one worker each, as `make run` does)."""
-    config, config_file = load_config(None)  # whatever the embedded default holds today
-    raw = yaml.safe_load(config_file.read_text())
-    raw["deployments"] = [d for d in raw["deployments"] if d["engine"] == engine]
-    if not raw["deployments"]:
-        pytest.skip(f"the default config has no {engine} deployment")
-    raw["reference"] = raw["deployments"][0]["name"]
-    raw["noise_floor"] = False
-    raw.pop("decision", None)  # its margins name suites this small run leaves out
-    raw["suites"] = {
-        "perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"), "n_ctx": raw["suites"]["perplexity"]["n_ctx"], "max_chunks": 1, "top_k": 20},
-        "cost": {"concurrency": [1, 4], "prompt_tokens": 128, "output_tokens": 8, "repeats": 1},
-    }
-    (base / "c.yaml").write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(base / "c.yaml"), "--out", str(base / "out"), "--no-cache"],
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
-    return run
-
-
 @pytest.fixture(scope="module", params=ENGINES)
 def default_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if request.param == "vllm" and os.environ.get("CI") != "true":
-        pytest.importorskip("vllm")  # under CI a missing vLLM fails the run below instead
-    return _run(tmp_path_factory.mktemp(f"ledger-measured-{request.param}"), request.param)
+    if request.param == "vllm":
+        # The session's run of the default vLLM deployments (conftest.vllm_default_run), which the vLLM pipeline
+        # tests read too: one vLLM run serves both. Its prompts suite and second perplexity chunk run before
+        # the cost suite, so the high-water RSS there covers them too, and the manifest's ledger is the
+        # prediction for that very config.
+        return request.getfixturevalue("vllm_default_run")
+    suites = {"perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"), "max_chunks": 1, "top_k": 20}, "cost": DEFAULT_RUN_COST}
+    return default_engine_run(tmp_path_factory.mktemp(f"ledger-measured-{request.param}"), request.param, suites)
 
 
 def _measured_peak_bytes(run: Path, dep: str) -> int:

