@@ -56,6 +56,10 @@ VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profi
 # 512-token chunks of a 262,144-token vocabulary: about 3 such arrays (VLLM_LOGITS_ARRAYS).
 VLLM_FRONTEND_BYTES = 2 * GB
 VLLM_ENGINE_CORE_BYTES = 12 * GB // 10
+# evalkit runs the engine core and model worker inside its own worker process on CPU (one worker; see
+# vllm_cpu_in_one_process): what the front end holds before the KV cache is sized (imports, tokenizer: 0.88 GB
+# above) is then inside the reservation, and only what it gains while serving comes on top.
+VLLM_FRONTEND_SERVING_BYTES = VLLM_FRONTEND_BYTES - 88 * GB // 100
 VLLM_CPU_CORE_RUNTIME_BYTES = GB  # the model worker's runtime, inside the reservation
 VLLM_LOGITS_ARRAYS = 3
 
@@ -579,11 +583,14 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
             notes.append(f"engine process reserves gpu_memory_utilization {options.gpu_memory_utilization} x {node / GB:.1f} GB "
                          f"({'NUMA node' if hw.node_ram_bytes else 'RAM'}); the KV cache gets the rest")
         logit_arrays = VLLM_LOGITS_ARRAYS * (workload.prompt_logprob_rows if workload else 0) * arch.vocab * 4
-        processes = VLLM_FRONTEND_BYTES + VLLM_ENGINE_CORE_BYTES + logit_arrays
+        if vllm_cpu_in_one_process(tp):
+            others, what = VLLM_FRONTEND_SERVING_BYTES, "one process (engine core and worker inside evalkit's): front end serving"
+        else:
+            others, what = VLLM_FRONTEND_BYTES + VLLM_ENGINE_CORE_BYTES, "front end and engine-core processes"
+        processes = others + logit_arrays
         per_device, n_dev = int(core + processes), 1
         overhead = acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES + processes
-        notes.append(f"front end and engine-core processes {(VLLM_FRONTEND_BYTES + VLLM_ENGINE_CORE_BYTES) / GB:.1f} GB"
-                     + (f", prompt log-prob arrays {logit_arrays / GB:.2f} GB" if logit_arrays else ""))
+        notes.append(f"{what} {others / GB:.1f} GB" + (f", prompt log-prob arrays {logit_arrays / GB:.2f} GB" if logit_arrays else ""))
         devices = f"CPU {budget / GB:.1f} GB RAM"
         fits = per_device <= budget and pool >= kv_seq_dev
         if pool < kv_seq_dev:
@@ -784,3 +791,10 @@ def format_ledger(rows: list[LedgerRow]) -> str:
         out.append("~ estimate: the weights' files do not exist yet; sized from the architecture and the precision")
     out.append("GB = 10^9 bytes")
     return "\n".join(out)
+
+
+def vllm_cpu_in_one_process(tensor_parallel_size: int) -> bool:
+    """Whether vLLM's CPU engine core and model worker run inside evalkit's worker process (evalkit.engines.vllm
+    arranges it for one worker unless the user set VLLM_ENABLE_V1_MULTIPROCESSING=1): the memory layout
+    predict_vllm assumes."""
+    return tensor_parallel_size == 1 and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"

@@ -49,7 +49,7 @@ from evalkit.hardware import (
     HardwareUse, available_cores, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
     vllm_precision,
 )
-from evalkit.ledger import predict_vllm
+from evalkit.ledger import predict_vllm, vllm_cpu_in_one_process
 
 if TYPE_CHECKING:
     import vllm
@@ -89,10 +89,17 @@ class VllmEngine(HfTokens, Engine):
                 "use the fp8-weight variant (FP8 rounding emulated in 16-bit) with quantization unset",
             )
         self._dtype_note: str | None = None
+        self._one_process = False
         if _device_type() == "cpu":
             dtype, self._dtype_note = cpu_compute_dtype(options.dtype)
             options = options.model_copy(update={"dtype": dtype})
             _bind_cpu_threads(options.cpu_threads)
+            # Engine core and model worker in this process instead of two child processes that each import
+            # vLLM and torch again (about a third of a deployment's start-up on a 2-core CPU); the offline run
+            # steps the engine from here anyway. Same model, kernels and threads: results do not depend on it.
+            self._one_process = vllm_cpu_in_one_process(options.tensor_parallel_size)
+            if self._one_process:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         start = time.perf_counter()
         try:
             self._llm = self._start(options)
@@ -137,6 +144,7 @@ class VllmEngine(HfTokens, Engine):
             enable_prefix_caching=True,
             max_logprobs=MAX_TOP_K,
             logprobs_mode="raw_logprobs",  # next_token_logprobs/score need the unprocessed log-softmax
+            **({"distributed_executor_backend": "uni"} if self._one_process else {}),
         )
 
     # tokenize / detokenize / prompt_token_ids / prompt_format come from HfTokens (shared with the stand-in)
@@ -355,6 +363,7 @@ class VllmEngine(HfTokens, Engine):
             extra["dtype_note"] = self._dtype_note
         if extra["device"] == "cpu":
             extra["cpu_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+            extra["engine_processes"] = "one (engine core and worker in this process)" if self._one_process else "vLLM's default"
         if self._chat_template is not None:
             extra["chat_template_sha256"] = hashlib.sha256(self._chat_template.encode()).hexdigest()
         return EngineInfo(
