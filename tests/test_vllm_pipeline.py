@@ -53,6 +53,14 @@ def test_each_deployment_ran_in_its_own_process_and_exited(vllm_run: tuple[Path,
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert all(e["engine"] == "vllm" for e in engines.values())
+    if not _cuda_available():  # each worker's one engine is its process's first: core and model worker run inside it
+        assert {e["extra"]["engine_processes"] for e in engines.values()} == {"one (engine core and worker in this process)"}
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _native_bf16_cpu() -> bool:

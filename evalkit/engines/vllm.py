@@ -31,6 +31,7 @@ API facts this module relies on (checked against vLLM 0.32 sources, `vllm/entryp
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import itertools
@@ -97,9 +98,10 @@ class VllmEngine(HfTokens, Engine):
             # Engine core and model worker in this process instead of two child processes that each import
             # vLLM and torch again (about a third of a deployment's start-up on a 2-core CPU); the offline run
             # steps the engine from here anyway. Same model, kernels and threads: results do not depend on it.
-            self._one_process = vllm_cpu_in_one_process(options.tensor_parallel_size)
-            if self._one_process:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            # Only the process's first engine: vLLM sizes the KV cache as gpu_memory_utilization x RAM minus
+            # the RSS of the process holding the engine core, and an engine core that ran here before leaves
+            # its RSS behind (a second one found -0.78 of 4.72 GiB). evalkit's workers hold one engine each.
+            self._one_process = vllm_cpu_in_one_process(options.tensor_parallel_size) and not _engine_core_ran_here
         start = time.perf_counter()
         try:
             self._llm = self._start(options)
@@ -128,24 +130,33 @@ class VllmEngine(HfTokens, Engine):
         self._closed = False
 
     def _start(self, options: VllmOptions) -> "vllm.LLM":
+        global _engine_core_ran_here
         import vllm
 
-        return vllm.LLM(
-            model=self.model_path,
-            dtype=options.dtype,
-            quantization=options.quantization,
-            tensor_parallel_size=options.tensor_parallel_size,
-            max_model_len=options.max_model_len,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            max_num_seqs=options.max_num_seqs,
-            enforce_eager=options.enforce_eager,
-            kv_cache_dtype=options.kv_cache_dtype,
-            seed=options.seed,
-            enable_prefix_caching=True,
-            max_logprobs=MAX_TOP_K,
-            logprobs_mode="raw_logprobs",  # next_token_logprobs/score need the unprocessed log-softmax
-            **({"distributed_executor_backend": "uni"} if self._one_process else {}),
-        )
+        if self._one_process:
+            _engine_core_ran_here = True
+            multiprocessing = "0"
+        elif _engine_core_ran_here:
+            multiprocessing = "1"  # the engine core that ran here cached "0" in vllm.envs
+        else:
+            multiprocessing = None
+        with _vllm_multiprocessing(multiprocessing):
+            return vllm.LLM(
+                model=self.model_path,
+                dtype=options.dtype,
+                quantization=options.quantization,
+                tensor_parallel_size=options.tensor_parallel_size,
+                max_model_len=options.max_model_len,
+                gpu_memory_utilization=options.gpu_memory_utilization,
+                max_num_seqs=options.max_num_seqs,
+                enforce_eager=options.enforce_eager,
+                kv_cache_dtype=options.kv_cache_dtype,
+                seed=options.seed,
+                enable_prefix_caching=True,
+                max_logprobs=MAX_TOP_K,
+                logprobs_mode="raw_logprobs",  # next_token_logprobs/score need the unprocessed log-softmax
+                **({"distributed_executor_backend": "uni"} if self._one_process else {}),
+            )
 
     # tokenize / detokenize / prompt_token_ids / prompt_format come from HfTokens (shared with the stand-in)
 
@@ -397,6 +408,31 @@ REPRODUCIBILITY = (
     "(and on prefix-cache hits), so a sample may flip where two tokens are nearly tied; the noise floor "
     "(noise_floor: true) measures how often"
 )
+
+
+_engine_core_ran_here = False  # whether a vLLM engine core has run inside this process (see VllmEngine.__init__)
+
+
+@contextlib.contextmanager
+def _vllm_multiprocessing(value: str | None) -> Iterator[None]:
+    """VLLM_ENABLE_V1_MULTIPROCESSING=value while an engine starts (None: as the environment says). vLLM reads it
+    through vllm.envs, which an in-process engine core freezes once it is up, so the freeze is lifted first;
+    the variable is put back afterwards so that nothing else in this process sees a changed environment."""
+    if value is None:
+        yield
+        return
+    import vllm.envs
+
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = value
+    vllm.envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
 
 
 def _bind_cpu_threads(threads: int | None) -> None:
