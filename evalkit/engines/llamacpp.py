@@ -148,10 +148,10 @@ class LlamaCppEngine(Engine):
 
     _REUSE_ALIGN = 64  # reuse points are multiples of 64, at least 64 rows before the prompt's end
 
-    def _prefill(self, tokens: Sequence[int]) -> int:
+    def _prefill(self, tokens: Sequence[int]) -> None:
         """Leave `tokens` evaluated in the context (its last row's logits ready), reusing the cached prefix of
-        what ran before where that gives exactly the logits an evaluation from an empty cache gives; returns
-        how many tokens were reused.
+        what ran before where that gives exactly the logits an evaluation from an empty cache gives (counted in
+        run_stats' reused_prompt_tokens).
 
         Why it is exact: ggml's CPU kernels compute a row identically in any batch of two or more rows, but a
         one-row batch takes another path (measured on SmolLM2 Q4_1 with AVX-512 and AVX2 builds: a prompt's
@@ -183,7 +183,6 @@ class LlamaCppEngine(Engine):
                 self._exact_rows = end
             start = end
         self._reused_prompt_tokens += keep
-        return keep
 
     def _forget_context(self) -> None:
         """The context no longer holds what `_prefill` and generate() think it holds: start empty."""
