@@ -121,7 +121,7 @@ def test_compare_runs(rated_run: tuple[Path, list], hostile_run: Path, tmp_path:
     # intervals are the ones the notebook counts (from the two scores.csv files).
     keys = ["deployment", "suite", "category", "metric"]
     a, b = (pd.read_csv(r / "scores.csv").set_index(keys) for r in runs)
-    both = a.join(b, lsuffix="_prev", rsuffix="_last", how="inner").dropna(subset=["ci_low_last", "ci_low_prev"])
+    both = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("_prev", "_last")).dropna(subset=["ci_low_last", "ci_low_prev"])
     moved = both[(both.ci_low_last > both.ci_high_prev) | (both.ci_high_last < both.ci_low_prev)]
     assert f"{len(moved)} of {len(both)} scores with intervals moved beyond them from {runs[0].name} to {runs[1].name}" in \
         text(tagged(nb, "moved"))
