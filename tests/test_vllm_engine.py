@@ -259,13 +259,14 @@ EOS_PROMPTS = ["Say OK.", "What is 2+2? Answer with a number.", "Name a colour."
 
 def test_eos_stop_is_reported_and_not_kept_as_an_output_token(smollm_engine):
     """vLLM returns the EOS token as the last output token; the engine drops it (as llama.cpp's engine never
-    appends it). Greedy SmolLM2-Instruct answers these in 6-18 tokens and stops (seen here, and with llama.cpp)."""
+    appends it). Greedy SmolLM2-Instruct answers these in 6-18 tokens here and stops; llama.cpp's Q4_1 and Q2_K
+    answers stop within 47 tokens, so 200 leaves room for another CPU's float32 rounding."""
     reqs = [GenRequest(key=f"e{i}", prompt=p, chat=True) for i, p in enumerate(EOS_PROMPTS)]
-    results = list(smollm_engine.generate(reqs, _greedy(64)))
+    results = list(smollm_engine.generate(reqs, _greedy(200)))
     assert [r.finish_reason for r in results] == ["stop"] * len(reqs)
     for r in results:
         assert r.output_token_ids and SMOLLM_IM_END not in r.output_token_ids
-        assert len(r.output_token_ids) < 64
+        assert len(r.output_token_ids) < 200
         assert r.output_text == smollm_engine.detokenize(r.output_token_ids) and r.output_text.strip()
     forced = list(smollm_engine.generate([GenRequest(key="f", prompt=EOS_PROMPTS[0], chat=True, ignore_eos=True)], _greedy(64)))
     assert forced[0].finish_reason == "length" and len(forced[0].output_token_ids) == 64
