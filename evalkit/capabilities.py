@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from evalkit.engines import engine_spec
 from evalkit.errors import ConfigError
@@ -72,3 +72,12 @@ def runnable_suites(suites: "list[Suite]", manifest: Mapping[str, Any], deployme
     """`suites` without those the plan skipped for `deployment`."""
     skipped = skipped_suites(manifest, deployment)
     return [s for s in suites if s.name not in skipped]
+
+
+def grouped_skips(skipped: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """(deployment, reason) -> the suites skipped for it, from manifest `skipped` entries: one line for a
+    deployment whose `suites:` list leaves out four suites of five."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for s in skipped:
+        grouped.setdefault((s["deployment"], s["reason"]), []).append(s["suite"])
+    return grouped

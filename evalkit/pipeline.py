@@ -67,22 +67,14 @@ def ordered_deployments(config: Config) -> list[str]:
     return [config.reference] + rerun + [n for n in names if n != config.reference]
 
 
-def _grouped_skips(skipped: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
-    """Skipped suites by deployment and reason: one terminal line for a deployment that runs one suite of five."""
-    grouped: dict[tuple[str, str], list[str]] = {}
-    for s in skipped:
-        grouped.setdefault((s["deployment"], s["reason"]), []).append(s["suite"])
-    return grouped
-
-
 def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool, strict: bool = False) -> RunDir:
-    from evalkit.capabilities import check_capabilities
+    from evalkit.capabilities import check_capabilities, grouped_skips
     from evalkit.preflight import preflight
 
     # Before creating anything: a mistake in suite data or a bad model file writes nothing.
     skipped = check_capabilities(config, config_file, strict)  # (deployment, suite) pairs an engine cannot run
     suites = preflight(config, config_file)  # cheap: read all suite data first
-    for (deployment, reason), suites_skipped in _grouped_skips(skipped).items():
+    for (deployment, reason), suites_skipped in grouped_skips(skipped).items():
         print(f"evalkit: {deployment} skips {', '.join(suites_skipped)}: {reason}", file=sys.stderr)
     deployments = resolve_deployments(config)
     ledger = _ledger(config, config_file)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from evalkit.capabilities import grouped_skips
 from evalkit.report.cells import (
     CATEGORIES, CATEGORY_LABEL, Cell, Table, cell, fmt, fmt_interval, isnum, plain, signed, spec_for,
 )
@@ -331,12 +332,9 @@ def warnings(view: RunView) -> list[tuple[str, str]]:
             out.append((name, str(w)))
     # Pairs the plan skipped: the deployment's engine lacks a capability the suite needs, or its own `suites:`
     # list leaves the suite out (`chosen`).
-    chosen: dict[tuple[str, str], list[str]] = {}
-    for s in view.run.manifest.get("skipped", []):
-        if s.get("chosen"):
-            chosen.setdefault((s["deployment"], s["reason"]), []).append(s["suite"])
-        else:
-            out.append((s["deployment"], f"suite {s['suite']} skipped: {s['reason']}"))
+    skipped = view.run.manifest.get("skipped", [])
+    out += [(s["deployment"], f"suite {s['suite']} skipped: {s['reason']}") for s in skipped if not s.get("chosen")]
+    chosen = grouped_skips(s for s in skipped if s.get("chosen"))
     out += [(dep, f"does not run {', '.join(suites)}: {reason}") for (dep, reason), suites in chosen.items()]
     return out
 
