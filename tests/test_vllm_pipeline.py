@@ -71,11 +71,9 @@ def _native_bf16_cpu() -> bool:
 
 
 def test_bf16_reference_computes_in_float32_where_the_cpu_lacks_bf16(vllm_run: tuple[Path, str, str]) -> None:
-    import torch
-
     run, bf16, _ = vllm_run
     extra = json.loads((run / "engines" / f"{bf16}.json").read_text())["extra"]
-    if torch.cuda.is_available() or _native_bf16_cpu():
+    if _cuda_available() or _native_bf16_cpu():
         assert extra["dtype"] == "bfloat16" and "dtype_note" not in extra
     else:
         assert extra["dtype"] == "float32" and "computes in float32 instead of bfloat16" in extra["dtype_note"]
