@@ -83,9 +83,11 @@ def _cmd_rate_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_rate_import(args: argparse.Namespace) -> int:
+    from evalkit.rating.aggregate import refresh_tidy_tables
     from evalkit.rating.import_ import import_sheets
 
     summary = import_sheets(Path(args.run_dir), [Path(p) for p in args.sheets])
+    refresh_tidy_tables(Path(args.run_dir))  # the ratings rows of scores.csv / comparisons.csv follow the sheets
     print(summary)
     return 0
 

@@ -9,6 +9,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 
 from evalkit.errors import ConfigError
+from evalkit.metrics.declarations import check_margin_key
+from evalkit.metrics.stats import StatsSettings  # noqa: F401  (the `stats:` section; declared with the statistics)
 from evalkit.resources import resource_path
 
 CATEGORIES = ("code", "reasoning", "translation", "qa")
@@ -54,12 +56,11 @@ class Deployment(_Strict):
     @field_validator("suites")
     @classmethod
     def _known_suites(cls, v: list[str] | None) -> list[str] | None:
-        from evalkit.suites import SUITES
-
+        names = list(Suites.model_fields)  # the `suites:` section's keys (the registry evalkit.suites.SUITES mirrors them)
         for name in v or []:
-            if name not in SUITES:
-                raise ValueError(f"unknown suite {name!r}{_did_you_mean(name, list(SUITES))} "
-                                 f"(suites: {', '.join(SUITES)})")
+            if name not in names:
+                raise ValueError(f"unknown suite {name!r}{_did_you_mean(name, names)} "
+                                 f"(suites: {', '.join(names)})")
         if v is not None and len(set(v)) != len(v):
             raise ValueError(f"suite {next(n for n in v if v.count(n) > 1)!r} listed twice")
         return v
@@ -168,17 +169,6 @@ class Sampling(_Strict):
     seed: int = Field(default=0, ge=0, le=2**32 - 2)
 
 
-class StatsSettings(_Strict):
-    """One statistical policy for every paired comparison (evalkit.metrics.stats).
-
-    A difference is "significant" when its (1 - alpha) interval excludes 0, whatever the method.
-    """
-
-    alpha: float = Field(default=0.05, gt=0.0, lt=0.5)
-    bootstrap_samples: int = Field(default=2000, ge=100, le=100_000)
-    seed: Seed = 0
-
-
 class Hardware(_Strict):
     """Devices the deployments must fit on (`evalkit plan`); omitted: this machine (NVML GPUs, else RAM)."""
 
@@ -216,8 +206,6 @@ class DecisionSettings(_Strict):
     @field_validator("margins")
     @classmethod
     def _known_metrics(cls, v: dict[str, float]) -> dict[str, float]:
-        from evalkit.decision import check_margin_key
-
         for key in v:
             check_margin_key(key)
         return v

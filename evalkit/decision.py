@@ -16,7 +16,6 @@ RULE (below) picks one deployment. When none qualifies, the decision says what w
 """
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -25,7 +24,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from evalkit.metrics.declarations import all_metrics, metric_spec
+# Margin keys are checked against the metric declarations (where config checks them too); re-exported here.
+from evalkit.metrics.declarations import COST_SUITE, MarginKey, check_margin_key, direction_of  # noqa: F401
 from evalkit.metrics.noninferiority import NonInferiority, non_inferiority
 
 DECISION_JSON = "decision.json"
@@ -40,49 +40,6 @@ TEST = ("non-inferiority: the bound of the run's two-sided (1 - alpha) paired in
 # Options that size one sequence's KV cache / the number of sequences served at once (engine option models).
 CONTEXT_OPTIONS = ("n_ctx", "max_model_len")
 CONCURRENCY_OPTIONS = ("max_num_seqs",)
-COST_SUITE = "cost"
-
-
-# -- margin keys and declared metrics ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MarginKey:
-    suite: str
-    category: str | None  # None: the suite's overall category ("all", or the only one there is)
-    metric: str
-
-    @classmethod
-    def parse(cls, key: str) -> "MarginKey":
-        parts = key.split("/")
-        if len(parts) == 2 and all(parts):
-            return cls(parts[0], None, parts[1])
-        if len(parts) == 3 and all(parts):
-            return cls(parts[0], parts[1], parts[2])
-        raise ValueError(f"margin key {key!r}: expected 'suite/metric' or 'suite/category/metric'")
-
-
-def direction_of(suite: str, metric: str) -> str | None:
-    """The declared direction ("higher" / "lower" / "none") of a metric, None when undeclared."""
-    spec = metric_spec(suite, metric)
-    return spec.direction if spec else None
-
-
-def check_margin_key(key: str) -> MarginKey:
-    """A margin key that names a declared metric with a better direction; ValueError (one line) otherwise."""
-    mk = MarginKey.parse(key)
-    if mk.suite == COST_SUITE:
-        raise ValueError(f"margin {key!r}: cost is not a quality margin; state limits under decision.workload "
-                         "(max_ttft_ms, min_tokens_per_s)")
-    direction = direction_of(mk.suite, mk.metric)
-    if direction is None:
-        names = sorted(f"{m.suite}/{m.name}" for m in all_metrics() if m.suite != COST_SUITE and m.direction != "none")
-        close = difflib.get_close_matches(f"{mk.suite}/{mk.metric}", names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"margin {key!r}: unknown metric {mk.suite}/{mk.metric}{hint}")
-    if direction not in ("higher", "lower"):
-        raise ValueError(f"margin {key!r}: {mk.suite}/{mk.metric} has no better direction, so no loss to bound")
-    return mk
 
 
 # -- what each part of the decision found -----------------------------------------------------------------

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from evalkit.scoring import COMPARISONS_CSV, ITEMS_DIR, SCORES_CSV
-from evalkit.store import RunDir
+from evalkit.store import COMPARISONS_CSV, ITEMS_DIR, SCORES_CSV, RunDir
 
 if TYPE_CHECKING:
     from evalkit.decision import Decision

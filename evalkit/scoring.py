@@ -10,13 +10,11 @@ from typing import Any
 from evalkit.config import Config
 from evalkit.records import Record, parse_record
 from evalkit.spreadsheet import neutralize_cell
-from evalkit.store import COMPARISON_COLUMNS, SCORE_COLUMNS, RunDir, atomic_write_text, rows_to_csv
+from evalkit.store import (  # noqa: F401  (the file names: re-exported for callers of evalkit.scoring)
+    COMPARISON_COLUMNS, COMPARISONS_CSV, ITEMS_DIR, SCORE_COLUMNS, SCORES_CSV, RunDir, atomic_write_text, rows_to_csv,
+)
 from evalkit.suites import enabled_suites
 from evalkit.suites.base import ScoreContext
-
-SCORES_CSV = "scores.csv"
-COMPARISONS_CSV = "comparisons.csv"
-ITEMS_DIR = "items"
 
 
 def records_by_suite(run: RunDir, deployments: list[str]) -> dict[str, dict[str, list[Record]]]:

@@ -26,6 +26,10 @@ from evalkit.errors import RunDirError
 
 MANIFEST = "manifest.json"
 RECORDS_DIR = "records"
+# The tidy tables scoring writes (and the rating import refreshes), and the per-item tables' folder.
+SCORES_CSV = "scores.csv"
+COMPARISONS_CSV = "comparisons.csv"
+ITEMS_DIR = "items"
 RUN_LOCK = ".evalkit.lock"
 
 

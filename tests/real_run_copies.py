@@ -62,6 +62,7 @@ def pairwise_outcome(category: str) -> str:
 
 def rate(run: Path, raters: int = 2) -> list[Rating]:
     from evalkit.rating import export_sheets, import_sheets
+    from evalkit.rating.aggregate import refresh_tidy_tables
 
     reference = json.loads((run / "manifest.json").read_text(encoding="utf-8"))["reference"]
     written: list[Rating] = []
@@ -92,6 +93,7 @@ def rate(run: Path, raters: int = 2) -> list[Rating]:
                 csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
             filled.append(out)
     import_sheets(run, filled)
+    refresh_tidy_tables(run)  # as `rate import` does: the ratings rows of scores.csv / comparisons.csv
     for p in filled:
         p.unlink()
     return written

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.rating.export import export_sheets
+from evalkit.rating.aggregate import refresh_tidy_tables
 from evalkit.rating.import_ import import_sheets
 from evalkit.store import RunDir
 from test_rating import FP8, Q4, REF, key, make_run, read_csv, write_csv
@@ -47,6 +48,9 @@ def test_absolute_ratings_rows_and_alpha_by_hand(tmp_path: Path) -> None:
             r[h.index("score")] = str(given[entry["rater_index"]][planned["item_id"]])
         filled.append(write_csv(tmp_path / sheet.name, rows))
     import_sheets(run, filled)
+    # Importing stores the sheets only; the tidy tables change when refreshed (`rate import` does so).
+    assert (run / "scores.csv").read_text(encoding="utf-8") == HEADER + OTHER_ROW
+    refresh_tidy_tables(run)
 
     text = (run / "scores.csv").read_text(encoding="utf-8")
     assert text.startswith(HEADER + OTHER_ROW)
@@ -62,6 +66,7 @@ def test_absolute_ratings_rows_and_alpha_by_hand(tmp_path: Path) -> None:
 
     # Re-importing the same sheets changes nothing; the other suite's row is untouched.
     import_sheets(run, filled)
+    refresh_tidy_tables(run)
     assert (run / "scores.csv").read_text(encoding="utf-8") == text
 
 
@@ -84,6 +89,7 @@ def test_pairwise_win_tie_loss_and_differences_in_tidy_tables(tmp_path: Path) ->
         else:
             r[h.index("choice")] = "a" if planned["A"] == FP8 else "b"
     import_sheets(run, [write_csv(tmp_path / "pw.csv", rows)])
+    refresh_tidy_tables(run)
     scores = {(r["deployment"], r["category"], r["metric"]): float(r["value"])
               for r in _rows(run / "scores.csv") if r["suite"] == "ratings"}
     assert (scores[(Q4, "all", "win_rate")], scores[(Q4, "all", "loss_rate")]) == (0.0, 1.0)
@@ -93,3 +99,19 @@ def test_pairwise_win_tie_loss_and_differences_in_tidy_tables(tmp_path: Path) ->
     assert float(net["diff"]) == pytest.approx((6 * 1 + 2 * 0) / 8) and net["reference"] == REF
     q4 = comps[(Q4, "all", "net_preference")]
     assert float(q4["diff"]) == -1.0 and q4["significant"] == "True"  # every item lost: the interval is [-1, -1]
+
+
+def test_rate_import_verb_refreshes_the_tidy_tables(tmp_path: Path) -> None:
+    """`rate import` stores the sheets and then refreshes the ratings rows (the import itself writes no score)."""
+    from evalkit.cli import main
+
+    run = _tiny_run(tmp_path / "run")
+    (sheet,) = export_sheets(run, raters=1)
+    rows = read_csv(sheet)
+    h = rows[0]
+    for r in rows[1:]:
+        r[h.index("score")] = "4"
+    assert main(["rate", "import", str(run), str(write_csv(tmp_path / sheet.name, rows))]) == 0
+    got = {(r["deployment"], r["category"], r["metric"]): r for r in _rows(run / "scores.csv") if r["suite"] == "ratings"}
+    assert float(got[("ref", "all", "rating")]["value"]) == 4.0 and got[("ref", "all", "rating")]["n"] == "3"
+    assert (run / "scores.csv").read_text(encoding="utf-8").startswith(HEADER + OTHER_ROW)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
-from evalkit.engines.tokenizer import llamacpp_tokenizer
+from evalkit.engines.tokenizer import TokenizerOnly
 from evalkit.errors import ModelFileError
 from evalkit.hardware import (
     HardwareUse, describe_devices, detect_accelerators, engine_threads, gguf_precision, gguf_type, llama_gpu_offload,
@@ -361,6 +361,25 @@ def _hardware(deployment: Any) -> HardwareUse:
     capability = used[0].capability if used else None
     requested = gguf_type(deployment)
     return HardwareUse(describe_devices(used), capability, requested, gguf_precision(requested, capability), tuple(notes))
+
+
+def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
+    """LlamaCppEngine's tokenization on a vocabulary-only load (tokenize/prompt_token_ids are its own methods)."""
+    import llama_cpp
+
+    class LlamaCppTokenizer(TokenizerOnly, LlamaCppEngine):
+        name = "llamacpp"
+
+        def __init__(self) -> None:
+            self.options = options
+            self.model_path = str(model_path)
+            self._llm = llama_cpp.Llama(model_path=self.model_path, vocab_only=True, verbose=False)
+            self._init_tokenizer()
+
+        def close(self) -> None:
+            self._llm.close()
+
+    return LlamaCppTokenizer()
 
 
 def _resources(options: Any) -> UnitResources:

@@ -33,7 +33,9 @@ def engine_package_version(engine: str) -> str | None:
     return None
 
 
-class _TokenizerOnly(Engine):
+class TokenizerOnly(Engine):
+    """An engine that only tokenizes (each engine module builds its own on it: llama.cpp's is in llamacpp.py)."""
+
     def info(self) -> EngineInfo:
         raise NotImplementedError("a tokenizer-only stand-in has no engine description")
 
@@ -45,27 +47,6 @@ class _TokenizerOnly(Engine):
 
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
         raise NotImplementedError("a tokenizer-only stand-in cannot score")
-
-
-def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
-    """LlamaCppEngine's tokenization on a vocabulary-only load (tokenize/prompt_token_ids are its own methods)."""
-    import llama_cpp
-
-    from evalkit.engines.llamacpp import LlamaCppEngine
-
-    class LlamaCppTokenizer(_TokenizerOnly, LlamaCppEngine):
-        name = "llamacpp"
-
-        def __init__(self) -> None:
-            self.options = options
-            self.model_path = str(model_path)
-            self._llm = llama_cpp.Llama(model_path=self.model_path, vocab_only=True, verbose=False)
-            self._init_tokenizer()
-
-        def close(self) -> None:
-            self._llm.close()
-
-    return LlamaCppTokenizer()
 
 
 def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id: int | None) -> list[int]:
@@ -116,7 +97,7 @@ class HfTokens:
         return "chat" if request.chat and self._use_chat and request.prompt_token_ids is None else "completion"
 
 
-class VllmTokenizer(HfTokens, _TokenizerOnly):
+class VllmTokenizer(HfTokens, TokenizerOnly):
     """VllmEngine's tokenization with the checkpoint's HF tokenizer (what `LLM.get_tokenizer()` loads)."""
 
     name = "vllm"

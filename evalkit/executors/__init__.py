@@ -6,8 +6,7 @@ Importing this package never imports Ray.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Protocol
 
 from evalkit.store import RunDir
 
@@ -36,12 +35,3 @@ def make_executor(kind: str, address: str | None = None, max_attempts: int = 3, 
 
         return RayExecutor(address=address, max_attempts=max_attempts, namespace=namespace)
     raise ValueError(f"unknown executor {kind!r}")
-
-
-def record_execution(run: RunDir, info: dict[str, Any]) -> None:
-    """The manifest says which executor ran the run (latest in `executor`, every start in `executions`)."""
-    manifest = run.manifest()
-    info = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), **info}
-    manifest["executor"] = info
-    manifest["executions"] = [*manifest.get("executions", []), info]
-    run.write_manifest(manifest)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evalkit.executors import record_execution
+from evalkit.executors.provenance import record_execution
 from evalkit.store import RunDir
 
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from evalkit.config import Config
 from evalkit.errors import EvalkitError, ModelFileError
-from evalkit.executors import record_execution
+from evalkit.executors.provenance import record_execution
 from evalkit.executors.units import Unit, UnitResources, engine_resources
 from evalkit.store import RecordWriter, RunDir, record_key
 from evalkit.worker import UnitWork, node_info, run_unit, unit_work, write_description

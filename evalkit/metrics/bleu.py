@@ -12,8 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
-from evalkit.config import StatsSettings
-from evalkit.metrics.stats import CorpusDiff, corpus_bootstrap_ci, corpus_paired_bootstrap
+from evalkit.metrics.stats import StatsSettings, CorpusDiff, corpus_bootstrap_ci, corpus_paired_bootstrap
 
 
 def metrics_for(target_lang: str) -> dict[str, BLEU | CHRF]:

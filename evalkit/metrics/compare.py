@@ -11,8 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from evalkit.config import StatsSettings
-from evalkit.metrics.stats import compare_pass_fail, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.stats import StatsSettings, compare_pass_fail, paired_bootstrap_diff, wilson_ci
 from evalkit.store import ComparisonRow, ScoreRow
 
 

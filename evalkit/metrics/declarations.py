@@ -8,6 +8,7 @@ Names ending in "*" declare a family whose members differ only by a suffix (e.g.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -167,3 +168,47 @@ def require_spec(suite: str, name: str) -> MetricSpec:
 
 def all_metrics() -> list[MetricSpec]:
     return list(_DECLARED)
+
+
+# -- margin keys (`decision.margins`): checked here, against the declarations, by config and decision ------
+
+COST_SUITE = "cost"  # its metrics are limits under decision.workload, never quality margins
+
+
+@dataclass(frozen=True)
+class MarginKey:
+    suite: str
+    category: str | None  # None: the suite's overall category ("all", or the only one there is)
+    metric: str
+
+    @classmethod
+    def parse(cls, key: str) -> "MarginKey":
+        parts = key.split("/")
+        if len(parts) == 2 and all(parts):
+            return cls(parts[0], None, parts[1])
+        if len(parts) == 3 and all(parts):
+            return cls(parts[0], parts[1], parts[2])
+        raise ValueError(f"margin key {key!r}: expected 'suite/metric' or 'suite/category/metric'")
+
+
+def direction_of(suite: str, metric: str) -> str | None:
+    """The declared direction ("higher" / "lower" / "none") of a metric, None when undeclared."""
+    spec = metric_spec(suite, metric)
+    return spec.direction if spec else None
+
+
+def check_margin_key(key: str) -> MarginKey:
+    """A margin key that names a declared metric with a better direction; ValueError (one line) otherwise."""
+    mk = MarginKey.parse(key)
+    if mk.suite == COST_SUITE:
+        raise ValueError(f"margin {key!r}: cost is not a quality margin; state limits under decision.workload "
+                         "(max_ttft_ms, min_tokens_per_s)")
+    direction = direction_of(mk.suite, mk.metric)
+    if direction is None:
+        names = sorted(f"{m.suite}/{m.name}" for m in all_metrics() if m.suite != COST_SUITE and m.direction != "none")
+        close = difflib.get_close_matches(f"{mk.suite}/{mk.metric}", names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"margin {key!r}: unknown metric {mk.suite}/{mk.metric}{hint}")
+    if direction not in ("higher", "lower"):
+        raise ValueError(f"margin {key!r}: {mk.suite}/{mk.metric} has no better direction, so no loss to bound")
+    return mk

@@ -19,8 +19,21 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from evalkit.config import StatsSettings
+
+class StatsSettings(BaseModel):
+    """One statistical policy for every paired comparison (config `stats:`; evalkit.config validates it).
+
+    A difference is "significant" when its (1 - alpha) interval excludes 0, whatever the method.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha: float = Field(default=0.05, gt=0.0, lt=0.5)
+    bootstrap_samples: int = Field(default=2000, ge=100, le=100_000)
+    seed: int = Field(default=0, ge=0)  # numpy's Generator rejects negative seeds
+
 
 DEFAULT = StatsSettings()
 CONFIDENCE = 1.0 - DEFAULT.alpha  # default confidence level, for code without a config at hand

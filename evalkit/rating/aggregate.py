@@ -13,13 +13,13 @@ from typing import Any
 
 import pandas as pd
 
-from evalkit.config import CATEGORIES, StatsSettings
+from evalkit.config import CATEGORIES
 from evalkit.metrics.agreement import agreement, as_row
-from evalkit.metrics.stats import clustered_mean, excludes_zero, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.stats import StatsSettings, clustered_mean, excludes_zero, paired_bootstrap_diff, wilson_ci
 from evalkit.rating.export import SCORE_MAX, SCORE_MIN
 from evalkit.rating.import_ import imported_dir
 from evalkit.store import (
-    COMPARISON_COLUMNS, SCORE_COLUMNS, ComparisonRow, RunDir, ScoreRow, atomic_write_text, rows_to_csv,
+    COMPARISON_COLUMNS, COMPARISONS_CSV, SCORE_COLUMNS, SCORES_CSV, ComparisonRow, RunDir, ScoreRow, atomic_write_text, rows_to_csv,
 )
 
 ALL = "all"
@@ -204,8 +204,6 @@ def tidy_rows(run_dir: Path) -> tuple[list[ScoreRow], list[ComparisonRow]]:
 def refresh_tidy_tables(run_dir: Path) -> None:
     """Replace the `ratings` rows of scores.csv and comparisons.csv (after `rate import`); other rows stay
     byte for byte. Files not written yet are left alone: `evalkit report` writes them with the ratings."""
-    from evalkit.scoring import COMPARISONS_CSV, SCORES_CSV
-
     scores, comps = tidy_rows(run_dir)
     for name, rows, columns in ((SCORES_CSV, scores, SCORE_COLUMNS), (COMPARISONS_CSV, comps, COMPARISON_COLUMNS)):
         path = Path(run_dir) / name

@@ -75,7 +75,8 @@ def import_sheets(run_dir: Path, paths: list[Path]) -> ImportSummary:
     """Validate every sheet, then store each as `<run>/ratings/imported/<rater_id>.<mode>.json`.
 
     All or nothing: if any sheet has a problem, RatingSheetError names it and nothing is written.
-    Afterwards the run's scores.csv and comparisons.csv carry the ratings as suite `ratings` rows.
+    Only the sheets are stored: scores.csv and comparisons.csv are the scoring's (`rate import` then calls
+    `evalkit.rating.aggregate.refresh_tidy_tables`, and `evalkit report` re-scores with the ratings).
     """
     run = RunDir.open(Path(run_dir))
     run_id = str(run.manifest()["run_id"])
@@ -88,11 +89,7 @@ def import_sheets(run_dir: Path, paths: list[Path]) -> ImportSummary:
             raise RatingSheetError(str(p.path), f"rater {p.rater_id!r} also rated {other.name} in this import "
                                                f"({p.mode}); give each rater a distinct rater_id")
         _check_clash(run.path, p, key)
-    summary = ImportSummary(tuple(_store(run.path, run_id, p) for p in parsed))
-    from evalkit.rating.aggregate import refresh_tidy_tables  # pandas/scipy only once something was stored
-
-    refresh_tidy_tables(run.path)  # ratings rows of scores.csv / comparisons.csv follow the imported sheets
-    return summary
+    return ImportSummary(tuple(_store(run.path, run_id, p) for p in parsed))
 
 
 def _check_clash(run_path: Path, p: _Parsed, key: dict[str, Any]) -> None:

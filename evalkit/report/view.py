@@ -62,7 +62,7 @@ class RunView:
     @cached_property
     def level(self) -> str:
         """The run's confidence level as text, "95%" for alpha = 0.05 (config `stats`)."""
-        from evalkit.config import StatsSettings
+        from evalkit.metrics.stats import StatsSettings
 
         stats = StatsSettings.model_validate(((self.run.manifest.get("config") or {}).get("stats")) or {})
         return f"{100 * (1 - stats.alpha):g}%"

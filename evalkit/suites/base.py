@@ -12,9 +12,10 @@ from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from pydantic import BaseModel
 
-from evalkit.config import Config, StatsSettings
+from evalkit.config import Config
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
+from evalkit.metrics.stats import StatsSettings
 from evalkit.records import Record
 from evalkit.engines.spec import Capability
 from evalkit.store import ComparisonRow, ScoreRow

@@ -22,7 +22,7 @@ from evalkit.config import resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.repetition import distinct_n, seq_rep_n, words
-from evalkit.config import StatsSettings
+from evalkit.metrics.stats import StatsSettings
 from evalkit.metrics.compare import continuous_row, pass_fail_rows, pass_fail_scores
 from evalkit.records import GenTimings, LongContextRecord, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
