@@ -51,14 +51,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from evalkit.config import load_config
     from evalkit.ledger import format_ledger, ledger_table
 
+    from evalkit.gpu_plan import format_verdicts, refusals, verdicts
+
     config, config_file = load_config(args.config)
     rows = ledger_table(config, config_file)
+    gpu, found = verdicts(config, config_file, rows)  # hardware truth for a named GPU (none named: nothing)
     if args.json:
         import json
 
-        print(json.dumps([r.plan_json() for r in rows], indent=2))
+        on_gpu = {v.deployment: v.plan_json() for v in found}
+        print(json.dumps([{**r.plan_json(), **({"gpu_precision": on_gpu[r.deployment]} if r.deployment in on_gpu else {})}
+                          for r in rows], indent=2))
     else:
         print(format_ledger(rows))
+        if gpu is not None:
+            print(format_verdicts(gpu, found, max(1, config.hardware.gpu_count())))
         from evalkit.capabilities import plan_skips
         from evalkit.suites.perplexity import plan_store_note
 
@@ -71,7 +78,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         note = plan_store_note(config, config_file)
         if note:
             print(note)
-    return 0
+    errors = refusals(found, config_file)
+    for e in errors:  # a deployment that cannot run on the named GPU: one line each, exit 2
+        print(f"evalkit: error: {e}", file=sys.stderr)
+    return EXIT_USER_ERROR if errors else 0
 
 
 def _cmd_rate_export(args: argparse.Namespace) -> int:

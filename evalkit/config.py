@@ -172,9 +172,34 @@ class Sampling(_Strict):
 class Hardware(_Strict):
     """Devices the deployments must fit on (`evalkit plan`); omitted: this machine (NVML GPUs, else RAM)."""
 
-    gpus: int = Field(default=0, ge=0)  # 0: CPU only, RAM is the budget
-    gpu_memory_gb: float | None = Field(default=None, gt=0)  # per GPU, 10^9 bytes
+    gpus: int | None = Field(default=None, ge=0)  # 0 / omitted: CPU only, RAM is the budget (1 when `gpu` is named)
+    # A GPU model from evalkit's table (evalkit/gpus.py: V100-SXM2-16GB, T4, A100-SXM4-80GB, L40S, H100-SXM-80GB,
+    # H200, ...): memory and compute capability come from it, and the plan applies each engine's rules for it.
+    gpu: str | None = None
+    gpu_memory_gb: float | None = Field(default=None, gt=0)  # per GPU, 10^9 bytes (overrides the table's)
+    compute_capability: str | None = None  # "7.0", for a GPU the table lacks (with gpu_memory_gb)
     ram_gb: float | None = Field(default=None, gt=0)
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _capability_text(cls, v: Any) -> Any:
+        return None if v is None else str(v)  # YAML reads 8.9 as a float
+
+    @model_validator(mode="after")
+    def _known_gpu(self) -> "Hardware":
+        from evalkit.gpus import resolve
+
+        resolve(self.gpu, self.gpu_memory_gb, self.compute_capability)  # ValueError: one line, with close names
+        return self
+
+    def gpu_model(self) -> Any:
+        """The evalkit.gpus.GpuModel this describes (None: no GPU named and no capability given)."""
+        from evalkit.gpus import resolve
+
+        return resolve(self.gpu, self.gpu_memory_gb, self.compute_capability)
+
+    def gpu_count(self) -> int:
+        return self.gpus if self.gpus is not None else (1 if self.gpu or self.compute_capability else 0)
 
 
 class Workload(_Strict):

@@ -155,6 +155,7 @@ class Hardware:
     ram_bytes: int
     source: str = "detected"  # or "config"
     node_ram_bytes: int | None = None  # RAM of the NUMA node vLLM's CPU worker binds to (None: all of it)
+    gpu: Any = None  # the GPU model (evalkit.gpus.GpuModel) when the config names one or gives its capability
 
     def describe(self) -> str:
         if self.gpus:
@@ -201,12 +202,14 @@ def detect_hardware() -> Hardware:
 
 
 def hardware_from_config(config: Any) -> Hardware:
-    """`config.hardware` ({gpus, gpu_memory_gb, ram_gb}) where given, the detected machine otherwise."""
+    """`config.hardware` ({gpu, gpus, gpu_memory_gb, compute_capability, ram_gb}) where given, the detected
+    machine otherwise. A named GPU model (evalkit.gpus) gives the memory per GPU unless gpu_memory_gb says it."""
     spec = getattr(config, "hardware", None)
     if spec is None:
         return detect_hardware()
-    gpus = int(getattr(spec, "gpus", 0) or 0)
-    gpu_gb = getattr(spec, "gpu_memory_gb", None)
+    gpu = spec.gpu_model() if hasattr(spec, "gpu_model") else None
+    gpus = spec.gpu_count() if hasattr(spec, "gpu_count") else int(getattr(spec, "gpus", 0) or 0)
+    gpu_gb = getattr(spec, "gpu_memory_gb", None) or (gpu.memory_gb if gpu is not None and gpu.memory_gb else None)
     ram_gb = getattr(spec, "ram_gb", None)
     detected = detect_hardware() if (gpus and not gpu_gb) or not ram_gb else None
     return Hardware(
@@ -215,6 +218,7 @@ def hardware_from_config(config: Any) -> Hardware:
         ram_bytes=int(ram_gb * GB) if ram_gb else detected.ram_bytes,  # type: ignore[union-attr]
         source="config",
         node_ram_bytes=None if ram_gb else detected.node_ram_bytes,  # type: ignore[union-attr]
+        gpu=gpu if gpus else None,
     )
 
 

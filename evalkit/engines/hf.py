@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
+from evalkit.engines import hf_rules
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.errors import EngineUnavailableError, ModelFileError
@@ -375,6 +376,7 @@ SPEC = EngineSpec(
     memory_model=_memory,
     describe_hardware=_hardware,
     precision=_precision,
+    plan_precision=hf_rules.plan_precision,
     install_hint="pip install 'evalkit[prepare]' (transformers, torch)",
     capabilities=frozenset(Capability),
     resources=_resources,

@@ -12,6 +12,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
+from evalkit.engines import llamacpp_rules
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import TokenizerOnly
 from evalkit.errors import ModelFileError
@@ -407,6 +408,7 @@ SPEC = EngineSpec(
     memory_model=predict_llamacpp,
     describe_hardware=_hardware,
     precision=gguf_precision,
+    plan_precision=llamacpp_rules.plan_precision,
     install_hint="pip install 'evalkit[llamacpp]' (llama-cpp-python)",
     capabilities=frozenset(Capability),  # everything, FULL_DISTRIBUTION included (token_distributions)
     resources=_resources,

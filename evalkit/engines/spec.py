@@ -77,6 +77,10 @@ class EngineSpec:
     # numerics values -> the values this machine really computes with (vLLM: bf16 runs as float32 on a CPU
     # without native bf16), so the cache never serves one machine's float32 results as another's bf16.
     effective_numerics: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Plan-time hardware truth for a named GPU (`hardware: {gpu: ...}`): (deployment, evalkit.gpus.ModelFacts,
+    # evalkit.gpus.GpuModel, ledger.Hardware) -> evalkit.gpus.GpuVerdict (compute dtype, quantization path,
+    # refusal with the engine's own source). None: the plan says the engine declares no GPU rules.
+    plan_precision: Callable[..., Any] | None = None
 
     def loads_kind(self, kind: str) -> bool:
         return kind == self.model_kind or kind in self.also_loads

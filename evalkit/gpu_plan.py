@@ -1,0 +1,83 @@
+"""Hardware truth at plan time: for the GPU a config names (`hardware: {gpu: ...}`), what each deployment will
+really compute with, from its engine's rules (EngineSpec.plan_precision; vLLM's are in
+evalkit/engines/vllm_rules.py with the vLLM source of each rule), before anything is downloaded or loaded.
+
+`evalkit plan` prints one line per deployment below the memory table; a deployment its engine refuses on that
+GPU is a one-line plan error (exit 2), with the others still shown.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from evalkit.errors import ConfigError
+from evalkit.gpus import GpuModel, GpuVerdict, ModelFacts
+
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}
+
+
+def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -> ModelFacts:
+    """Model type, checkpoint dtype and architecture, from the files present (config.json alone is enough; a
+    GGUF's header). Unknown parts are None: the rules then say what they cannot know."""
+    from evalkit.ledger import _resolve, gguf_weights, hf_weights  # the plan's own resolution: never downloads
+
+    path = _resolve(dep.model.source, Path(config_file))
+    if path is None:
+        return ModelFacts(None, None, None, weights_bytes)
+    model_type = dtype = arch = None
+    try:
+        if path.is_dir():
+            config = json.loads((path / "config.json").read_text())
+            model_type = config.get("model_type")
+            dtype = _DTYPES.get(str(config.get("torch_dtype") or config.get("dtype") or ""))
+            arch = hf_weights(path).arch
+        else:
+            from evalkit.models import read_gguf_header
+
+            model_type = str(read_gguf_header(path).meta.get("general.architecture"))
+            arch = gguf_weights(path).arch
+    except (OSError, ValueError, KeyError, TypeError) as e:  # the memory plan reports unreadable files
+        del e
+    if dep.model.variant in ("hf", "fp8-weight") and not path.is_dir():
+        dtype = "bfloat16"  # evalkit's hf variants of a GGUF are written in bfloat16 (evalkit/variants.py)
+    return ModelFacts(model_type, dtype, arch, weights_bytes)
+
+
+def verdicts(config: Any, config_file: Path, rows: list[Any] | None = None) -> tuple[GpuModel | None, list[GpuVerdict]]:
+    """The named GPU and every deployment's verdict on it ([] when the config names no GPU or capability)."""
+    from evalkit.engines import engine_spec
+    from evalkit.ledger import hardware_from_config
+
+    spec = getattr(config, "hardware", None)
+    gpu = spec.gpu_model() if spec is not None and hasattr(spec, "gpu_model") else None
+    if gpu is None:
+        return None, []
+    hw = hardware_from_config(config)
+    weights = {r.deployment: r.weights_bytes for r in rows or []}
+    out = []
+    for dep in config.deployments:
+        rules = getattr(engine_spec(dep.engine), "plan_precision", None)
+        if rules is None:
+            out.append(GpuVerdict(dep.name, dep.engine, gpu.name, "no GPU rules declared for this engine", None, "unknown"))
+            continue
+        out.append(rules(dep, model_facts(dep, config_file, weights.get(dep.name)), gpu, hw))
+    return gpu, out
+
+
+def format_verdicts(gpu: GpuModel, found: list[GpuVerdict], n_gpus: int) -> str:
+    lines = [f"On {n_gpus}x {gpu.describe()}:"]
+    for v in found:
+        version = f" [{v.engine_version}]" if v.engine_version else ""
+        lines.append(f"  {v.deployment}: {'REFUSED' if v.refused else v.summary}{version}")
+        if v.refused:
+            lines.append(f"      {v.refused}")
+        lines += [f"      {n}" for n in v.notes]
+    return "\n".join(lines)
+
+
+def refusals(found: list[GpuVerdict], config_file: Path) -> list[ConfigError]:
+    """One error per deployment its engine will not start on the named GPU."""
+    return [ConfigError(str(config_file), f"deployment {v.deployment} cannot run on {v.gpu}: {v.refused.split(' [')[0]}"
+                        + (f" [{v.engine_version}]" if v.engine_version else ""))
+            for v in found if v.refused]
