@@ -208,7 +208,8 @@ def outcome(capability: tuple[int, int], *, version: str = NEWEST, dtype: str = 
         if capability < rs.fp8_min_capability:
             mode = "refused"
             refusals.append(f"the quantization method fp8 is not supported for the current GPU (minimum capability "
-                            f"{_cap(rs.fp8_min_capability)}, this GPU {cap}) [{rs.sources['fp8_min']}]")
+                            f"{_cap(rs.fp8_min_capability)}, this GPU {cap}: even the weight-only FP8 Marlin path, which "
+                            f"computes in 16-bit, needs {_cap(rs.fp8_min_capability)}) [{rs.sources['fp8_min']}]")
         elif compute not in (BF16, FP16) and compute is not None:
             mode = "refused"
             refusals.append(f"{compute} is not supported for quantization method fp8 (bfloat16 or float16 only) "
