@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "evalkit"
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
         "evalkit.errors", "evalkit.resources", "evalkit.spreadsheet", "evalkit.peer", "evalkit.sandbox",
-        "evalkit.models",
+        "evalkit.models", "evalkit.gpus",  # gpus: the GPU model table and the plan-time verdict types
         "evalkit.metrics", "evalkit.metrics.*",  # declarations (margin keys too), stats (StatsSettings too), ...
         # The engine contract: the registry (names -> specs, loaded by name), EngineSpec and the Engine types.
         # config validates each engine's options against it; the engine modules themselves are above config.
@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("config", ["evalkit.config"]),
     ("engines", [
         "evalkit.engines.*",  # tokenizer, llamacpp, vllm, hf, and any engine or engine helper added beside them
-        "evalkit.hardware", "evalkit.ledger", "evalkit.variants", "evalkit.environment",
+        "evalkit.hardware", "evalkit.ledger", "evalkit.gpu_plan", "evalkit.variants", "evalkit.environment",
     ]),
     ("records/store", ["evalkit.records", "evalkit.store", "evalkit.cache"]),
     ("suites", [
