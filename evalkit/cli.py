@@ -41,9 +41,14 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    from evalkit.config import load_config
+    from evalkit.gpu_plan import doctor_section
     from evalkit.hardware import doctor
 
+    config, config_file = load_config(args.config)  # before printing anything: a bad config is one line, exit 2
     print(doctor())
+    print()
+    print(doctor_section(config, config_file))  # each deployment on this machine's GPU, by its engine's rules
     return 0
 
 
@@ -127,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_prepare)
 
     p = verbs.add_parser("doctor", help="what this machine can really run (devices, FP8 support, engines)")
+    p.add_argument("--config", help="YAML config whose deployments to check on this machine's GPU (default: the embedded one)")
     p.set_defaults(func=_cmd_doctor)
 
     p = verbs.add_parser("plan", help="the memory ledger of a config, without loading anything")

@@ -46,14 +46,19 @@ def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -
 
 def verdicts(config: Any, config_file: Path, rows: list[Any] | None = None) -> tuple[GpuModel | None, list[GpuVerdict]]:
     """The named GPU and every deployment's verdict on it ([] when the config names no GPU or capability)."""
-    from evalkit.engines import engine_spec
     from evalkit.ledger import hardware_from_config
 
     spec = getattr(config, "hardware", None)
     gpu = spec.gpu_model() if spec is not None and hasattr(spec, "gpu_model") else None
     if gpu is None:
         return None, []
-    hw = hardware_from_config(config)
+    return gpu, verdicts_on(config, config_file, gpu, hardware_from_config(config), rows)
+
+
+def verdicts_on(config: Any, config_file: Path, gpu: GpuModel, hw: Any, rows: list[Any] | None = None) -> list[GpuVerdict]:
+    """Every deployment's verdict on `gpu` (hw: the ledger's Hardware, for placement and one-card fits)."""
+    from evalkit.engines import engine_spec
+
     weights = {r.deployment: r.weights_bytes for r in rows or []}
     out = []
     for dep in config.deployments:
@@ -62,7 +67,42 @@ def verdicts(config: Any, config_file: Path, rows: list[Any] | None = None) -> t
             out.append(GpuVerdict(dep.name, dep.engine, gpu.name, "no GPU rules declared for this engine", None, "unknown"))
             continue
         out.append(rules(dep, model_facts(dep, config_file, weights.get(dep.name)), gpu, hw))
-    return gpu, out
+    return out
+
+
+def detected_gpu() -> tuple[GpuModel | None, int]:
+    """This machine's GPU as a GpuModel (the table's entry for NVML's name when it has one; the lowest capability
+    when GPUs differ) and how many there are; (None, 0) without a CUDA GPU."""
+    from evalkit.gpus import lookup
+    from evalkit.hardware import detect_accelerators
+
+    accs = [a for a in detect_accelerators() if a.capability is not None]
+    if not accs:
+        return None, 0
+    a = min(accs, key=lambda x: x.capability)  # type: ignore[arg-type, return-value]
+    known = lookup(a.name)
+    if known is not None and known.capability == a.capability:
+        return known, len(accs)
+    cap = a.capability
+    memory = (a.memory_bytes or 0) / 1e9
+    return GpuModel(a.name, round(memory, 1), cap, None, cap >= (8, 9), cap >= (8, 0), source="detected"), len(accs)  # type: ignore[operator]
+
+
+def doctor_section(config: Any, config_file: Path) -> str:
+    """`evalkit doctor --config`: what each deployment would compute with on this machine's GPU."""
+    from dataclasses import replace
+
+    from evalkit.ledger import detect_hardware
+
+    gpu, n = detected_gpu()
+    if gpu is None:
+        named = getattr(getattr(config, "hardware", None), "gpu", None)
+        return ("Deployments: no CUDA GPU here, so no GPU rules apply on this machine"
+                + (f"; `evalkit plan` applies them to the config's {named}" if named else
+                   "; name one in the config (hardware: {gpu: ...}) and `evalkit plan` applies them"))
+    base = detect_hardware()  # NVML's memory when pynvml is there; else the detected or table figure
+    hw = replace(base, gpus=n, gpu=gpu, gpu_memory_bytes=base.gpu_memory_bytes if base.gpus else int(gpu.memory_gb * 1e9))
+    return format_verdicts(gpu, verdicts_on(config, config_file, gpu, hw), n)
 
 
 def format_verdicts(gpu: GpuModel, found: list[GpuVerdict], n_gpus: int) -> str:

@@ -127,3 +127,34 @@ def test_gemma_in_float16_is_refused_by_name(tmp_path: Path, capsys: pytest.Capt
     s = _section(out)
     assert rc == 2 and "computes in float32" in s["auto"] and "REFUSED" in s["half"]
     assert "gemma3_text' does not support float16" in err and "deployment half" in err and "deployment auto" not in err
+
+
+def test_doctor_checks_the_deployments_on_this_machines_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Plumbing only (no GPU here): detection is replaced by what NVML reports on an H200 and on a card the table
+    lacks; the verdicts themselves are the rules tested above."""
+    import evalkit.hardware as hardware
+
+    monkeypatch.setattr(hardware, "detect_accelerators", lambda: [hardware.Accelerator(0, "NVIDIA H200", (9, 0), 150_000_000_000)])
+    capsys.readouterr()
+    assert main(["doctor", "--config", str(FIELD)]) == 0
+    out = capsys.readouterr().out
+    assert "On 1x H200 (compute capability 9.0, 141 GB, 4,800 GB/s" in out
+    s = _section(out)
+    assert "FP8 native" in s["vllm-fp8"] and "CUDA backend" in s["llamacpp-q4km"]
+    monkeypatch.setattr(hardware, "detect_accelerators", lambda: [hardware.Accelerator(0, "Tesla V100-SXM2-16GB", (7, 0), 16_900_000_000)] * 2)
+    assert main(["doctor", "--config", str(FIELD)]) == 0
+    s = _section(capsys.readouterr().out)
+    assert "REFUSED" in s["vllm-fp8"] and "computes in float16" in s["vllm-fp16"]
+    monkeypatch.setattr(hardware, "detect_accelerators", lambda: [hardware.Accelerator(0, "NVIDIA RTX PRO 6000", (12, 0), 96_000_000_000)])
+    assert main(["doctor", "--config", str(FIELD)]) == 0
+    out = capsys.readouterr().out
+    assert "On 1x NVIDIA RTX PRO 6000 (compute capability 12.0, 96 GB" in out and "FP8 native" in _section(out)["vllm-fp8"]
+
+
+def test_doctor_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import evalkit.hardware as hardware
+
+    monkeypatch.setattr(hardware, "detect_accelerators", lambda: [])
+    capsys.readouterr()
+    assert main(["doctor", "--config", str(FIELD)]) == 0
+    assert "no CUDA GPU here" in capsys.readouterr().out
