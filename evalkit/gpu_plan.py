@@ -88,21 +88,26 @@ def detected_gpu() -> tuple[GpuModel | None, int]:
     return GpuModel(a.name, round(memory, 1), cap, None, cap >= (8, 9), cap >= (8, 0), source="detected"), len(accs)  # type: ignore[operator]
 
 
-def doctor_section(config: Any, config_file: Path) -> str:
-    """`evalkit doctor --config`: what each deployment would compute with on this machine's GPU."""
+def _this_machine(gpu: GpuModel, n: int) -> Any:
+    """The ledger's Hardware for this machine with its GPU model: NVML's memory when pynvml is there, else the
+    detected (or table) figure."""
     from dataclasses import replace
 
     from evalkit.ledger import detect_hardware
 
+    base = detect_hardware()
+    return replace(base, gpus=n, gpu=gpu, gpu_memory_bytes=base.gpu_memory_bytes if base.gpus else int(gpu.memory_gb * 1e9))
+
+
+def doctor_section(config: Any, config_file: Path) -> str:
+    """`evalkit doctor --config`: what each deployment would compute with on this machine's GPU."""
     gpu, n = detected_gpu()
     if gpu is None:
         named = getattr(getattr(config, "hardware", None), "gpu", None)
         return ("Deployments: no CUDA GPU here, so no GPU rules apply on this machine"
                 + (f"; `evalkit plan` applies them to the config's {named}" if named else
                    "; name one in the config (hardware: {gpu: ...}) and `evalkit plan` applies them"))
-    base = detect_hardware()  # NVML's memory when pynvml is there; else the detected or table figure
-    hw = replace(base, gpus=n, gpu=gpu, gpu_memory_bytes=base.gpu_memory_bytes if base.gpus else int(gpu.memory_gb * 1e9))
-    return format_verdicts(gpu, verdicts_on(config, config_file, gpu, hw), n)
+    return format_verdicts(gpu, verdicts_on(config, config_file, gpu, _this_machine(gpu, n)), n)
 
 
 def format_verdicts(gpu: GpuModel, found: list[GpuVerdict], n_gpus: int) -> str:
@@ -121,3 +126,13 @@ def refusals(found: list[GpuVerdict], config_file: Path) -> list[ConfigError]:
     return [ConfigError(str(config_file), f"deployment {v.deployment} cannot run on {v.gpu}: {v.refused.split(' [')[0]}"
                         + (f" [{v.engine_version}]" if v.engine_version else ""))
             for v in found if v.refused]
+
+
+def refusals_here(config: Any, config_file: Path) -> list[ConfigError]:
+    """`run`'s check before anything is written: the deployments their engine would refuse on this machine's GPU
+    (none on a machine without one: engines then run on the CPU, where these rules do not apply)."""
+    gpu, n = detected_gpu()
+    if gpu is None:
+        return []
+    return refusals(verdicts_on(config, config_file, gpu, _this_machine(gpu, n)), config_file)
+

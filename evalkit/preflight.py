@@ -29,7 +29,18 @@ def preflight(config: Config, config_file: Path) -> dict[str, dict[str, Any]]:
         described[suite.name] = suite.describe()  # reads (and hashes) the rest: texts, fillers
         _check_suite(suite, items, config, config_file)
     _check_rubrics(config)
+    _check_gpu(config, config_file)
     return described
+
+
+def _check_gpu(config: Config, config_file: Path) -> None:
+    """A deployment its engine refuses on this machine's GPU (vLLM FP8 below its minimum capability, bfloat16
+    on a V100, float16 for Gemma 3, ...) fails here, in one line, not when its worker starts."""
+    from evalkit.gpu_plan import refusals_here
+
+    errors = refusals_here(config, config_file)
+    if errors:
+        raise errors[0]
 
 
 def _check_suite(suite: Suite, items: list[Any], config: Config, config_file: Path) -> None:

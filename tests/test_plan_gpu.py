@@ -158,3 +158,18 @@ def test_doctor_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch, capsys: p
     capsys.readouterr()
     assert main(["doctor", "--config", str(FIELD)]) == 0
     assert "no CUDA GPU here" in capsys.readouterr().out
+
+
+def test_run_refuses_before_writing_on_a_gpu_its_engine_rejects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """On a machine whose GPU is a V100 (detection replaced: plumbing), `run` stops in preflight with the same one
+    line as the plan, exit 2, and no run directory."""
+    import evalkit.hardware as hardware
+
+    monkeypatch.setattr(hardware, "detect_accelerators", lambda: [hardware.Accelerator(0, "Tesla V100-SXM2-16GB", (7, 0), 16_900_000_000)])
+    out = tmp_path / "reports"
+    capsys.readouterr()
+    assert main(["run", "--config", str(FIELD), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"evalkit: error: {FIELD}: deployment vllm-fp8 cannot run on V100-SXM2-16GB: the quantization method fp8")
+    assert not out.exists() or not any(out.iterdir())
