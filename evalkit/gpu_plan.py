@@ -50,7 +50,7 @@ def verdicts(config: Any, config_file: Path, rows: list[Any] | None = None) -> t
 
     spec = getattr(config, "hardware", None)
     gpu = spec.gpu_model() if spec is not None and hasattr(spec, "gpu_model") else None
-    if gpu is None:
+    if gpu is None or not spec.gpu_count():
         return None, []
     return gpu, verdicts_on(config, config_file, gpu, hardware_from_config(config), rows)
 
@@ -66,8 +66,28 @@ def verdicts_on(config: Any, config_file: Path, gpu: GpuModel, hw: Any, rows: li
         if rules is None:
             out.append(GpuVerdict(dep.name, dep.engine, gpu.name, "no GPU rules declared for this engine", None, "unknown"))
             continue
-        out.append(rules(dep, model_facts(dep, config_file, weights.get(dep.name)), gpu, hw))
+        verdict = rules(dep, model_facts(dep, config_file, weights.get(dep.name)), gpu, hw)
+        row = next((r for r in rows or [] if r.deployment == dep.name), None)
+        out.append(_with_width_note(verdict, row))
     return out
+
+
+_WIDTH = {"float32": 4, "float16": 2, "bfloat16": 2}
+_ROW_WIDTH = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def _with_width_note(verdict: GpuVerdict, row: Any) -> GpuVerdict:
+    """Where the engine will compute in a wider dtype than the memory plan's 16-bit weights (vLLM's "auto" gives
+    Gemma float32 on GPUs without bf16), say that the plan's weights are too small by that factor."""
+    planned = _ROW_WIDTH.get(str(getattr(row, "precision", "")).split(" ")[0])
+    real = _WIDTH.get(verdict.dtype or "")
+    if verdict.refused or planned is None or real is None or real <= planned:
+        return verdict
+    from dataclasses import replace
+
+    note = (f"the memory plan sized the weights at {planned} bytes per parameter ({row.precision}); computing in "
+            f"{verdict.dtype} holds {real // planned}x that")
+    return replace(verdict, notes=(*verdict.notes, note))
 
 
 def detected_gpu() -> tuple[GpuModel | None, int]:

@@ -173,3 +173,20 @@ def test_run_refuses_before_writing_on_a_gpu_its_engine_rejects(tmp_path: Path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"evalkit: error: {FIELD}: deployment vllm-fp8 cannot run on V100-SXM2-16GB: the quantization method fp8")
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_wider_compute_dtype_than_planned_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Gemma 3 on a V100 with dtype auto: vLLM computes in float32 (no bf16, float16 refused for the family), so the
+    memory plan's bf16 weights are half of what it will hold; the plan says so."""
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+        "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+        "max_position_embeddings": 32768, "sliding_window": 512, "torch_dtype": "bfloat16"}))
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"reference": "auto", "hardware": {"gpu": "V100-PCIE-32GB", "gpus": 1}, "deployments": [
+        {"name": "auto", "engine": "vllm", "model": str(tmp_path / "g"), "options": {"max_model_len": 4096}}]}))
+    rc, out, _ = _plan(capsys, path)
+    s = _section(out)
+    assert rc == 0 and "computes in float32" in s["auto"] and "holds 2x that" in s["auto"]
+    assert "On 1x V100-PCIE-32GB" in out
