@@ -278,6 +278,10 @@ def outcome(capability: tuple[int, int], *, version: str = NEWEST, dtype: str = 
     else:
         mode = q
         notes.append(f"vLLM quantization {q!r}: evalkit does not audit this method's hardware path")
+    # Attention kernels (read in 0.32.0 only): FlashAttention and FlashInfer need 8.0, so older GPUs get Triton's.
+    if capability < (8, 0) and rs.version == "0.32.0":
+        notes.append("attention runs on Triton kernels (TRITON_ATTN): FlashAttention and FlashInfer need compute capability "
+                     "8.0 [vllm/v1/attention/backends/flash_attn.py:453-454, flashinfer.py:571-579, triton_attn.py:381-382]")
     # 5. bfloat16 below 8.0: refused when the worker starts.
     if compute == BF16 and capability < (8, 0):
         refusals.append(f"bfloat16 is only supported on GPUs with compute capability of at least 8.0 (this GPU {cap}; "
