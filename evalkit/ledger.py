@@ -159,7 +159,7 @@ class Hardware:
 
     def describe(self) -> str:
         if self.gpus:
-            return f"{self.gpus}x GPU {self.gpu_memory_bytes / GB:.1f} GB"
+            return f"{self.gpus}x {self.gpu.name if self.gpu is not None else 'GPU'} {self.gpu_memory_bytes / GB:.1f} GB"
         return f"CPU, {self.ram_bytes / GB:.1f} GB RAM"
 
 

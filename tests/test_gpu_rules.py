@@ -252,3 +252,17 @@ def test_old_style_hardware_objects_still_work() -> None:
 
     hw = hardware_from_config(SimpleNamespace(hardware=SimpleNamespace(gpus=2, gpu_memory_gb=16, ram_gb=32)))
     assert (hw.gpus, hw.gpu_memory_bytes, hw.gpu) == (2, 16 * 10**9, None)
+
+
+def test_hf_on_the_cpu_beside_a_named_gpu() -> None:
+    from evalkit.engines.hf import HfOptions
+    from evalkit.gpus import ModelFacts
+
+    def verdict(options: dict, variant: str) -> object:
+        # the `fp8` variant's name reaches config.VARIANTS with i21-gpu's engine; the rule does not need it there
+        dep = SimpleNamespace(name="h", engine="hf", model=SimpleNamespace(source="x.gguf", variant=variant), options=HfOptions(**options))
+        return hf_rules.plan_precision(dep, ModelFacts(None, None), lookup("H200"))
+
+    assert verdict({"dtype": "bfloat16"}, "fp8").quantization == F  # the H200 has FP8 tensor cores
+    assert verdict({"dtype": "bfloat16", "device": "cpu"}, "fp8").refused  # but device: cpu does not use them
+    assert "on the CPU" in verdict({"dtype": "float32", "device": "cpu"}, "hf").summary

@@ -40,6 +40,9 @@ def outcome(capability: tuple[int, int] | None, variant: str | None, dtype: str)
 
 def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = None, version: str | None = None) -> GpuVerdict:
     dtype = str(getattr(deployment.options, "dtype", "float32"))
-    mode, refused, text = outcome(gpu.capability, deployment.model.variant, dtype)
+    on_cpu = str(getattr(deployment.options, "device", "auto")) == "cpu"  # the engine's option: the GPU is not used
+    mode, refused, text = outcome(None if on_cpu else gpu.capability, deployment.model.variant, dtype)
+    if on_cpu and not refused:
+        text += " on the CPU (device: cpu)"
     summary = f"refused: {refused.split(' [')[0]}" if refused else text
     return GpuVerdict(deployment.name, "hf", gpu.name, summary, None if refused else dtype, mode, refused, None, ())
