@@ -266,3 +266,22 @@ def test_hf_on_the_cpu_beside_a_named_gpu() -> None:
     assert verdict({"dtype": "bfloat16"}, "fp8").quantization == F  # the H200 has FP8 tensor cores
     assert verdict({"dtype": "bfloat16", "device": "cpu"}, "fp8").refused  # but device: cpu does not use them
     assert "on the CPU" in verdict({"dtype": "float32", "device": "cpu"}, "hf").summary
+
+
+def test_llamacpp_backend_and_offload() -> None:
+    """llama.cpp counts the repeating blocks plus the output layer (Qwen2.5-7B: 28 + 1) when offloading."""
+    from evalkit.engines import llamacpp_rules
+    from evalkit.engines.llamacpp import LlamaCppOptions
+    from evalkit.gpus import ModelFacts
+    from evalkit.ledger import QWEN2_5_7B
+
+    def verdict(**options: object) -> object:
+        dep = SimpleNamespace(name="q", engine="llamacpp", model=SimpleNamespace(source="q.gguf", variant="Q4_K_M"),
+                              options=LlamaCppOptions(**options))
+        return llamacpp_rules.plan_precision(dep, ModelFacts("qwen2", None, QWEN2_5_7B, None), lookup("T4"), SimpleNamespace(gpus=1))
+
+    assert "29/29 layers offloaded to one T4" in verdict(n_gpu_layers=-1).summary
+    partial = verdict(n_gpu_layers=10)
+    assert "10/29 layers" in partial.summary and any("CPU" in n for n in partial.notes)
+    off = verdict(n_gpu_layers=0)
+    assert off.summary.startswith("CPU backend") and off.quantization == "gguf-Q4_K_M" and off.refused is None
