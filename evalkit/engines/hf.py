@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines import hf_rules
-from evalkit.engines.spec import Capability, EngineSpec, UnitResources
+from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.errors import EngineUnavailableError, ModelFileError
 from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators
@@ -360,6 +360,20 @@ def _hardware(deployment: Any) -> HardwareUse:
     return HardwareUse(describe_devices(used), capability, None, precision, ())
 
 
+def _doctor() -> list[DoctorRow]:
+    from importlib.metadata import PackageNotFoundError
+
+    def installed(dist: str) -> str | None:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return None
+
+    torch = installed("torch")
+    return [DoctorRow("torch", torch, "CPU-only build" if (torch or "").endswith("+cpu") else ""),
+            DoctorRow("transformers", installed("transformers"), "the hf engine; needed by prepare (hf, fp8-weight)")]
+
+
 def _resources(options: Any) -> UnitResources:
     gpu = options.device != "cpu" and bool(detect_accelerators())
     return UnitResources(num_cpus=float(options.n_threads or 1), num_gpus=1.0 if gpu else 0.0)
@@ -381,4 +395,9 @@ SPEC = EngineSpec(
     capabilities=frozenset(Capability),
     resources=_resources,
     package=("transformers",),
+    libraries=("torch",),
+    context_option="max_length",
+    dtype_option="dtype",
+    label="transformers",
+    doctor=_doctor,
 )

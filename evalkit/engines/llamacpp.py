@@ -5,7 +5,7 @@ The module holds the engine's spec and options; `llama_cpp` itself is imported o
 from __future__ import annotations
 
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Iterator, Literal, Sequence
 
 import numpy as np
@@ -13,13 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines import llamacpp_rules
-from evalkit.engines.spec import Capability, EngineSpec, UnitResources
+from evalkit.engines.llamacpp_memory import predict_llamacpp
+from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import TokenizerOnly
 from evalkit.errors import ModelFileError
-from evalkit.hardware import (
-    HardwareUse, describe_devices, detect_accelerators, engine_threads, gguf_precision, gguf_type, llama_gpu_offload,
-)
-from evalkit.ledger import predict_llamacpp
+from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators, engine_threads, gguf_type, is_fp8
 
 
 class LlamaCppOptions(BaseModel):
@@ -351,6 +349,39 @@ class LlamaCppEngine(Engine):
 # -- the spec -------------------------------------------------------------------------------------
 
 
+def gguf_precision(q: str | None, capability: tuple[int, int] | None) -> Precision:
+    """llama.cpp: the GGUF's own types, dequantized inside its kernels."""
+    if q is None:
+        return Precision("not-requested", "llama.cpp runs the GGUF file as it is; its type is unknown here")
+    if is_fp8(q):
+        return Precision("unavailable", "llama.cpp has no FP8 weight format; use a GGUF type (Q8_0 is its 8-bit one)")
+    where = "on the GPU" if capability is not None else "on the CPU"
+    return Precision(
+        f"gguf-{q}",
+        f"llama.cpp computes with the GGUF's own {q} blocks, dequantized inside its kernels {where}; "
+        "nothing is converted at load",
+    )
+
+
+def llama_gpu_offload() -> bool:
+    """Whether the installed llama-cpp-python can offload layers to a GPU (False when not installed)."""
+    try:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:
+        return False
+
+
+def _doctor() -> list[DoctorRow]:
+    try:
+        installed: str | None = version("llama-cpp-python")
+    except PackageNotFoundError:
+        installed = None
+    offload = ("GPU offload: yes" if llama_gpu_offload() else "GPU offload: no (CPU build)") if installed else ""
+    return [DoctorRow("llama-cpp-python", installed, offload)]
+
+
 def _hardware(deployment: Any) -> HardwareUse:
     accs = detect_accelerators()
     notes: list[str] = []
@@ -413,4 +444,7 @@ SPEC = EngineSpec(
     capabilities=frozenset(Capability),  # everything, FULL_DISTRIBUTION included (token_distributions)
     resources=_resources,
     package=("llama-cpp-python",),
+    context_option="n_ctx",
+    label="llama.cpp",
+    doctor=_doctor,
 )

@@ -28,6 +28,9 @@ class Capability(str, Enum):
     TOKENIZER = "tokenizer"
 
 
+SERVED_KIND = "served"  # EngineSpec.model_kind of an engine whose model is behind a server (no local file)
+
+
 @dataclass(frozen=True)
 class UnitResources:
     """What one deployment's worker needs from a scheduler (the Ray executor): CPUs, GPUs, and how the GPUs
@@ -43,26 +46,48 @@ class UnitResources:
 
 
 @dataclass(frozen=True)
+class DoctorRow:
+    """One line under "Engines and libraries" in `evalkit doctor`."""
+
+    name: str
+    version: str | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """One engine's declaration.
 
     - `options_model`: the pydantic model a deployment's `options:` validates against.
-    - `model_kind`: the model format the engine loads ("gguf" file or "hf" checkpoint directory);
-      `also_loads`: other kinds it accepts.
+    - `model_kind`: the model format the engine loads ("gguf" file or "hf" checkpoint directory), or
+      "served": a model reached over the network, so a deployment's `model:` is optional and names the
+      weights the server serves when given; `also_loads`: other kinds it accepts.
     - `loader(model_path, options)` -> Engine; `tokenizer_loader(model_path, options)` -> a tokenizer-only
       stand-in with the same token ids (see evalkit/engines/tokenizer.py). Both import the library lazily.
+      `model_path` is None for a served model whose weights are not named.
+    - `context_option`: the option fixing the context window in tokens (a value of 0/None: the model's own);
+      `concurrency_option`: the option bounding the sequences served at once. Plan-time checks and the
+      decision read and set these through `context_of` / `at_workload`, never by name. `dtype_option` /
+      `quantization_option`: the options naming the serving dtype and a quantization method (the plan's
+      weight sizes read them through `dtype_of` / `quantization_of`).
     - `numerics_options`: option names that can change a result (the engine-result cache key includes them).
     - `memory_model(name, arch, weights_bytes, precision, weights_from, options, hw)` -> ledger row.
     - `describe_hardware(deployment)` -> evalkit.hardware.HardwareUse: the device and precision it really
       runs with (a deployment, not only options: llama.cpp's precision is the GGUF file's type).
     - `precision(requested_quantization, compute_capability)` -> evalkit.hardware.Precision.
     - `resources(options)` -> UnitResources for a scheduler.
-    - `package`: the distribution(s) whose version identifies the engine (first installed wins).
+    - `package`: the distribution(s) whose version identifies the engine (first installed wins);
+      `libraries`: other distributions whose versions the manifest records for it.
+    - `doctor()` -> list[DoctorRow]: its rows in `evalkit doctor` (default: one per installed `package`);
+      `doctor_quantizations`: quantizations whose effective precision doctor shows on each device.
+    - `check(deployment)`: engine-specific plan-time checks (raise an EvalkitError: one line, exit 2).
+    - `endpoint(options)` -> dict: where a served model is (for the manifest); never an API key.
+    - `label`: the engine's name in sentences ("vLLM"); defaults to `name`.
     """
 
     name: str
     options_model: type[BaseModel]
-    model_kind: Literal["gguf", "hf"]
+    model_kind: Literal["gguf", "hf", "served"]
     loader: Callable[[str, Any], "Engine"]
     tokenizer_loader: Callable[[str, Any], "Engine"]
     numerics_options: tuple[str, ...]
@@ -81,6 +106,58 @@ class EngineSpec:
     # evalkit.gpus.GpuModel, ledger.Hardware) -> evalkit.gpus.GpuVerdict (compute dtype, quantization path,
     # refusal with the engine's own source). None: the plan says the engine declares no GPU rules.
     plan_precision: Callable[..., Any] | None = None
+    context_option: str | None = None
+    concurrency_option: str | None = None
+    dtype_option: str | None = None  # the option naming the dtype weights are served in ("auto": the checkpoint's)
+    quantization_option: str | None = None  # the option asking for a quantization method (e.g. "fp8")
+    label: str = ""
+    libraries: tuple[str, ...] = ()
+    doctor: Callable[[], list[DoctorRow]] | None = None
+    doctor_quantizations: tuple[str, ...] = ()
+    check: Callable[[Any], None] | None = None
+    endpoint: Callable[[Any], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        fields = getattr(self.options_model, "model_fields", {})
+        named = (self.context_option, self.concurrency_option, self.dtype_option, self.quantization_option)
+        for option in (*named, *self.numerics_options):
+            if option is not None and option not in fields:
+                raise ValueError(f"engine {self.name!r}: option {option!r} is not a field of {self.options_model.__name__}")
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
+
+    @property
+    def served(self) -> bool:
+        """Whether the engine reaches its model over the network (no local model file is needed)."""
+        return self.model_kind == SERVED_KIND
+
+    def context_of(self, options: Any) -> int | None:
+        """The context window (tokens) the options fix; None when they leave it to the model (or have none)."""
+        value = getattr(options, self.context_option, None) if self.context_option else None
+        return value if isinstance(value, int) and value > 0 else None
+
+    def dtype_of(self, options: Any) -> str | None:
+        return getattr(options, self.dtype_option, None) if self.dtype_option else None
+
+    def quantization_of(self, options: Any) -> str | None:
+        return getattr(options, self.quantization_option, None) if self.quantization_option else None
+
+    def at_workload(self, options: Any, context_tokens: int, concurrency: int) -> Any:
+        """The options set for a workload: the context option at `context_tokens`, the concurrency option
+        raised to `concurrency` (an engine configured for more keeps its own)."""
+        update: dict[str, Any] = {}
+        if self.context_option:
+            update[self.context_option] = context_tokens
+        if self.concurrency_option:
+            current = getattr(options, self.concurrency_option, None)
+            update[self.concurrency_option] = max(int(current or 0), concurrency)
+        return options.model_copy(update=update)
+
+    def packages(self) -> tuple[str, ...]:
+        """Every distribution the manifest records for this engine."""
+        return tuple(dict.fromkeys((*self.package, *self.libraries)))
 
     def loads_kind(self, kind: str) -> bool:
         return kind == self.model_kind or kind in self.also_loads

