@@ -78,9 +78,28 @@ def key_parts_for(
     }
 
 
+def model_identity(info: EngineInfo, model_sha256: str | None) -> str:
+    """What the cache key says the model is: the weights' sha256 when known; for a served model whose weights
+    are not named, a hash of what its server reports (`EngineInfo.extra["model_identity"]`: model id, server
+    version, fingerprint), prefixed "served:" (the weights are not verified); else the model file's hash."""
+    if model_sha256:
+        return model_sha256
+    reported = info.extra.get("model_identity")
+    if reported is not None:
+        blob = json.dumps(reported, sort_keys=True, separators=(",", ":"), default=str)
+        return "served:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return fingerprint(Path(info.model_path)).sha256
+
+
+def weights_known(resolved: Mapping[str, Any]) -> bool:
+    """Whether a deployment's weights are a local file evalkit hashed (not a served model it cannot see):
+    only then may a stored engine description or memoised tokenization stand for the model."""
+    return resolved.get("sha256") is not None
+
+
 def key_parts_from_info(info: EngineInfo, variant: str | None, options: Any, model_sha256: str | None = None, replicate: int = 0) -> dict[str, Any]:
-    """`key_parts_for` filled in from a loaded engine's description (hashes the model file if not given)."""
-    sha = model_sha256 or fingerprint(Path(info.model_path)).sha256
+    """`key_parts_for` filled in from a loaded engine's description (`model_identity` when no hash is given)."""
+    sha = model_identity(info, model_sha256)
     backend = info.extra.get("system_info") or info.extra.get("device")
     return key_parts_for(info.engine, sha, variant, options, info.engine_version, backend, replicate)
 
@@ -512,7 +531,8 @@ def open_engine(
     identity = engine_identity(deployment.engine, resolved, deployment.options)
     info_key = entry_key(identity, "engine_info", {})
     rep = int(resolved.get("replicate", 0)) if replicate is None else replicate
-    path = str(resolved["path"])
+    path = None if resolved.get("path") is None else str(resolved["path"])  # None: a served model, weights not named
+    known = weights_known(resolved)
 
     def load() -> Engine:
         return load_engine(deployment.engine, path, deployment.options, deployment_name)
@@ -525,7 +545,8 @@ def open_engine(
     def parts_of(info: EngineInfo) -> dict[str, Any]:
         return key_parts_from_info(info, resolved.get("variant"), deployment.options, resolved.get("sha256"), rep)
 
-    stored = store.get(info_key)
+    # A served model's weights can change behind the same address: describe it from what answers now.
+    stored = store.get(info_key) if known else None
     info = None
     if stored is not None:
         try:
@@ -540,7 +561,7 @@ def open_engine(
         lazy.loads = 1
     else:
         lazy = LazyEngine(deployment.engine, load, info, tokenizer)
-    cached = CachedEngine(lazy, parts_of(info), root=root, tokenizer_parts=identity, measurements=True)
+    cached = CachedEngine(lazy, parts_of(info), root=root, tokenizer_parts=identity if known else None, measurements=True)
 
     def on_load(real: Engine) -> None:
         fresh = real.info()

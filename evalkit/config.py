@@ -37,10 +37,14 @@ class ModelRef(_Strict):
 
 class Deployment(_Strict):
     """One model served by one engine. `options` is validated against the engine's own options model
-    (its `EngineSpec.options_model`, from the registry in evalkit.engines): config knows no engine."""
+    (its `EngineSpec.options_model`, from the registry in evalkit.engines): config knows no engine.
+
+    `model` may be left out only for an engine whose model is behind a server (its spec's model kind is
+    "served"): the model is then what the server serves, its weights unknown to evalkit ("not verified");
+    given, it names the weights the server serves (hash, tokenizer, parity)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    model: ModelRef
+    model: ModelRef | None = None
     engine: str
     options: SerializeAsAny[BaseModel] = Field(default=None, validate_default=True)  # type: ignore[assignment]
     replicas: int = Field(default=1, ge=1)  # data-parallel shards of its items (Ray executor: run at once)
@@ -64,6 +68,16 @@ class Deployment(_Strict):
         if v is not None and len(set(v)) != len(v):
             raise ValueError(f"suite {next(n for n in v if v.count(n) > 1)!r} listed twice")
         return v
+
+    @model_validator(mode="after")
+    def _model_named_unless_served(self) -> "Deployment":
+        from evalkit.engines import engine_spec
+
+        spec = engine_spec(self.engine)
+        if self.model is None and not spec.served:
+            raise ValueError(f"missing field 'model' (engine {self.engine} loads a {spec.model_kind} model; "
+                             "only an engine whose model is served over the network may leave it out)")
+        return self
 
     def runs(self, suite: str) -> bool:
         """True when this deployment's `suites:` list (if it has one) includes `suite`."""

@@ -270,7 +270,7 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
     from evalkit.engines import engine_spec
 
     use: HardwareUse = engine_spec(deployment.engine).describe_hardware(deployment)
-    variant = deployment.model.variant
+    variant = deployment.model.variant if deployment.model is not None else None
     requested, precision, notes = use.requested, use.precision, list(use.notes)
     warning = None
     if variant == EMULATED_VARIANT:
@@ -315,6 +315,8 @@ def gguf_type(deployment: Any) -> str | None:
     """The GGUF type a deployment runs (ladder variant's, else the file's own); None for an HF checkpoint."""
     from evalkit.variants import LADDER, gguf_metadata
 
+    if deployment.model is None:  # a served model whose weights are not named
+        return None
     variant = deployment.model.variant
     if variant in LADDER:
         return variant

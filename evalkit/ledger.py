@@ -30,6 +30,7 @@ from evalkit.models import GgufHeader, read_gguf_header  # noqa: F401  (GgufHead
 
 GB = 10**9
 GIB = 2**30
+ONLINE_FP8 = "FP8 weights"  # precision of a 16-bit checkpoint quantized to FP8 as it loads
 SERVER_DEVICES = "on the server"  # LedgerRow.devices of a served model whose memory evalkit cannot see
 CUDA_CONTEXT_BYTES = GB // 2
 # Bits per weight of llama.cpp's quantization mixes, whole model, as published in llama.cpp's
@@ -557,14 +558,13 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     if not path.is_dir():
         return _Weights(info.weights_bytes, info.precision, info.source, notes=notes)
     if quant.startswith("fp8"):
-        # vLLM quantizes Linear layers only: embeddings and lm_head stay 16-bit.
-        notes += ("online FP8 from a 16-bit checkpoint: vLLM before 0.14 first loaded all 16-bit weights "
-                  f"({arch_weight_bytes(arch, 'FP16') / GB:.1f} GB over the TP group; vllm#4387, fixed by vllm#31914)",)
+        # FP8 quantizes Linear layers only: embeddings and lm_head stay 16-bit. (What loading the 16-bit
+        # checkpoint first costs is the engine's memory model's note.)
         if info.weights_bytes is not None and info.non_embedding_bytes:
             per = max(DTYPE_BYTES.get(info.precision.split("/")[0], 2), 1)
             size = info.non_embedding_bytes // per + (info.weights_bytes - info.non_embedding_bytes) * 2 // per
-            return _Weights(size, "FP8 weights", "safetensors", notes=notes)
-        return _Weights(arch_weight_bytes(arch, "FP8"), "FP8 weights", f"estimate: {arch.n_params:,} parameters, linear layers x 1 byte, embeddings x 2 (config.json)", True, notes)
+            return _Weights(size, ONLINE_FP8, "safetensors", notes=notes)
+        return _Weights(arch_weight_bytes(arch, "FP8"), ONLINE_FP8, f"estimate: {arch.n_params:,} parameters, linear layers x 1 byte, embeddings x 2 (config.json)", True, notes)
     per, prec = _dtype_bytes(dtype, info.precision.split("/")[0])
     if info.weights_bytes is not None and per == DTYPE_BYTES.get(info.precision.split("/")[0], 2):
         return _Weights(info.weights_bytes, prec, info.source, notes=notes)

@@ -37,7 +37,7 @@ def token_parity_rows(by_suite: dict[str, dict[str, list[Record]]], ctx: ScoreCo
     for suite, per_dep in by_suite.items():
         ref_recs = {r.item_id: _tokens(r) for r in per_dep.get(ref, [])}
         for dep, recs in per_dep.items():
-            if dep == ref or sources.get(dep) != sources.get(ref):
+            if dep == ref or sources.get(dep) is None or sources.get(dep) != sources.get(ref):
                 continue  # different models have different tokenizers by design
             compared = mismatched = 0
             for r in recs:

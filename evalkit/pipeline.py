@@ -8,7 +8,7 @@ from typing import Any
 
 from evalkit import __version__
 from evalkit.config import Config, load_config
-from evalkit.engines import engine_spec
+from evalkit.engines import SERVED_KIND, engine_spec
 from evalkit.environment import accelerators, library_versions, machine
 from evalkit.errors import EvalkitError, ModelFileError
 from evalkit.executors import Executor, make_executor
@@ -17,35 +17,40 @@ from evalkit.store import RunDir
 
 
 def resolve_deployments(config: Config) -> dict[str, dict[str, Any]]:
-    """Every deployment's model on disk (variants prepared if needed), checked and fingerprinted."""
+    """Every deployment's model on disk (variants prepared if needed), checked and fingerprinted. A served
+    model is "kind": "served", with its endpoint and whether evalkit knows its weights (`model:` named)."""
     out: dict[str, dict[str, Any]] = {}
     for dep in config.deployments:
-        if dep.model.variant is not None:
-            from evalkit.variants import prepare_variant
-
-            path = Path(prepare_variant(dep.model.source, dep.model.variant))
-        else:
-            path = resolve_source(dep.model.source)
-        kind = check_model(path, dep.model.source)
         spec = engine_spec(dep.engine)
-        if not spec.loads_kind(kind):
-            raise ModelFileError(
-                str(path), f"deployment {dep.name}: engine {dep.engine} needs a {spec.model_kind} model, got a {kind} checkpoint"
-            )
-        fp = fingerprint(path)
-        out[dep.name] = {
-            "engine": dep.engine,
-            "source": dep.model.source,
-            "variant": dep.model.variant,
-            "path": str(path),
-            "kind": kind,
-            "sha256": fp.sha256,
-            "size_bytes": fp.size_bytes,
-            "hardware": _hardware(dep),
-        }
+        entry: dict[str, Any] = {"engine": dep.engine, "source": None, "variant": None, "path": None, "kind": None,
+                                 "sha256": None, "size_bytes": None}
+        if dep.model is not None:
+            path = _model_path(dep)
+            kind = check_model(path, dep.model.source)
+            if not spec.loads_kind(kind):
+                raise ModelFileError(
+                    str(path), f"deployment {dep.name}: engine {dep.engine} needs a {spec.model_kind} model, got a {kind} checkpoint"
+                )
+            fp = fingerprint(path)
+            entry |= {"source": dep.model.source, "variant": dep.model.variant, "path": str(path), "kind": kind,
+                      "sha256": fp.sha256, "size_bytes": fp.size_bytes}
+        if spec.served:
+            entry |= {"kind": SERVED_KIND, "weights_kind": entry["kind"],
+                      "weights": "named" if dep.model is not None else "not verified",
+                      "endpoint": spec.endpoint(dep.options) if spec.endpoint is not None else None}
+        out[dep.name] = {**entry, "hardware": _hardware(dep)}
     if config.noise_floor:
         out[config.reference + NOISE_SUFFIX] = {**out[config.reference], "base": config.reference, "replicate": 1}
     return out
+
+
+def _model_path(dep: Any) -> Path:
+    """The deployment's model file or directory, its variant prepared first when it names one."""
+    if dep.model.variant is not None:
+        from evalkit.variants import prepare_variant
+
+        return Path(prepare_variant(dep.model.source, dep.model.variant))
+    return resolve_source(dep.model.source)
 
 
 def _hardware(dep: Any) -> dict[str, Any] | None:
@@ -178,7 +183,7 @@ def run(
         score_run(run_dir)
         render_report(run_dir)
     # Finished means every item recorded, whatever the exit code: a worker that exits 0 with items still
-    # pending has failed, and one that crashed after its last record (vLLM at teardown) has not.
+    # pending has failed, and one that crashed after its last record (an engine at teardown) has not.
     failed = [n for n in codes if pending_items(run_dir, n)]
     if failed:
         raise EvalkitError(str(run_dir.path), f"deployment(s) {', '.join(failed)} did not finish; rerun with --resume {run_dir.path}")

@@ -123,6 +123,8 @@ def prepare_all(config: "Config", *, force: bool = False, progress: bool = True)
     """Prepare every deployment's model (variant or plain source). Returns (deployment name, local path)."""
     out: list[tuple[str, Path]] = []
     for dep in config.deployments:
+        if dep.model is None:  # a served model whose weights are not named: nothing local to prepare
+            continue
         variant = dep.model.variant
         spec = engine_spec(dep.engine)
         if variant in HF_VARIANTS and not spec.loads_kind(HF_KIND):

@@ -10,13 +10,13 @@ import importlib
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from evalkit.engines.spec import Capability, EngineSpec, UnitResources
+from evalkit.engines.spec import SERVED_KIND, Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.errors import EngineUnavailableError
 
 if TYPE_CHECKING:
     from evalkit.engines.base import Engine
 
-__all__ = ["ENGINES", "Capability", "EngineSpec", "UnitResources", "engine_spec", "engine_names", "load_engine", "unknown_engine_message"]
+__all__ = ["ENGINES", "SERVED_KIND", "Capability", "DoctorRow", "EngineSpec", "UnitResources", "engine_spec", "engine_names", "load_engine", "unknown_engine_message"]
 
 ENGINES: dict[str, str] = {
     "llamacpp": "evalkit.engines.llamacpp:SPEC",
@@ -56,8 +56,9 @@ def gives_full_distributions(engine: str) -> bool:
     return Capability.FULL_DISTRIBUTION in engine_spec(engine).capabilities
 
 
-def load_engine(engine: str, model_path: str, options: Any, deployment: str) -> "Engine":
-    """Load `model_path` with the named engine and options (its spec's options model)."""
+def load_engine(engine: str, model_path: str | None, options: Any, deployment: str) -> "Engine":
+    """Load `model_path` with the named engine and options (its spec's options model); None: a served model
+    whose weights are not named."""
     try:
         spec = engine_spec(engine)
     except KeyError:

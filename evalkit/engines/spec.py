@@ -88,8 +88,8 @@ class EngineSpec:
     name: str
     options_model: type[BaseModel]
     model_kind: Literal["gguf", "hf", "served"]
-    loader: Callable[[str, Any], "Engine"]
-    tokenizer_loader: Callable[[str, Any], "Engine"]
+    loader: Callable[[str | None, Any], "Engine"]
+    tokenizer_loader: Callable[[str | None, Any], "Engine"]
     numerics_options: tuple[str, ...]
     memory_model: Callable[..., Any]
     describe_hardware: Callable[[Any], Any]

@@ -116,7 +116,7 @@ class VllmTokenizer(HfTokens, TokenizerOnly):
         self._use_chat = self._chat_template is not None and options.chat_template == "auto"
 
 
-def load_tokenizer(engine: str, model_path: str, options: Any) -> Engine:
+def load_tokenizer(engine: str, model_path: str | None, options: Any) -> Engine:
     """The tokenizer-only stand-in for `engine` on `model_path` (its spec's `tokenizer_loader`)."""
     from evalkit.engines import engine_spec
 

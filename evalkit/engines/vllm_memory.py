@@ -14,7 +14,7 @@ import math
 import os
 from typing import Any
 
-from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, GIB, ArchSpec, Hardware, LedgerRow, Workload, _fits_count
+from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, _fits_count, arch_weight_bytes
 
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
 # vLLM on CPU runs three processes: the front end (evalkit's worker: evalkit, vLLM, torch, the tokenizer and
@@ -50,6 +50,9 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
     per_tok_dev = arch.kv_bytes_per_token(cache_bytes, tp)
     acts_dev = VLLM_BATCH_TOKENS * (2 * arch.intermediate // tp + 4 * arch.hidden) * act_bytes + seqs * arch.vocab * 4
     notes = []
+    if precision == ONLINE_FP8:  # quantized while loading a 16-bit checkpoint
+        notes.append("online FP8 from a 16-bit checkpoint: vLLM before 0.14 first loaded all 16-bit weights "
+                     f"({arch_weight_bytes(arch, 'FP16') / GB:.1f} GB over the TP group; vllm#4387, fixed by vllm#31914)")
     if hw.gpus:
         budget = hw.gpu_memory_bytes
         reserve = int(options.gpu_memory_utilization * budget)

@@ -21,10 +21,14 @@ class _NeedsEngine(BaseException):
 
 def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], None]) -> int:
     """Record the unit's items the cache fully answers; returns how many."""
-    from evalkit.cache import CachedEngine, LazyEngine, ResultCache, _info_from_json, engine_identity, entry_key, key_parts_from_info
+    from evalkit.cache import (
+        CachedEngine, LazyEngine, ResultCache, _info_from_json, engine_identity, entry_key, key_parts_from_info, weights_known,
+    )
     from evalkit.engines.tokenizer import load_tokenizer
 
     dep, resolved, name = work.deployment, work.resolved, work.unit.deployment
+    if not weights_known(resolved):  # a served model is described by its server: only a node asks it
+        return 0
     identity = engine_identity(dep.engine, resolved, dep.options)
     stored = ResultCache().get(entry_key(identity, "engine_info", {}))
     if stored is None:

@@ -40,12 +40,15 @@ def _now() -> str:
 # -- on the node -----------------------------------------------------------------------------------------
 
 
-def node_model_path(work: UnitWork, node: dict[str, Any]) -> str:
+def node_model_path(work: UnitWork, node: dict[str, Any]) -> str | None:
     """The unit's model as this node sees it: resolved here (`pkg:`, a path, a variant prepared here,
-    once per node), and byte-identical to what the manifest recorded, or one line naming node and file."""
+    once per node), and byte-identical to what the manifest recorded, or one line naming node and file.
+    None for a served model whose weights are not named (its server holds them)."""
     from evalkit.models import check_model, resolve_source
 
     dep, resolved = work.deployment, work.resolved
+    if dep.model is None:
+        return None
     where = f"node {node.get('hostname')} ({str(node.get('ray_node_id', ''))[:12]})"
     try:
         if dep.model.variant is not None:

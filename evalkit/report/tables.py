@@ -264,7 +264,7 @@ def ledger_table(view: RunView) -> Table:
     return Table("ledger", "Memory ledger: predicted before loading vs measured", [
         "deployment", "precision", "devices", "weights", "KV cache", "predicted per device", "fits", "measured peak",
         "measured / predicted", "notes"], rows,
-        "GB = 10⁹ bytes. vLLM reserves its share of the GPU up front, so its measured peak tracks the reservation.")
+        "GB = 10⁹ bytes. An engine that reserves its share of a device up front has a measured peak that tracks the reservation.")
 
 
 # -- human ratings -----------------------------------------------------------------------------
