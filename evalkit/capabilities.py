@@ -1,6 +1,7 @@
 """Plan-time capability check: which (deployment, suite) pairs cannot run, and why, before anything loads.
 
-A suite declares what it needs (`Suite.requires`), an engine what it can do (`EngineSpec.capabilities`).
+A suite declares what it needs (`Suite.requires`), an engine what it can do (`EngineSpec.capabilities_of`:
+its declared capabilities, or for a served engine what its server answers, with the server's reasons).
 A pair whose engine lacks something is skipped with the reason in the run's manifest (`skipped`) and
 report, or refused as a user error with `run --strict`. Nothing then fails mid-run for a missing capability.
 A deployment's own `suites:` list skips the others the same way (`chosen`: the user's choice, which
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from evalkit.engines import engine_spec
+from evalkit.engines import Capability, engine_spec
 from evalkit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,14 +37,19 @@ def plan_skips(config: Any, config_file: Path, suites: "list[Suite] | None" = No
     out: list[Skip] = []
     for dep in config.deployments:
         spec = engine_spec(dep.engine)
+        known: tuple[frozenset[Capability], dict[Capability, str]] | None = None
         for suite in suites:
             if not dep.runs(suite.name):
                 out.append(Skip(dep.name, suite.name, f"not in its suites: list ({', '.join(dep.suites or [])})", True))
                 continue
-            missing = spec.missing(frozenset(suite.requires))
+            known = known or spec.capabilities_of(dep)  # a served engine asks its server once per deployment
+            caps, why = known
+            missing = [c for c in Capability if c in suite.requires and c not in caps]
             if missing:
                 what = ", ".join(c.value for c in missing)
-                out.append(Skip(dep.name, suite.name, f"engine {dep.engine} cannot give {what}"))
+                reasons = list(dict.fromkeys(why[c] for c in missing if why.get(c)))
+                told = f" ({'; '.join(reasons)})" if reasons else ""
+                out.append(Skip(dep.name, suite.name, f"engine {dep.engine} cannot give {what}{told}"))
     return out
 
 

@@ -21,7 +21,10 @@ def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -
     """Model type, checkpoint dtype and architecture, from the files present (config.json alone is enough; a
     GGUF's header). Unknown parts are None: the rules then say what they cannot know."""
     from evalkit.ledger import _resolve, gguf_weights, hf_weights  # the plan's own resolution: never downloads
+    from evalkit.variants import HF_VARIANTS
 
+    if dep.model is None:  # a served model whose weights are not named
+        return ModelFacts(None, None, None, weights_bytes)
     path = _resolve(dep.model.source, Path(config_file))
     if path is None:
         return ModelFacts(None, None, None, weights_bytes)
@@ -39,7 +42,7 @@ def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -
             arch = gguf_weights(path).arch
     except (OSError, ValueError, KeyError, TypeError) as e:  # the memory plan reports unreadable files
         del e
-    if dep.model.variant in ("hf", "fp8-weight") and not path.is_dir():
+    if dep.model.variant in HF_VARIANTS and not path.is_dir():
         dtype = "bfloat16"  # evalkit's hf variants of a GGUF are written in bfloat16 (evalkit/variants.py)
     return ModelFacts(model_type, dtype, arch, weights_bytes)
 

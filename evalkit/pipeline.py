@@ -74,9 +74,10 @@ def ordered_deployments(config: Config) -> list[str]:
 
 def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool, strict: bool = False) -> RunDir:
     from evalkit.capabilities import check_capabilities, grouped_skips
-    from evalkit.preflight import preflight
+    from evalkit.preflight import check_engines, preflight
 
     # Before creating anything: a mistake in suite data or a bad model file writes nothing.
+    check_engines(config)  # each engine's own checks first (a served model's server must answer)
     skipped = check_capabilities(config, config_file, strict)  # (deployment, suite) pairs an engine cannot run
     suites = preflight(config, config_file)  # cheap: read all suite data first
     for (deployment, reason), suites_skipped in grouped_skips(skipped).items():
@@ -164,10 +165,11 @@ def run(
         run_dir = RunDir.open(resume)
         manifest = run_dir.manifest()
         names = manifest["deployment_order"]
-        from evalkit.preflight import preflight
+        from evalkit.preflight import check_engines, preflight
 
         # The suite data may have moved or changed since the run started: say so before any worker starts.
         config = Config.model_validate(manifest["config"])
+        check_engines(config)
         preflight(config, Path(manifest["config_file"]))
     else:
         config, config_file = load_config(config_path)

@@ -30,7 +30,6 @@ def preflight(config: Config, config_file: Path) -> dict[str, dict[str, Any]]:
         _check_suite(suite, items, config, config_file)
     _check_rubrics(config)
     _check_gpu(config, config_file)
-    _check_engines(config)
     return described
 
 
@@ -78,8 +77,9 @@ def resolve_text(suite: Suite) -> Path:
     return resolve_data_path(suite.settings.text, suite.config_file)
 
 
-def _check_engines(config: Config) -> None:
-    """Each engine's own plan-time checks of its deployments (`EngineSpec.check`: e.g. a server that must answer)."""
+def check_engines(config: Config) -> None:
+    """Each engine's own plan-time checks of its deployments (`EngineSpec.check`: e.g. a server that must
+    answer), before anything else asks about a deployment (capabilities, suite data)."""
     from evalkit.engines import engine_spec
 
     for dep in config.deployments:

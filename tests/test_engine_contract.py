@@ -109,7 +109,17 @@ SERVED = EngineSpec(
     context_option="window",
     concurrency_option="lanes",
     endpoint=lambda options: {"base_url": options.address},
+    check=lambda dep: _served_check(dep),
+    deployment_capabilities=lambda dep: (frozenset({Capability.GENERATE, Capability.TOKENIZER, Capability.CHAT_TEMPLATE}),
+                                         {Capability.PROMPT_LOGPROBS: f"{dep.options.address} refuses echo"}),
 )
+ASKED: list[str] = []  # the deployments the served stub's check was asked about, in order
+
+
+def _served_check(dep: Any) -> None:
+    ASKED.append(dep.name)
+    if "unreachable" in dep.options.address:
+        raise ConfigError(f"deployment {dep.name}", f"{dep.options.address}: connection refused")
 
 
 @pytest.fixture
@@ -117,6 +127,7 @@ def stubs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(evalkit.engines.ENGINES, "stub", f"{__name__}:STUB")
     monkeypatch.setitem(evalkit.engines.ENGINES, "served-stub", f"{__name__}:SERVED")
     SEEN.clear()
+    ASKED.clear()
 
 
 def _write(tmp_path: Path, raw: dict[str, Any]) -> Path:
@@ -256,6 +267,28 @@ def test_a_served_model_in_plan_manifest_and_cache_key(stubs: None, tmp_path: Pa
     assert model_identity(a, known["sha256"]) == known["sha256"]  # named weights: their hash, whatever the server says
     parts = key_parts_from_info(a, None, config.deployments[0].options)  # never hashes the URL as a file
     assert parts["model_sha256"] == model_identity(a, None)
+
+
+def test_a_served_deployments_own_capabilities_and_check(stubs: None, tmp_path: Path) -> None:
+    """Capabilities come from the deployment (its server), with the server's reason in the skip; the engine's
+    check runs before anything else and a failing one writes nothing."""
+    from evalkit.capabilities import plan_skips
+    from evalkit.pipeline import new_run
+
+    raw = {"reference": "remote", "deployments": [{"name": "remote", "engine": "served-stub"}],
+           "suites": {"prompts": {"categories": ["qa"], "limit_per_category": 1}, "perplexity": {"n_ctx": 64, "max_chunks": 1}}}
+    f = _write(tmp_path, raw)
+    config, _ = load_config(f)
+    skips = plan_skips(config, f)
+    assert [(s.suite, s.reason) for s in skips] == [
+        ("perplexity", "engine served-stub cannot give prompt log-probs with top-k (http://127.0.0.1:9/v1 refuses echo)")]
+    raw["deployments"][0]["options"] = {"address": "http://unreachable.invalid/v1"}
+    f = _write(tmp_path, raw)
+    config, _ = load_config(f)
+    out = tmp_path / "runs"
+    with pytest.raises(ConfigError, match="deployment remote: http://unreachable.invalid/v1: connection refused"):
+        new_run(config, f, out, use_cache=False)
+    assert ASKED == ["remote"] and not out.exists()
 
 
 # -- nothing outside evalkit/engines/ names an engine or reads an engine option --------------------------

