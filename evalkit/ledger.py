@@ -215,6 +215,10 @@ class LedgerRow:
     max_concurrency: int | None  # sequences of the configured length the remainder holds at once
     notes: str = ""
     estimate: bool = False  # weights from an architecture and a precision, not from the files to be loaded
+    # The KV cache evalkit gives the engine per device (where its memory model sets one), the figure the engine
+    # passes; None where the engine sizes its own. The manifest's ledger carries it beside kv_bytes.
+    kv_given_bytes: int | None = None
+    kv_given_from: str | None = None
 
     def plan_json(self) -> dict[str, Any]:
         """The `evalkit plan --json` record (GB = 10^9 bytes; unknown sizes are null)."""
@@ -225,6 +229,7 @@ class LedgerRow:
             "kv_bytes_per_token": self.kv_bytes_per_token, "per_device_gb": gb(self.per_device_bytes),
             "n_devices": self.n_devices, "budget_gb": gb(self.device_budget_bytes), "fits": self.fits,
             "max_context": self.max_context, "max_concurrency": self.max_concurrency, "notes": self.notes,
+            "kv_given_gb": gb(self.kv_given_bytes), "kv_given_from": self.kv_given_from,
         }
 
 
@@ -633,6 +638,28 @@ def format_ledger(rows: list[LedgerRow]) -> str:
         out.append(f"    weights: {r.weights_from}" + (f"; {r.notes}" if r.notes else ""))
     if any(r.estimate for r in rows):
         out.append("~ estimate: the weights' files do not exist yet; sized from the architecture and the precision")
+    from dataclasses import asdict
+
+    unfit = unfit_line([asdict(r) for r in rows])
+    if unfit:
+        out.append(unfit[0].upper() + unfit[1:] + "; `evalkit run` refuses it")
     out.append("GB = 10^9 bytes")
     return "\n".join(out)
 
+
+def unfit_line(rows: list[dict[str, Any]]) -> str | None:
+    """One line with each deployment the plan says this machine cannot hold (`fits` false), its figures and why;
+    None when every one fits or is unknown. Rows as the manifest stores them (LedgerRow fields)."""
+    gb = lambda n: "?" if n is None else f"{n / GB:.2f}"  # noqa: E731
+    parts = []
+    for r in rows:
+        if r.get("fits") is not False:
+            continue
+        kv = r.get("kv_given_bytes") or r.get("kv_bytes")
+        figures = (f"{r['deployment']} needs {gb(r.get('per_device_bytes'))} GB per device (weights {gb(r.get('weights_bytes'))}, "
+                   f"KV cache {gb(kv)}, overhead {gb(r.get('overhead_bytes'))}) of {r.get('devices')}")
+        why = [n.strip() for n in str(r.get("notes", "")).split(";") if "refuses" in n or "GPU(s)" in n]
+        parts.append(figures + (f": {why[0]}" if why else ""))
+    if not parts:
+        return None
+    return "by the memory plan this machine cannot hold: " + "; ".join(parts) + " (details: `evalkit plan`)"

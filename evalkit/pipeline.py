@@ -72,7 +72,8 @@ def ordered_deployments(config: Config) -> list[str]:
     return [config.reference] + rerun + [n for n in names if n != config.reference]
 
 
-def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool, strict: bool = False) -> RunDir:
+def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool, strict: bool = False,
+            executor: str | None = None) -> RunDir:
     from evalkit.capabilities import check_capabilities, grouped_skips
     from evalkit.preflight import check_engines, preflight
 
@@ -84,6 +85,7 @@ def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool, s
         print(f"evalkit: {deployment} skips {', '.join(suites_skipped)}: {reason}", file=sys.stderr)
     deployments = resolve_deployments(config)
     ledger = _ledger(config, config_file)
+    _refuse_what_does_not_fit(config_file, ledger, local=(executor or config.executor.kind) == "local")
     run = RunDir.create(out_dir)
     run.write_manifest(
         {
@@ -116,6 +118,21 @@ def _ledger(config: Config, config_file: Path) -> list[dict[str, Any]]:
     except Exception as e:  # a prediction must never stop a run
         print(f"evalkit: warning: memory ledger not computed: {e}", file=sys.stderr)
         return []
+
+
+def _refuse_what_does_not_fit(config_file: Path, ledger: list[dict[str, Any]], local: bool) -> None:
+    """A deployment the plan says this machine cannot hold stops the run here, in one line with the figures,
+    not as an engine's traceback later. Ray runs only warn: the driver is not the machine the units run on."""
+    from evalkit.errors import ConfigError
+    from evalkit.ledger import unfit_line
+
+    line = unfit_line(ledger)
+    if line is None:
+        return
+    if not local:
+        print(f"evalkit: warning: {line}", file=sys.stderr)
+        return
+    raise ConfigError(str(config_file), line)
 
 
 def run_workers(run: RunDir, names: list[str], executor: Executor | None = None) -> dict[str, int]:
@@ -173,7 +190,7 @@ def run(
         preflight(config, Path(manifest["config_file"]))
     else:
         config, config_file = load_config(config_path)
-        run_dir = new_run(config, config_file, out_dir, use_cache, strict=strict)
+        run_dir = new_run(config, config_file, out_dir, use_cache, strict=strict, executor=executor)
         names = ordered_deployments(config)
     with run_dir.exclusive():  # a second run --resume of this directory is refused, not run twice
         print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)

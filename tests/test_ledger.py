@@ -97,6 +97,78 @@ def test_v100_q4_k_m_fits_one_card_with_long_context() -> None:
     assert split.n_devices == 2 and split.per_device_bytes < row.per_device_bytes
 
 
+def test_vllm_on_cpu_gets_an_explicit_kv_cache_whatever_the_node_size() -> None:
+    """On CPU the KV cache is max_num_seqs x max_model_len (or kv_cache_gb), not a share of the NUMA node minus
+    the process's RSS: the same plan on a 1 GB node as on a 100 GB one, and gpu_memory_utilization plays no part."""
+    small = Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=64 * GB, node_ram_bytes=1 * GB)
+    big = Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=64 * GB, node_ram_bytes=100 * GB)
+    weights = arch_weight_bytes(Q, "F32")
+    rows = [predict_vllm("v", Q, weights, "F32", "x", VllmOptions(dtype="float32", max_model_len=4096, max_num_seqs=16,
+                                                                gpu_memory_utilization=util), hw)
+            for hw in (small, big) for util in (0.01, 0.9)]
+    kv = 16 * 4096 * 28 * 4 * 128 * 2 * 4  # sequences x tokens x layers x KV heads x head dim x (K, V) x float32
+    assert {r.kv_bytes for r in rows} == {kv} and len({r.per_device_bytes for r in rows}) == 1
+    assert rows[0].fits is True and rows[0].max_concurrency == 16 and "KV cache 7.52 GB (max_model_len 4096 x max_num_seqs 16)" in rows[0].notes
+    # The user's figure wins, in GB of 10^9 bytes; one it cannot hold a sequence in is refused at plan time.
+    opts = VllmOptions(dtype="float32", max_model_len=4096, max_num_seqs=16, kv_cache_gb=2.5)
+    row = predict_vllm("v", Q, weights, "F32", "x", opts, small)
+    assert row.kv_bytes == 2_500_000_000 and row.max_concurrency == 2_500_000_000 // (4096 * 114_688) == 5 and row.fits is True
+    assert row.per_device_bytes == rows[0].per_device_bytes - kv + 2_500_000_000
+    tiny = predict_vllm("v", Q, weights, "F32", "x", opts.model_copy(update={"kv_cache_gb": 0.1}), small)
+    assert tiny.fits is False and "less than one 4096-token sequence" in tiny.notes
+    # More than the machine's RAM: NO, with the figures.
+    huge = predict_vllm("v", Q, weights, "F32", "x", opts.model_copy(update={"kv_cache_gb": 70}), small)
+    assert huge.fits is False and huge.per_device_bytes > 64 * GB
+
+
+def test_vllm_kv_cache_gb_on_a_gpu_replaces_gpu_memory_utilization() -> None:
+    opts = VllmOptions(tensor_parallel_size=2, max_model_len=4096, max_num_seqs=16, kv_cache_gb=3)
+    row = predict_vllm("v", Q, arch_weight_bytes(Q, "FP16"), "FP16", "x", opts, TWO_V100)
+    acts = VLLM_BATCH_TOKENS * (18944 + 4 * 3584) * 2 + 16 * 152064 * 4
+    assert row.per_device_bytes == int(15_231_233_024 / 2 + acts + CUDA_CONTEXT_BYTES + 3 * GB) and row.fits is True
+    assert row.kv_bytes == 2 * 3 * GB and row.max_concurrency == 3 * GB // (4096 * 28_672)
+    assert _vllm(2, None, TWO_V100, arch_weight_bytes(Q, "FP16")).per_device_bytes == int(0.9 * 16 * GB)  # unset: as before
+
+
+def test_vllm_kv_cache_size_counts_whole_blocks_and_every_layer_at_full_length() -> None:
+    from dataclasses import replace as dc_replace
+
+    from evalkit.engines.vllm_memory import VLLM_KV_BLOCK_TOKENS, vllm_kv_cache_size
+
+    # A Gemma-3-like pattern (1 of 6 layers global, the rest windowed to 512): vLLM counts a windowed layer at
+    # window + a prefill chunk, so at max_model_len 1000 every layer holds a whole sequence.
+    swa = dc_replace(Q, n_layers=6, sliding_window=512, swa_layers=(True,) * 5 + (False,))
+    per_layer_token = 4 * 128 * 2 * 2  # KV heads x head dim x (K, V) x bf16
+    opts = VllmOptions(dtype="bfloat16", max_model_len=1000, max_num_seqs=8)
+    size = vllm_kv_cache_size(swa, opts, cpu=True)
+    full = -(-1000 // VLLM_KV_BLOCK_TOKENS) * VLLM_KV_BLOCK_TOKENS  # 1024 with 128-token blocks
+    assert size is not None and size.bytes == 8 * 6 * full * per_layer_token
+    assert vllm_kv_cache_size(swa, opts, cpu=False) is None  # GPUs: vLLM's own sizing from gpu_memory_utilization
+
+
+def test_run_refuses_a_deployment_the_machine_cannot_hold_before_writing(tmp_path: Path) -> None:
+    """One line with the deployment's figures, exit 2, no run directory: not vLLM's traceback after a load.
+    100,000 GB of KV cache fits no host, so the test does not depend on this one's RAM."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""reference: a
+deployments:
+  - {{name: a, engine: llamacpp, model: {MODEL}, options: {{n_ctx: 512}}}}
+  - {{name: big, engine: vllm, model: {QWEN_DIR}, options: {{kv_cache_gb: 100000}}}}
+suites:
+  prompts: {{path: {Path(__file__).parents[1] / "prompts"}, categories: [qa], limit_per_category: 1}}
+""")
+    out = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(config), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"evalkit: error: {config}: by the memory plan this machine cannot hold: big needs 100018.")
+    assert "(weights 15.23, KV cache 100000.00, overhead" in lines[0] and " a needs" not in lines[0]
+    assert not out.exists() or not any(out.iterdir()), "a run directory was created"
+    plan = subprocess.run([sys.executable, "-m", "evalkit", "plan", str(config)], capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0 and "By the memory plan this machine cannot hold: big needs" in plan.stdout
+
+
 # -- the real Gemma 3 270M GGUF ---------------------------------------------------------------------
 
 

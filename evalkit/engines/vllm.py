@@ -38,6 +38,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,7 +47,7 @@ from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, Samp
 from evalkit.engines import vllm_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
-from evalkit.engines.vllm_memory import predict_vllm, vllm_cpu_in_one_process
+from evalkit.engines.vllm_memory import KvCacheSize, arch_of_model, predict_vllm, vllm_cpu_in_one_process, vllm_kv_cache_size
 from evalkit.errors import EngineUnavailableError
 from evalkit.hardware import (
     HardwareUse, available_cores, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
@@ -68,13 +69,16 @@ class VllmOptions(BaseModel):
     quantization: str | None = None
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_model_len: int = Field(default=4096, ge=1)
-    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)  # on CPU: the share of RAM
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)  # GPUs only (on CPU the KV size is explicit)
     max_num_seqs: int = Field(default=16, ge=1)
     enforce_eager: bool = True
     kv_cache_dtype: str = "auto"
     chat_template: Literal["auto", "none"] = "auto"
     seed: int = Field(default=0, ge=0, le=2**32 - 2)
     cpu_threads: int | None = Field(default=None, ge=1)  # CPU backend: OpenMP threads (None: every core we may use)
+    # KV cache per device, GB (10^9 bytes). None: on CPU evalkit sizes it for max_num_seqs sequences of
+    # max_model_len tokens (evalkit.engines.vllm_memory.vllm_kv_cache_size); on GPUs vLLM sizes it from gpu_memory_utilization.
+    kv_cache_gb: float | None = Field(default=None, gt=0)
 
 
 class VllmEngine(HfTokens, Engine):
@@ -98,18 +102,20 @@ class VllmEngine(HfTokens, Engine):
             # Engine core and model worker in this process instead of two child processes that each import
             # vLLM and torch again (about a third of a deployment's start-up on a 2-core CPU); the offline run
             # steps the engine from here anyway. Same model, kernels and threads: results do not depend on it.
-            # Only the process's first engine: vLLM sizes the KV cache as gpu_memory_utilization x RAM minus
-            # the RSS of the process holding the engine core, and an engine core that ran here before leaves
-            # its RSS behind (a second one found -0.78 of 4.72 GiB). evalkit's workers hold one engine each.
+            # Only the process's first engine (vllm.envs caches the multiprocessing choice of the first one);
+            # evalkit's workers hold one engine each.
             self._one_process = vllm_cpu_in_one_process(options.tensor_parallel_size) and not _engine_core_ran_here
+        self._kv_cache = self._kv_cache_size(options)
         start = time.perf_counter()
         try:
             self._llm = self._start(options)
-        except RuntimeError as e:  # vLLM's child process failed; its log above says why
+        except (RuntimeError, ValueError) as e:  # vLLM's child process failed (its log above says why) or refused
+            kv = self._kv_cache
             raise EngineUnavailableError(
                 f"model {self.model_path}",
-                f"vLLM could not start ({_first_line(e)}); the cause is in vLLM's log above. On CPU, "
-                "gpu_memory_utilization is the share of RAM vLLM reserves and must fit in free memory",
+                f"vLLM could not start ({_first_line(e)}); the cause is in vLLM's log above"
+                + (f". It was given a {kv.describe()}, which must fit in free memory: lower kv_cache_gb, "
+                   "max_num_seqs or max_model_len" if kv is not None else ""),
             ) from None
         self._load_s = time.perf_counter() - start
         self._engine = self._llm.llm_engine
@@ -128,6 +134,20 @@ class VllmEngine(HfTokens, Engine):
         self._use_chat = self._chat_template is not None and options.chat_template == "auto"
         self._batches = itertools.count()
         self._closed = False
+
+    def _kv_cache_size(self, options: VllmOptions) -> KvCacheSize | None:
+        """The KV-cache size given to vLLM (None: vLLM's own, from gpu_memory_utilization on a GPU). On CPU it is
+        always explicit: vLLM's own sizing there subtracts this process's RSS from a share of the NUMA node,
+        which fails on a small node however small the model (issue 19)."""
+        cpu = _device_type() == "cpu"
+        needs_arch = cpu and options.kv_cache_gb is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+        try:
+            arch = arch_of_model(Path(self.model_path)) if needs_arch else None
+        except (OSError, ValueError, KeyError) as e:
+            raise EngineUnavailableError(
+                f"model {self.model_path}", f"cannot size its KV cache from the model's config ({e}); set the kv_cache_gb option"
+            ) from None
+        return vllm_kv_cache_size(arch, options, cpu=cpu)
 
     def _start(self, options: VllmOptions) -> "vllm.LLM":
         global _engine_core_ran_here
@@ -148,6 +168,7 @@ class VllmEngine(HfTokens, Engine):
                 tensor_parallel_size=options.tensor_parallel_size,
                 max_model_len=options.max_model_len,
                 gpu_memory_utilization=options.gpu_memory_utilization,
+                kv_cache_memory_bytes=None if self._kv_cache is None else self._kv_cache.bytes,
                 max_num_seqs=options.max_num_seqs,
                 enforce_eager=options.enforce_eager,
                 kv_cache_dtype=options.kv_cache_dtype,
@@ -364,6 +385,11 @@ class VllmEngine(HfTokens, Engine):
             "enforce_eager": mc.enforce_eager,
             "enable_prefix_caching": bool(cache.enable_prefix_caching),
             "gpu_memory_utilization": cache.gpu_memory_utilization,
+            # The KV cache evalkit gave vLLM (the ledger's figure) and what vLLM made of it, where it says.
+            "kv_cache_bytes": None if self._kv_cache is None else self._kv_cache.bytes,
+            "kv_cache_from": "gpu_memory_utilization" if self._kv_cache is None else self._kv_cache.source,
+            "kv_cache_blocks": cache.num_gpu_blocks,
+            "kv_cache_block_tokens": cache.block_size,
             "max_num_seqs": self._engine.vllm_config.scheduler_config.max_num_seqs,
             "logprobs_mode": mc.logprobs_mode,
             "seed": mc.seed,

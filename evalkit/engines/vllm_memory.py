@@ -5,16 +5,24 @@ CPU, its activations and logits, and the KV pool that remains (see evalkit/ledge
   VLLM_BATCH_TOKENS x (2 x ffn / tp + 4 x hidden) x dtype bytes of activations plus f32 sampler logits
   for max_num_seqs rows; what is left is the KV pool. Its hybrid allocator gives sliding-window layers
   only `window` tokens per sequence.
-- On CPU (vLLM >= 0.1x CPU worker) the engine process reserves gpu_memory_utilization x its NUMA node's
-  RAM and the KV cache takes what the rest leaves; or VLLM_CPU_KVCACHE_SPACE GiB when set.
+- On CPU evalkit gives vLLM an explicit KV-cache size (vllm_kv_cache_size: max_model_len x max_num_seqs, or
+  the `kv_cache_gb` option) instead of vLLM's own sizing (gpu_memory_utilization x the NUMA node's RAM minus
+  the RSS of the process holding the engine core, which depends on the host, not on the config: issue 19);
+  the engine process holds that plus weights and runtime.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, _fits_count, arch_weight_bytes
+from evalkit.ledger import (
+    CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, _fits_count, arch_from_hf_config,
+    arch_weight_bytes, gguf_weights,
+)
 
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
 # vLLM on CPU runs three processes: the front end (evalkit's worker: evalkit, vLLM, torch, the tokenizer and
@@ -40,10 +48,77 @@ def _vllm_cache_bytes(options: Any) -> int:
     return 4 if str(options.dtype) in ("float32", "float") else 2  # "auto" serves FP32 checkpoints in FP16
 
 
+# vLLM allocates KV in blocks of this many tokens per layer (its CPU attention's block size; GPU backends use
+# 16, a divisor). evalkit rounds each sequence up to whole blocks so that the size it gives holds them.
+VLLM_KV_BLOCK_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class KvCacheSize:
+    """The KV cache evalkit gives one vLLM device, and where the figure comes from (manifest, report, plan)."""
+
+    bytes: int
+    source: str  # "kv_cache_gb", "VLLM_CPU_KVCACHE_SPACE" or "max_model_len x max_num_seqs"
+
+    def describe(self) -> str:
+        return f"KV cache {self.bytes / GB:.2f} GB ({self.source})"
+
+
+def vllm_kv_cache_size(arch: ArchSpec | None, options: Any, cpu: bool) -> KvCacheSize | None:
+    """The KV-cache bytes per device evalkit passes to vLLM as `kv_cache_memory_bytes`; None on a GPU without
+    `kv_cache_gb`, where vLLM sizes it from gpu_memory_utilization (its documented meaning there).
+
+    On CPU vLLM would otherwise reserve gpu_memory_utilization x the NUMA node's RAM and give the KV cache
+    what the RSS of the process holding the engine core leaves of it: with the engine core inside evalkit's
+    worker (torch, vLLM, the model: ~1.5 GB before any KV) that depends on the host's node size, not on the
+    config, and fails on a small node. The explicit size skips that subtraction (vllm/v1/worker/cpu_worker.py,
+    determine_available_memory) and vLLM's warm-up pass with it. Order, as vLLM applies them on CPU:
+    VLLM_CPU_KVCACHE_SPACE (GiB; its CPU platform overrides the engine argument with it), `kv_cache_gb`
+    (GB = 10^9 bytes), else max_num_seqs sequences of max_model_len tokens in whole blocks, every layer at full
+    length: vLLM's own accounting (its start-up check and "maximum concurrency") lets a sliding-window layer hold
+    its window plus a whole prefill chunk, which is max_model_len unless the chunk budget is smaller. Measured,
+    Gemma 3 270M at 1024 x 8 with windowed layers counted at their window: vLLM reported 4.98x concurrency.
+    `arch` is read only for that last case (ValueError when it is None then)."""
+    env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if cpu and env.strip():
+        return KvCacheSize(int(env) * GIB, f"VLLM_CPU_KVCACHE_SPACE={env} GiB")
+    gb = getattr(options, "kv_cache_gb", None)
+    if gb is not None:
+        return KvCacheSize(int(gb * GB), f"kv_cache_gb {gb}")
+    if not cpu:
+        return None
+    if arch is None:
+        raise ValueError("the model's architecture is needed to size its KV cache")
+    tp, max_len, seqs = int(options.tensor_parallel_size), int(options.max_model_len), int(options.max_num_seqs)
+    full = math.ceil(max_len / VLLM_KV_BLOCK_TOKENS) * VLLM_KV_BLOCK_TOKENS
+    size = seqs * arch.kv_bytes(full, None, _vllm_cache_bytes(options), tp)
+    return KvCacheSize(size, f"max_model_len {max_len} x max_num_seqs {seqs}")
+
+
+def _cpu_options(options: Any) -> Any:
+    """The options with the dtype vLLM's CPU backend really computes (and caches KV) in: bf16 becomes float32 on
+    a CPU without native bf16 (evalkit.hardware.cpu_compute_dtype, what the engine does before it starts)."""
+    from evalkit.hardware import cpu_compute_dtype
+
+    dtype = cpu_compute_dtype(str(options.dtype))[0]
+    return options if dtype == options.dtype or not hasattr(options, "model_copy") else options.model_copy(update={"dtype": dtype})
+
+
+def arch_of_model(path: Path) -> ArchSpec:
+    """The architecture of the model vLLM will load: an HF checkpoint directory's config.json or a GGUF's header."""
+    path = Path(path)
+    if path.is_dir():
+        return arch_from_hf_config(json.loads((path / "config.json").read_text()), path.name)
+    return gguf_weights(path).arch
+
+
 def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
                  workload: Workload | None = None) -> LedgerRow:  # workload: vLLM's reservation does not depend on it
+    if not hw.gpus:
+        options = _cpu_options(options)
     tp, max_len, seqs = int(options.tensor_parallel_size), int(options.max_model_len), int(options.max_num_seqs)
     cache_bytes = _vllm_cache_bytes(options)
+    kv_size = vllm_kv_cache_size(arch, options, cpu=not hw.gpus)
     act_bytes = 4 if cache_bytes == 4 else 2
     swa_cells = min(max_len, arch.sliding_window) if arch.sliding_window else None
     kv_seq_dev = arch.kv_bytes(max_len, swa_cells, cache_bytes, tp)
@@ -55,35 +130,33 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
                      f"({arch_weight_bytes(arch, 'FP16') / GB:.1f} GB over the TP group; vllm#4387, fixed by vllm#31914)")
     if hw.gpus:
         budget = hw.gpu_memory_bytes
-        reserve = int(options.gpu_memory_utilization * budget)
         fixed_dev = weights_bytes / tp + acts_dev + CUDA_CONTEXT_BYTES
-        pool = reserve - fixed_dev
-        # What it reserves when that holds the weights and one sequence; else what it would need.
-        per_device, n_dev = max(reserve, int(fixed_dev + kv_seq_dev)), tp
         overhead = (acts_dev + CUDA_CONTEXT_BYTES) * tp
         devices = f"{tp}x GPU {budget / GB:.1f} GB"
-        fits = tp <= hw.gpus and pool >= kv_seq_dev
+        if kv_size is None:
+            reserve = int(options.gpu_memory_utilization * budget)
+            pool = reserve - fixed_dev
+            # What it reserves when that holds the weights and one sequence; else what it would need.
+            per_device, n_dev = max(reserve, int(fixed_dev + kv_seq_dev)), tp
+            fits = tp <= hw.gpus and pool >= kv_seq_dev
+            notes.append(f"reserves gpu_memory_utilization {options.gpu_memory_utilization} of each GPU")
+        else:  # kv_cache_gb: vLLM ignores gpu_memory_utilization and allocates that much KV per GPU
+            pool = kv_size.bytes
+            per_device, n_dev = int(fixed_dev + pool), tp
+            fits = tp <= hw.gpus and per_device <= budget and pool >= kv_seq_dev
+            notes.append(kv_size.describe() + " per GPU given to vLLM")
         if tp > hw.gpus:
             notes.append(f"tensor_parallel_size {tp} > {hw.gpus} GPU(s)")
-        notes.append(f"reserves gpu_memory_utilization {options.gpu_memory_utilization} of each GPU")
     else:
-        # vLLM's CPU worker (vllm.v1.worker.cpu_worker): with VLLM_CPU_KVCACHE_SPACE set, that many GiB of KV;
-        # else it reserves gpu_memory_utilization x its NUMA node's MemTotal and gives the KV cache whatever
-        # its own RSS leaves of that. The KV tensor is torch.zeros, so the reservation is resident. The
-        # front-end process (evalkit's worker: torch, the tokenizer) comes on top.
+        # evalkit gives vLLM's CPU worker an explicit KV size (vllm_kv_cache_size); the KV tensor is torch.zeros,
+        # so it is resident. The engine process holds it, the weights and its runtime; the front end's serving
+        # state (evalkit's worker: the tokenizer, vLLM's client) comes on top.
         budget = hw.ram_bytes
         fixed_dev = weights_bytes + acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES
-        explicit = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        if explicit:
-            pool = float(explicit) * GIB
-            core = fixed_dev + pool
-            notes.append(f"KV space {explicit} GiB (VLLM_CPU_KVCACHE_SPACE)")
-        else:
-            node = hw.node_ram_bytes or hw.ram_bytes
-            core = math.ceil(options.gpu_memory_utilization * node)
-            pool = core - fixed_dev
-            notes.append(f"engine process reserves gpu_memory_utilization {options.gpu_memory_utilization} x {node / GB:.1f} GB "
-                         f"({'NUMA node' if hw.node_ram_bytes else 'RAM'}); the KV cache gets the rest")
+        assert kv_size is not None  # always explicit on CPU
+        pool = kv_size.bytes
+        core = fixed_dev + pool
+        notes.append(kv_size.describe() + " given to vLLM (gpu_memory_utilization is not used on CPU)")
         logit_arrays = VLLM_LOGITS_ARRAYS * (workload.prompt_logprob_rows if workload else 0) * arch.vocab * 4
         if vllm_cpu_in_one_process(tp):
             others, what = VLLM_FRONTEND_SERVING_BYTES, "one process (engine core and worker inside evalkit's): front end serving"
@@ -106,13 +179,16 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
         notes.append(f"only {max_conc} of max_num_seqs={seqs} sequences of {max_len} tokens fit at once (the rest wait)")
     if arch.sliding_window:
         notes.append(f"{arch.n_swa_layers}/{arch.n_layers} layers keep {arch.sliding_window} tokens per sequence")
-    kv_all = arch.kv_bytes(max_len, swa_cells, cache_bytes) * seqs
+    # The KV figure: what evalkit gives vLLM where it gives a size (the same number the engine passes and the
+    # manifest states), else max_num_seqs full-length sequences, the configured worst case.
+    kv_all = kv_size.bytes * tp if kv_size is not None else arch.kv_bytes(max_len, swa_cells, cache_bytes) * seqs
     return LedgerRow(
         deployment=name, engine="vllm", precision=precision, weights_from=weights_from, devices=devices,
         n_devices=n_dev, weights_bytes=weights_bytes, kv_bytes_per_token=arch.kv_bytes_per_token(cache_bytes),
         kv_bytes=kv_all, overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv_all + overhead),
         per_device_bytes=per_device, device_budget_bytes=budget, fits=fits,
         max_context=max_ctx, memory_context=mem_ctx, max_concurrency=max_conc, notes="; ".join(notes),
+        kv_given_bytes=None if kv_size is None else kv_size.bytes, kv_given_from=None if kv_size is None else kv_size.source,
     )
 
 
