@@ -95,6 +95,8 @@ def test_v100_q4_k_m_fits_one_card_with_long_context() -> None:
     assert row.max_context == 32_768  # capped at what the model was trained for
     split = predict_llamacpp("l", Q, arch_weight_bytes(Q, "Q4_K_M"), "Q4_K_M", "x", opts.model_copy(update={"tensor_split": [1.0, 1.0]}), TWO_V100)
     assert split.n_devices == 2 and split.per_device_bytes < row.per_device_bytes
+    every = predict_llamacpp("l", Q, arch_weight_bytes(Q, "Q4_K_M"), "Q4_K_M", "x", opts.model_copy(update={"n_gpu_layers": -1}), V100)
+    assert (every.n_devices, every.per_device_bytes) == (1, row.per_device_bytes)  # -1 is every layer, not the CPU
 
 
 def test_vllm_on_cpu_gets_an_explicit_kv_cache_whatever_the_node_size() -> None:

@@ -38,12 +38,13 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
     # 512). evalkit log-softmaxes them in blocks of 32 rows, which is small.
     rows = min(n_ubatch, workload.scored_rows if workload else n_ubatch)
     out_buf = rows * arch.vocab * 4
-    on_gpu = hw.gpus > 0 and int(options.n_gpu_layers) > 0
+    n_gl = int(options.n_gpu_layers)  # -1: every layer (llama.cpp's own meaning of a negative count)
+    on_gpu = hw.gpus > 0 and n_gl != 0
     notes = []
     if on_gpu:
         split = [s for s in (options.tensor_split or [1.0] * hw.gpus) if s > 0][: hw.gpus] or [1.0]
         n_dev, share = len(split), max(split) / sum(split)
-        offload = min(1.0, int(options.n_gpu_layers) / (arch.n_layers + 1))  # +1: the output layer
+        offload = 1.0 if n_gl < 0 else min(1.0, n_gl / (arch.n_layers + 1))  # +1: the output layer
         if offload < 1:
             notes.append(f"{options.n_gpu_layers}/{arch.n_layers + 1} layers offloaded; the rest in RAM")
         budget = hw.gpu_memory_bytes
