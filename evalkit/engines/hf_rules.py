@@ -41,7 +41,8 @@ def outcome(capability: tuple[int, int] | None, variant: str | None, dtype: str)
 def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = None, version: str | None = None) -> GpuVerdict:
     dtype = str(getattr(deployment.options, "dtype", "float32"))
     on_cpu = str(getattr(deployment.options, "device", "auto")) == "cpu"  # the engine's option: the GPU is not used
-    mode, refused, text = outcome(None if on_cpu else gpu.capability, deployment.model.variant, dtype)
+    variant = getattr(deployment.model, "variant", None)  # a served model may name no weights
+    mode, refused, text = outcome(None if on_cpu else gpu.capability, variant, dtype)
     if on_cpu and not refused:
         text += " on the CPU (device: cpu)"
     summary = f"refused: {refused.split(' [')[0]}" if refused else text

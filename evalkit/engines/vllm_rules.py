@@ -320,8 +320,9 @@ def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = 
     rs = rule_set(version)
     settings = dict(dtype=str(getattr(options, "dtype", "auto")), checkpoint_dtype=facts.checkpoint_dtype,
                     model_type=facts.model_type, quantization=getattr(options, "quantization", None))
-    if deployment.model.variant is not None and deployment.model.variant.upper() == deployment.model.variant:
-        settings["quantization"] = settings["quantization"] or deployment.model.variant  # a GGUF ladder variant
+    variant = getattr(deployment.model, "variant", None)
+    if variant is not None and variant.upper() == variant:
+        settings["quantization"] = settings["quantization"] or variant  # a GGUF ladder variant
     o = outcome(gpu.capability, version=version, **settings)
     label = f"vLLM {version}" + (" (installed)" if version == installed else "") + (
         f", rules read from {rs.version}" if _version_key(rs.version) != _version_key(version) else "")
@@ -331,7 +332,7 @@ def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = 
     others = [(v, x) for v, x in by_version(gpu.capability, **settings) if _describe(x) != _describe(o)]
     for v, x in others:
         notes.append(f"vLLM {v}: {_describe(x)}" + (f" [{x.refused.split(' [', 1)[1]}" if x.refused and " [" in x.refused else ""))
-    if deployment.model.variant == "fp8-weight":
+    if variant == "fp8-weight":
         notes.append("fp8-weight variant: a 16-bit checkpoint with FP8-rounded values (FP8 numerics only, 16-bit memory and speed)")
     summary = _describe(o)
     if o.quantization == "fp8-weight-only" and not o.refused:
