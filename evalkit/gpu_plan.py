@@ -82,7 +82,9 @@ _ROW_WIDTH = {"F32": 4, "F16": 2, "BF16": 2}
 def _with_width_note(verdict: GpuVerdict, row: Any) -> GpuVerdict:
     """Where the engine will compute in a wider dtype than the memory plan's 16-bit weights (vLLM's "auto" gives
     Gemma float32 on GPUs without bf16), say that the plan's weights are too small by that factor."""
-    planned = _ROW_WIDTH.get(str(getattr(row, "precision", "")).split(" ")[0])
+    precision = str(getattr(row, "precision", ""))
+    # "BF16 as float32": the engine's memory model already sized the weights in the dtype after "as"
+    planned = _WIDTH.get(precision.rsplit(" as ", 1)[1]) if " as " in precision else _ROW_WIDTH.get(precision.split(" ")[0])
     real = _WIDTH.get(verdict.dtype or "")
     if verdict.refused or planned is None or real is None or real <= planned:
         return verdict

@@ -190,3 +190,16 @@ def test_wider_compute_dtype_than_planned_is_said(tmp_path: Path, capsys: pytest
     s = _section(out)
     assert rc == 0 and "computes in float32" in s["auto"] and "holds 2x that" in s["auto"]
     assert "On 1x V100-PCIE-32GB" in out
+
+
+def test_width_note_only_where_the_plan_sized_narrower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hf engine's memory model already sizes weights in its dtype ("BF16 as float32"): no note there."""
+    config = yaml.safe_load((Path(__file__).parent.parent / "configs" / "default.yaml").read_text())
+    config["hardware"] = {"gpu": "T4"}
+    path = tmp_path / "t4.yaml"
+    path.write_text(yaml.safe_dump(config))
+    rc, out, err = _plan(capsys, path)
+    s = _section(out)
+    assert "holds 2x" not in s["smollm2-f32-hf"] and "holds 2x" not in s["smollm2-fp8w-hf"]
+    # and the default config's vLLM bf16 reference is refused on a T4 (no bfloat16 below 8.0), in one line each
+    assert rc == 2 and "deployment smollm2-bf16 cannot run on T4: bfloat16 is only supported" in err
