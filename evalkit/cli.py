@@ -1,4 +1,4 @@
-"""`python -m evalkit <verb>`: run, report, prepare, doctor, plan, rate."""
+"""`python -m evalkit <verb>`: run, report, prepare, doctor, plan, rate, view."""
 from __future__ import annotations
 
 import argparse
@@ -107,6 +107,16 @@ def _cmd_rate_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    import os
+
+    from evalkit.viewer.app import serve
+
+    serve(Path(args.reports_dir), host=args.host, port=args.port, allow_remote=args.allow_remote,
+          password=os.environ.get("EVALKIT_VIEW_PASSWORD") or None)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evalkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"evalkit {__version__}")
@@ -154,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("sheets", nargs="+", metavar="SHEET")
     p.set_defaults(func=_cmd_rate_import)
+
+    p = verbs.add_parser("view", help="browse runs in a local web viewer (items, run against run, blind review)")
+    p.add_argument("reports_dir", nargs="?", default="reports", metavar="REPORTS_DIR",
+                   help="folder of run directories (default: reports/)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a --host other machines reach; needs the password in EVALKIT_VIEW_PASSWORD")
+    p.set_defaults(func=_cmd_view)
     return parser
 
 

@@ -20,7 +20,9 @@ from typing import Any, Literal, Sequence
 
 from evalkit.errors import DataError, RatingSheetError, RunDirError
 from evalkit.resources import resource_path
-from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text
+from filelock import FileLock
+
+from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text, lock_path
 from evalkit.spreadsheet import FORMULA_TRIGGERS, neutralize, unneutralize  # noqa: F401 (re-exported for sheet readers)
 
 Mode = Literal["absolute", "pairwise"]
@@ -167,42 +169,90 @@ def export_sheets(
     rubric_for = {c: rubric_summary("pairwise" if mode == "pairwise" else c, rubrics_dir)
                   for c in sorted({m[0] for m in meta.values()})}
 
-    key = load_key(run.path)
-    key.update(version=KEY_VERSION, run_id=run_id, reference=reference)
-    sheets: list[tuple[Path, list[list[str]]]] = []
-    for rater in range(1, raters + 1):
-        rng_seed = f"evalkit-rating|{run_id}|{mode}|{seed}|{rater}"
-        rng = random.Random(rng_seed)  # str seeds hash with SHA-512: stable across processes and versions
-        if mode == "absolute":
-            labels, plan = _plan_absolute(rng, items, deployments)
-        else:
-            labels, plan = _plan_pairwise(rng, items, deployments, reference)
-        sheet_id = _sheet_id(run_id, mode, seed, rater, plan)
-        rater_id = f"rater-{rater}"
-        path = run.path / RATINGS_DIR / SHEETS_DIR / f"{rater_id}.{mode}.{fmt}"
-        rows: dict[str, dict[str, Any]] = {}
-        table = [COLUMNS[mode]]
-        for row_id, entry in zip(_row_ids(len(plan)), plan):
-            outs = items[entry["item_id"]]
-            category, prompt, ref_text = meta[entry["item_id"]]
-            rows[row_id] = {"category": category, **entry}
-            common = [sheet_id, run_id, rater_id, row_id, entry["item_id"], category, prompt, ref_text]
-            if mode == "absolute":
-                body = [entry["label"], _text(outs[entry["deployment"]].get("output_text"))]
-            else:
-                body = [_text(outs[entry["A"]].get("output_text")), _text(outs[entry["B"]].get("output_text"))]
-            table.append(common + body + [rubric_for[category], "", ""])
-        key["sheets"][sheet_id] = {
-            "run_id": run_id, "mode": mode, "rater_id": rater_id, "rater_index": rater, "file": path.name,
-            "format": fmt, "seed": seed, "rng_seed": rng_seed, "labels": labels, "rows": rows,
-        }
-        sheets.append((path, table))
+    key_path(run.path).parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(lock_path(key_path(run.path))):  # browser reviewers add sheets to the same key concurrently
+        key = load_key(run.path)
+        key.update(version=KEY_VERSION, run_id=run_id, reference=reference)
+        sheets: list[tuple[Path, list[list[str]]]] = []
+        for rater in range(1, raters + 1):
+            rater_id = f"rater-{rater}"
+            path = run.path / RATINGS_DIR / SHEETS_DIR / f"{rater_id}.{mode}.{fmt}"
+            sheet_id, entry, table = _sheet(run_id, reference, mode, seed, rater, rater_id, deployments, items, meta,
+                                            rubric_for, path.name, fmt)
+            key["sheets"][sheet_id] = entry
+            sheets.append((path, table))
 
-    # Key first: a sheet on disk without its key could never be de-blinded.
-    atomic_write_text(key_path(run.path), json.dumps(key, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+        # Key first: a sheet on disk without its key could never be de-blinded.
+        atomic_write_text(key_path(run.path), json.dumps(key, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     for path, table in sheets:
         (_write_csv if fmt == "csv" else _write_xlsx)(path, table)
     return [p for p, _ in sheets]
+
+
+def _sheet(run_id: str, reference: str, mode: str, seed: int, rater: int | str, rater_id: str, deployments: list[str],
+           items: dict[str, dict[str, dict[str, Any]]], meta: dict[str, tuple[str, str, str]], rubric_for: dict[str, str],
+           file_name: str, fmt: str) -> tuple[str, dict[str, Any], list[list[str]]]:
+    """One rater's blind plan: (sheet id, its key entry, the sheet's table). `rater` seeds the shuffles."""
+    rng_seed = f"evalkit-rating|{run_id}|{mode}|{seed}|{rater}"
+    rng = random.Random(rng_seed)  # str seeds hash with SHA-512: stable across processes and versions
+    if mode == "absolute":
+        labels, plan = _plan_absolute(rng, items, deployments)
+    else:
+        labels, plan = _plan_pairwise(rng, items, deployments, reference)
+    sheet_id = _sheet_id(run_id, mode, seed, rater, plan)  # type: ignore[arg-type]
+    rows: dict[str, dict[str, Any]] = {}
+    table = [COLUMNS[mode]]
+    for row_id, entry in zip(_row_ids(len(plan)), plan):
+        outs = items[entry["item_id"]]
+        category, prompt, ref_text = meta[entry["item_id"]]
+        rows[row_id] = {"category": category, **entry}
+        common = [sheet_id, run_id, rater_id, row_id, entry["item_id"], category, prompt, ref_text]
+        if mode == "absolute":
+            body = [entry["label"], _text(outs[entry["deployment"]].get("output_text"))]
+        else:
+            body = [_text(outs[entry["A"]].get("output_text")), _text(outs[entry["B"]].get("output_text"))]
+        table.append(common + body + [rubric_for[category], "", ""])
+    key_entry = {
+        "run_id": run_id, "mode": mode, "rater_id": rater_id, "rater_index": rater, "file": file_name,
+        "format": fmt, "seed": seed, "rng_seed": rng_seed, "labels": labels, "rows": rows,
+    }
+    return sheet_id, key_entry, table
+
+
+BROWSER_DIR = "browser"  # sheets of reviewers rating in `evalkit view`, one per rater id and mode
+
+
+def browser_sheet(run_dir: Path, rater_id: str, mode: Mode = "absolute", seed: int = 0, *,
+                  rubrics_dir: Path | None = None) -> Path:
+    """The CSV sheet a reviewer fills in `evalkit view`, made exactly as `export_sheets` makes one (same
+    columns, blind labels, per-item shuffles, key entry), for the rater slot `browser:<rater_id>`; an existing
+    sheet is returned as it is. `rate import` reads it like any exported sheet."""
+    run = RunDir.open(Path(run_dir))
+    path = run.path / RATINGS_DIR / BROWSER_DIR / f"{rater_id}.{mode}.csv"
+    key_path(run.path).parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(lock_path(key_path(run.path))):
+        key = load_key(run.path)
+        if path.exists() and any(e.get("file") == path.name and e.get("rater_index") == f"browser:{rater_id}"
+                                 for e in key["sheets"].values()):
+            return path
+        manifest = run.manifest()
+        run_id, reference = str(manifest["run_id"]), str(manifest["reference"])
+        deployments = _deployment_names(manifest)
+        items = _prompt_items(run, deployments)
+        if not items:
+            raise DataError(str(run.path), "no prompt-suite records to rate")
+        if mode == "pairwise" and (reference not in deployments or len(deployments) < 2):
+            raise DataError(str(run.path), "pairwise rating needs the reference and at least one other deployment")
+        meta = {item_id: _item_meta(outs, reference) for item_id, outs in items.items()}
+        rubric_for = {c: rubric_summary("pairwise" if mode == "pairwise" else c, rubrics_dir)
+                      for c in sorted({m[0] for m in meta.values()})}
+        sheet_id, entry, table = _sheet(run_id, reference, mode, seed, f"browser:{rater_id}", rater_id, deployments,
+                                        items, meta, rubric_for, path.name, "csv")
+        key.update(version=KEY_VERSION, run_id=run_id, reference=reference)
+        key["sheets"][sheet_id] = entry
+        atomic_write_text(key_path(run.path), json.dumps(key, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+        _write_csv(path, table)
+    return path
 
 
 def _write_csv(path: Path, table: list[list[str]]) -> None:

@@ -1,0 +1,102 @@
+"""Run against run: paired differences over the items two runs share, by the suites' own compare().
+
+Each pairing is (a deployment of the candidate run, a deployment of the baseline run; by default the
+deployments of the same name). Its records, restricted to the items both sides have, go to a fresh
+instance of each suite's `compare()` with the baseline side as the reference: the very code, statistics
+(evalkit.metrics.stats via metrics.compare) and settings that wrote comparisons.csv, so pairing a
+deployment with a run's own reference gives exactly that run's comparisons.csv row. The items whose
+pass/fail outcome changed between the runs come from both runs' indexes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from evalkit.scoring import records_by_suite, score_context
+from evalkit.store import RunDir
+from evalkit.suites import enabled_suites
+from evalkit.suites.base import ScoreContext
+from evalkit.viewer.index import SKIP_SUITES, IndexCache
+
+MAX_CHANGED = 500  # items listed per pairing (counts are always complete)
+
+
+def _clean(x: Any) -> Any:
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def default_pairs(candidate: list[str], baseline: list[str]) -> list[tuple[str, str]]:
+    return [(d, d) for d in candidate if d in baseline]
+
+
+def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], cache: IndexCache) -> dict[str, Any]:
+    """Comparison rows (candidate side minus baseline side) and changed outcomes for each pairing."""
+    cand_run, base_run = RunDir.open(candidate), RunDir.open(baseline)
+    ctx, config = score_context(cand_run)
+    base_manifest = base_run.manifest()
+    cand_recs = records_by_suite(cand_run, ctx.deployments)
+    base_recs = records_by_suite(base_run, [str(d) for d in base_manifest["deployment_order"]])
+    cand_index, base_index = cache.get(candidate), cache.get(baseline)
+    cand_id, base_id = ctx.manifest["run_id"], base_manifest["run_id"]
+    stats_differ = (base_manifest.get("config") or {}).get("stats") != (ctx.manifest.get("config") or {}).get("stats")
+    out: list[dict[str, Any]] = []
+    for dep, base_dep in pairs:
+        mine, theirs = f"{dep} @ {cand_id}", f"{base_dep} @ {base_id}"
+        rows: list[dict[str, Any]] = []
+        errors: list[str] = []
+        shared_total = 0
+        for suite in enabled_suites(config, ctx.config_file):  # fresh instances: suites memoise per scoring pass
+            if suite.name in SKIP_SUITES:
+                continue
+            a = cand_recs.get(suite.name, {}).get(dep, [])
+            b = base_recs.get(suite.name, {}).get(base_dep, [])
+            shared = {r.item_id for r in a} & {r.item_id for r in b}
+            if not shared:
+                continue
+            shared_total += len(shared)
+            records = {theirs: [r for r in b if r.item_id in shared], mine: [r for r in a if r.item_id in shared]}
+            deployments = {**{k: v for k, v in (ctx.manifest.get("deployments") or {}).items()}}
+            sctx = ScoreContext(deployments=[theirs, mine], reference=theirs, config=config, config_file=ctx.config_file,
+                                manifest={**ctx.manifest, "deployment_order": [theirs, mine], "reference": theirs,
+                                          "deployments": {theirs: (base_manifest.get("deployments") or {}).get(base_dep, {}),
+                                                          mine: deployments.get(dep, {})}})
+            try:
+                comps = suite.compare(records, sctx)
+            except Exception as e:  # noqa: BLE001 — one suite that cannot pair across runs must not hide the others
+                errors.append(f"{suite.name}: {type(e).__name__}: {e}")
+                continue
+            for c in comps:
+                row = {k: _clean(v) for k, v in asdict(replace(c, deployment=dep, reference=base_dep)).items()}
+                row["shared_items"] = len(shared)
+                rows.append(row)
+        out.append({"deployment": dep, "baseline_deployment": base_dep, "rows": rows, "errors": errors,
+                    "shared_items": shared_total, **_changed(cand_index, base_index, dep, base_dep)})
+    return {"candidate": cand_id, "baseline": base_id, "pairs": out,
+            "note": ("the two runs' configs set different `stats:`; intervals use the candidate's" if stats_differ else ""),
+            "candidate_deployments": ctx.deployments,
+            "baseline_deployments": [str(d) for d in base_manifest["deployment_order"]]}
+
+
+def _changed(cand: Any, base: Any, dep: str, base_dep: str) -> dict[str, Any]:
+    """Items whose pass/fail outcome differs between the runs, and how many outputs changed at all."""
+    changed: list[dict[str, Any]] = []
+    n_changed = n_text = 0
+    if dep not in cand.cells or base_dep not in base.cells:
+        return {"changed": [], "n_changed": 0, "n_output_changed": 0}
+    for key, i in cand._row.items():
+        j = base._row.get(key)
+        if j is None:
+            continue
+        c, b = cand.cells[dep].get(i), base.cells[base_dep].get(j)
+        if c is None or b is None:
+            continue
+        if c.value is not None and b.value is not None and c.value != b.value:
+            n_text += 1
+        if c.ok >= 0 and b.ok >= 0 and c.ok != b.ok:
+            n_changed += 1
+            if len(changed) < MAX_CHANGED:
+                changed.append({"suite": key[0], "item_id": key[1], "category": cand.category[i],
+                                "before": "pass" if b.ok else "fail", "after": "pass" if c.ok else "fail"})
+    return {"changed": changed, "n_changed": n_changed, "n_output_changed": n_text}

@@ -1,0 +1,376 @@
+"""One run's item matrix: a row per item, a column per deployment, built once and answered from memory.
+
+Built from the records (read through `RunDir.records` and `parse_record`, so older layouts are upgraded)
+and the per-item CSVs scoring wrote (`items/<suite>.csv`: pass/fail, perplexity chunk figures and every
+other per-item score). Filters, search and sorting run over arrays held here, so a page of a 20,000-item
+run is answered without touching the disk; `IndexCache` rebuilds an index only when one of the files it
+was built from changes (mtime and size), which also follows a run that is still being written.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from evalkit.records import parse_record
+from evalkit.scoring import ITEMS_DIR
+from evalkit.store import MANIFEST, RECORDS_DIR, RunDir
+from evalkit.viewer.safety import inside
+from evalkit.viewer.textdiff import first_difference, segments
+
+SKIP_SUITES = {"cost"}  # measurements per concurrency level, not items: the report's cost tables show them
+CELL_CHARS = 600  # matrix cells show this much of an output; the item view shows all of it
+PROMPT_CHARS = 300
+# Per-item CSV columns that hold text, not scores (everything else numeric is a sortable score).
+_TEXT_COLUMNS = {"suite", "item_id", "deployment", "category", "prompt", "output", "reference", "detail",
+                 "sandbox_detail", "sandbox_status", "finish_reason", "status", "choice_logprobs", "skipped", "flip",
+                 "method", "kind", "gold", "reference_pred", "passkey", "reference_correct", "reference_passed"}
+# The per-item CSV column that says pass/fail, first found wins (HumanEval, MMLU/recall, prompt code, QA).
+_OK_COLUMNS = ("passed", "correct", "pass", "contains")
+_FIGURES = (("ppl", "ppl", "{:.4g}"), ("kld_mean", "KLD", "{:.3g}"), ("top1_agreement", "top-1", "{:.1%}"),
+            ("bits_per_byte", "bpb", "{:.4g}"))
+
+
+@dataclass
+class Query:
+    suite: str = ""
+    category: str = ""
+    deployment: str = ""  # restrict differs/flipped/failed to this deployment ("" = any)
+    differs: bool = False
+    flipped: bool = False
+    failed: bool = False
+    q: str = ""
+    sort: str = ""  # "<deployment>|<suite>:<metric>"
+    desc: bool = False
+    offset: int = 0
+    limit: int = 50
+
+
+@dataclass
+class _Cell:
+    text: str
+    value: str | None  # what "differs from the reference" compares
+    ok: int  # 1 pass, 0 fail, -1 not a pass/fail item
+    extra: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: np.ndarray | None = None
+    output_ids: np.ndarray | None = None
+
+
+def _ids(values: Any) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=np.int64)
+
+
+def _cell_of(rec: Any) -> tuple[_Cell, str]:
+    """(cell, prompt text) of one typed record; getattr throughout: fields may move between schema versions."""
+    suite = rec.suite
+    g = lambda name: getattr(rec, name, None)  # noqa: E731
+    if suite == "mmlu":
+        pred, gold = g("pred"), g("gold")
+        extra = {"gold": gold, "method": g("method"),
+                 "choice_logprobs": [round(x, 4) for x in (g("choice_logprobs") or [])]}
+        prompt = f"(multiple choice; prompt kept as {g('n_prompt_tokens')} token ids, gold answer {gold})"
+        ok = -1 if g("correct") is None else int(bool(g("correct")))
+        return _Cell(str(pred), str(pred), ok, extra, _ids(g("prompt_token_ids"))), prompt
+    if suite == "perplexity":
+        if g("skipped"):
+            return _Cell(f"skipped: {g('skipped')}", None, -1), "(past the end of the text)"
+        prompt = f"(perplexity chunk {g('chunk_index')}: {g('n_ctx')} tokens of the text)"
+        return _Cell("", None, -1, {"n_ctx": g("n_ctx")}, _ids(g("token_ids"))), prompt
+    if suite == "longcontext":
+        if g("skipped"):
+            text = f"skipped: {g('skipped')}"
+        else:
+            text = g("output_text") or ""
+        prompt = f"({g('kind')} item, {g('length_target')} tokens" + (
+            f", needle at depth {g('depth')}, pass key {g('passkey')})" if g("kind") == "recall" else ")")
+        ok = -1 if g("correct") is None else int(bool(g("correct")))
+        return _Cell(text, text, ok, {"finish_reason": g("finish_reason")}, None, _ids(g("output_token_ids"))), prompt
+    text = g("output_text") or ""
+    extra = {"finish_reason": g("finish_reason"), "n_output_tokens": g("n_output_tokens")}
+    if g("reference") is not None:
+        extra["reference_text"] = g("reference")
+    return _Cell(text, text, -1, extra, _ids(g("prompt_token_ids")), _ids(g("output_token_ids"))), g("prompt") or ""
+
+
+def signature(path: Path) -> tuple:
+    """What an index depends on: manifest, records and per-item CSVs, by name, mtime and size."""
+    files = [path / MANIFEST, *sorted((path / RECORDS_DIR).glob("*.jsonl")), *sorted((path / ITEMS_DIR).glob("*.csv"))]
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append((f.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+class RunIndex:
+    """Items x deployments of one run, with flags, scores and search text per row."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.signature = signature(path)
+        run = RunDir.open(path)
+        manifest = run.manifest()
+        self.run_id = str(manifest.get("run_id", path.name))
+        self.reference = str(manifest["reference"])
+        self.deployments = [str(d) for d in manifest["deployment_order"]]
+        sources = manifest.get("deployments") if isinstance(manifest.get("deployments"), dict) else {}
+        self.sources = {d: (sources.get(d) or {}).get("source") for d in self.deployments}
+        self.keys: list[tuple[str, str]] = []
+        self.category: list[str] = []
+        self.prompt: list[str] = []
+        self._row: dict[tuple[str, str], int] = {}
+        self.cells: dict[str, dict[int, _Cell]] = {d: {} for d in self.deployments}
+        for dep in self.deployments:
+            rpath = run.records_path(dep)
+            if not inside(path, rpath):
+                continue
+            where = str(rpath)
+            for raw in run.records(dep):
+                if raw.get("suite") in SKIP_SUITES:
+                    continue
+                rec = parse_record({**raw, "deployment": raw.get("deployment") or dep}, where)
+                key = (rec.suite, str(rec.item_id))
+                i = self._row.get(key)
+                cell, prompt = _cell_of(rec)
+                if i is None:
+                    i = self._row[key] = len(self.keys)
+                    self.keys.append(key)
+                    self.category.append(str(rec.category))
+                    self.prompt.append(prompt)
+                elif dep == self.reference:
+                    self.prompt[i] = prompt  # the reference's prompt text names the item
+                self.cells[dep][i] = cell
+        n = len(self.keys)
+        self.suite_of = np.array([k[0] for k in self.keys], dtype=object)
+        self.category_arr = np.array(self.category, dtype=object)
+        self.scores: dict[str, np.ndarray] = {}  # "<deployment>|<suite>:<metric>" -> value per row (NaN: none)
+        self.metrics: dict[str, list[str]] = {}  # suite -> its per-item metrics
+        self._read_item_csvs()
+        self._figures()
+        self.ok = {d: np.array([self.cells[d][i].ok if i in self.cells[d] else -1 for i in range(n)], dtype=np.int8)
+                   for d in self.deployments}
+        ref_values = [self.cells[self.reference].get(i) for i in range(n)]
+        self.differs_by: dict[str, np.ndarray] = {}
+        self.flipped_by: dict[str, np.ndarray] = {}
+        for d in self.deployments:
+            if d == self.reference:
+                continue
+            mine = self.cells[d]
+            self.differs_by[d] = np.array(
+                [i in mine and ref_values[i] is not None and mine[i].value is not None and ref_values[i].value is not None
+                 and mine[i].value != ref_values[i].value for i in range(n)], dtype=bool)
+            ref_ok, dep_ok = self.ok[self.reference], self.ok[d]
+            self.flipped_by[d] = (ref_ok >= 0) & (dep_ok >= 0) & (ref_ok != dep_ok)
+        self.failed_by = {d: self.ok[d] == 0 for d in self.deployments}
+        self.search = ["\n".join([self.prompt[i]] + [self.cells[d][i].text for d in self.deployments if i in self.cells[d]])
+                       .casefold() for i in range(n)]
+
+    # -- building ---------------------------------------------------------------------------------
+
+    def _read_item_csvs(self) -> None:
+        for p in sorted((self.path / ITEMS_DIR).glob("*.csv")):
+            if not inside(self.path, p) or p.stat().st_size == 0:
+                continue
+            with p.open(encoding="utf-8-sig", newline="") as f:
+                header = next(csv.reader(f), [])
+            if "item_id" not in header or "deployment" not in header:
+                continue
+            wanted = [c for c in header if c not in _TEXT_COLUMNS or c in ("item_id", "deployment", "suite")]
+            df = pd.read_csv(p, encoding="utf-8-sig", usecols=wanted, dtype={"item_id": str, "deployment": str})
+            suite_col = df["suite"].astype(str) if "suite" in df else pd.Series(p.stem, index=df.index)
+            rows = np.array([self._row.get((s, i), -1) for s, i in zip(suite_col, df["item_id"].astype(str))])
+            keep = rows >= 0
+            df, rows = df[keep], rows[keep]
+            metric_cols = []
+            for c in df.columns:
+                if c in ("suite", "item_id", "deployment"):
+                    continue
+                values = df[c]
+                if values.dtype == bool or values.dtype == object:
+                    values = values.map({True: 1.0, False: 0.0, "True": 1.0, "False": 0.0}) if values.dtype != bool else values.astype(float)
+                values = pd.to_numeric(values, errors="coerce")
+                if values.notna().any():
+                    df[c] = values
+                    metric_cols.append(c)
+            ok_cols = [c for c in _OK_COLUMNS if c in metric_cols]
+            for dep, part in df.groupby("deployment"):
+                if dep not in self.cells:
+                    continue
+                idx = rows[df.index.get_indexer(part.index)]
+                for c in metric_cols:
+                    arr = self.scores.setdefault(f"{dep}|{p.stem}:{c}", np.full(len(self.keys), np.nan))
+                    arr[idx] = part[c].to_numpy(dtype=float)
+                ok = np.full(len(part), np.nan)
+                for c in ok_cols:  # per row, the first pass/fail column it has (code: pass; QA: contains)
+                    ok = np.where(np.isnan(ok), part[c].to_numpy(dtype=float), ok)
+                cells = self.cells[dep]
+                for i, v in zip(idx.tolist(), ok.tolist()):
+                    if i in cells and not math.isnan(v):
+                        cells[i].ok = int(v > 0)
+            self.metrics[p.stem] = metric_cols
+
+    def _figures(self) -> None:
+        """Perplexity chunks: the cell is the chunk's figures from the per-item CSV (what differs compares)."""
+        for dep, cells in self.cells.items():
+            for i, cell in cells.items():
+                if self.keys[i][0] != "perplexity" or cell.text:
+                    continue
+                parts = []
+                for metric, label, form in _FIGURES:
+                    arr = self.scores.get(f"{dep}|perplexity:{metric}")
+                    if arr is not None and not math.isnan(arr[i]):
+                        parts.append(f"{label} {form.format(arr[i])}")
+                cell.text = " · ".join(parts) or "(not scored yet)"
+                ppl = self.scores.get(f"{dep}|perplexity:ppl")
+                cell.value = None if ppl is None or math.isnan(ppl[i]) else f"{ppl[i]:.6g}"
+
+    # -- answering --------------------------------------------------------------------------------
+
+    def facets(self) -> dict[str, Any]:
+        suites = sorted(set(self.suite_of.tolist()))
+        cats = sorted(set(self.category))
+        sorts = sorted(self.scores)
+        return {"suites": suites, "categories": cats, "sorts": sorts, "deployments": self.deployments,
+                "reference": self.reference, "n_items": len(self.keys)}
+
+    def select(self, query: Query) -> np.ndarray:
+        """Row numbers matching `query`, in its order."""
+        n = len(self.keys)
+        mask = np.ones(n, dtype=bool)
+        if query.suite:
+            mask &= self.suite_of == query.suite
+        if query.category:
+            mask &= self.category_arr == query.category
+        deps = [query.deployment] if query.deployment in self.differs_by else list(self.differs_by)
+        for flag, by in ((query.differs, self.differs_by), (query.flipped, self.flipped_by)):
+            if flag:
+                any_ = np.zeros(n, dtype=bool)
+                for d in deps:
+                    any_ |= by[d]
+                mask &= any_
+        if query.failed:
+            fdeps = [query.deployment] if query.deployment in self.failed_by else self.deployments
+            any_ = np.zeros(n, dtype=bool)
+            for d in fdeps:
+                any_ |= self.failed_by[d]
+            mask &= any_
+        rows = np.flatnonzero(mask)
+        needle = query.q.strip().casefold()
+        if needle:
+            search = self.search
+            rows = np.array([i for i in rows.tolist() if needle in search[i]], dtype=np.int64)
+        if query.sort in self.scores:
+            values = self.scores[query.sort][rows]
+            order = np.argsort(-values if query.desc else values, kind="stable")
+            nan_last = np.isnan(values[order])
+            rows = np.concatenate([rows[order][~nan_last], rows[order][nan_last]])
+        return rows
+
+    def page(self, query: Query) -> dict[str, Any]:
+        rows = self.select(query)
+        limit = max(1, min(int(query.limit), 500))
+        offset = max(0, int(query.offset))
+        chosen = rows[offset: offset + limit].tolist()
+        return {"total": int(len(rows)), "offset": offset, "limit": limit,
+                "rows": [self._row_json(i, CELL_CHARS, query.sort) for i in chosen]}
+
+    def _scores_of(self, dep: str, i: int) -> dict[str, float]:
+        out = {}
+        prefix = f"{dep}|"
+        for key, arr in self.scores.items():
+            if key.startswith(prefix) and not math.isnan(arr[i]):
+                out[key[len(prefix):]] = float(arr[i])
+        return out
+
+    def _row_json(self, i: int, chars: int | None, sort: str = "") -> dict[str, Any]:
+        suite, item_id = self.keys[i]
+        ref = self.cells[self.reference].get(i)
+        ref_text = ref.text if ref is not None else None
+        cells: dict[str, Any] = {}
+        for d in self.deployments:
+            c = self.cells[d].get(i)
+            if c is None:
+                cells[d] = None
+                continue
+            cut = c.text if chars is None else c.text[:chars]
+            compare_to = None if d == self.reference or ref_text is None else (ref_text if chars is None else ref_text[:chars])
+            cells[d] = {
+                "segments": segments(cut, compare_to) if suite != "perplexity" else [(cut, 0)],
+                "truncated": chars is not None and len(c.text) > chars,
+                "ok": int(c.ok),
+                "differs": bool(self.differs_by[d][i]) if d in self.differs_by else False,
+                "flipped": bool(self.flipped_by[d][i]) if d in self.flipped_by else False,
+            }
+            if sort.startswith(f"{d}|"):
+                v = self.scores[sort][i]
+                cells[d]["sort_value"] = None if math.isnan(v) else float(v)
+        prompt = self.prompt[i]
+        return {"suite": suite, "item_id": item_id, "category": self.category[i],
+                "prompt": prompt if chars is None else prompt[:PROMPT_CHARS], "prompt_truncated":
+                chars is not None and len(prompt) > PROMPT_CHARS, "cells": cells}
+
+    def item(self, suite: str, item_id: str) -> dict[str, Any] | None:
+        """Everything about one item: prompt, each deployment's whole output with its differences from the
+        reference's, its per-item scores, and the token ids (with the first position that differs)."""
+        i = self._row.get((suite, item_id))
+        if i is None:
+            return None
+        out = self._row_json(i, None)
+        ref = self.cells[self.reference].get(i)
+        for d in self.deployments:
+            c = self.cells[d].get(i)
+            if c is None:
+                continue
+            same_model = self.sources.get(d) is not None and self.sources.get(d) == self.sources.get(self.reference)
+            cell = out["cells"][d]
+            cell.update({
+                "scores": self._scores_of(d, i),
+                "extra": {k: v for k, v in c.extra.items() if v is not None},
+                "prompt_token_ids": None if c.prompt_ids is None else c.prompt_ids.tolist(),
+                "output_token_ids": None if c.output_ids is None else c.output_ids.tolist(),
+                "same_source_as_reference": same_model,
+            })
+            if ref is not None and d != self.reference:
+                cell["prompt_ids_first_difference"] = first_difference(
+                    None if c.prompt_ids is None else c.prompt_ids.tolist(),
+                    None if ref.prompt_ids is None else ref.prompt_ids.tolist())
+                cell["output_ids_first_difference"] = first_difference(
+                    None if c.output_ids is None else c.output_ids.tolist(),
+                    None if ref.output_ids is None else ref.output_ids.tolist())
+        out["reference"] = self.reference
+        out["deployments"] = self.deployments
+        return out
+
+
+class IndexCache:
+    """One index per run directory, rebuilt when the files it was built from change."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: dict[Path, threading.Lock] = {}
+        self._indexes: dict[Path, RunIndex] = {}
+
+    def get(self, path: Path) -> RunIndex:
+        with self._lock:
+            lock = self._locks.setdefault(path, threading.Lock())
+        with lock:  # one build per run at a time; a second request waits for it instead of building again
+            index = self._indexes.get(path)
+            if index is None or index.signature != signature(path):
+                index = self._indexes[path] = RunIndex(path)
+            return index
+
+    def warm(self, paths: Iterable[Path]) -> None:
+        for p in paths:
+            try:
+                self.get(p)
+            except Exception:  # noqa: BLE001 — warming is a courtesy; the request will report the error
+                pass
