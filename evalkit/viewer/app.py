@@ -168,6 +168,9 @@ def create_app(settings: Settings) -> Starlette:
             raise NotFound(name)
         return Response(_static(name), media_type=STATIC[name])
 
+    def favicon(request: Request) -> Response:
+        return Response(status_code=204)  # browsers ask for one; none is needed
+
     def runs(request: Request) -> Response:
         return JSONResponse({"root": root.name, "runs": list_runs(root)})
 
@@ -233,6 +236,7 @@ def create_app(settings: Settings) -> Starlette:
     routes = [
         Route("/", page),
         Route("/static/{name}", static),
+        Route("/favicon.ico", favicon),
         Route("/api/runs", runs),
         Route("/api/runs/{run}/overview", run_overview),
         Route("/api/runs/{run}/items", items),
@@ -269,6 +273,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, *, allow_remote
         sock.bind((host, port))
     except OSError as e:
         raise EvalkitError(f"{host}:{port}", f"cannot listen there ({e.strerror})") from None
+    sock.listen(128)  # listening before the URL is shown: early connections wait in the backlog for uvicorn
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/"

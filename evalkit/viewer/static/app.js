@@ -115,7 +115,7 @@ function statTable(t) {
       el("div", {text: [c.value, c.interval].filter(Boolean).join(" ")}),
       c.delta || c.delta_ci ? el("div", {cls: "muted", text: (c.delta ? "Δ " + c.delta + " " : "") + (c.delta_ci || "") + (c.symbol ? " " + c.symbol : "")}) : null))));
   }
-  return el("div", {}, el("h2", {text: t.title}), table, t.caption ? el("p", {cls: "muted", text: t.caption}) : null);
+  return el("div", {}, el("h2", {text: t.title}), el("div", {cls: "scroll"}, table), t.caption ? el("p", {cls: "muted", text: t.caption}) : null);
 }
 
 // ---------------------------------------------------------------- runs list
@@ -163,7 +163,8 @@ async function showRun(name, params) {
   head.push(el("p", {cls: "muted", text: `reference ${ov.reference} · ${f.n_items} items · created ${ov.created || "?"}`}));
   if (ov.decision) {
     head.push(el("h2", {text: "Decision"}), el("p", {id: "decision-summary", text: ov.decision.summary}));
-    if (ov.decision.what_would_change) head.push(el("p", {cls: "muted", text: "What would change it: " + ov.decision.what_would_change}));
+    const change = [].concat(ov.decision.what_would_change || []).filter(Boolean);
+    if (change.length) head.push(el("p", {cls: "muted", text: "What would change it: " + change.join("; ")}));
     ov.decision.tables.forEach((t) => head.push(statTable(t)));
   }
   if (ov.verdict) head.push(statTable(ov.verdict));
