@@ -25,6 +25,7 @@ LLAMA_CMAKE_ARGS := -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF 
 
 run: $(STAMP)
 	$(PY) -m evalkit run
+	@run=$$(ls -1d reports/*/ 2>/dev/null | sort | tail -1); test -n "$$run" && echo "explore it in the browser: $(PY) -m evalkit view $${run%/}" || true
 
 # vLLM's front end changes process-wide settings (threads, env): its tests get their own pytest process.
 # `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached; skipped when

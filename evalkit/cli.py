@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("view", help="browse runs in a local web viewer (items, run against run, blind review)")
     p.add_argument("reports_dir", nargs="?", default="reports", metavar="REPORTS_DIR",
-                   help="folder of run directories (default: reports/)")
+                   help="folder of run directories (default: reports/); a run directory opens at that run")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     p.add_argument("--allow-remote", action="store_true",

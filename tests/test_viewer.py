@@ -44,7 +44,7 @@ def viewer(root: Path, *args: str, env: dict[str, str] | None = None) -> Iterato
                             env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, start_new_session=True)
     try:
         line = proc.stderr.readline() if proc.stderr else ""
-        m = re.search(r"viewer at (http://\S+/)", line)
+        m = re.search(r"viewer at (http://[^/\s]+/)", line)
         assert m, f"viewer did not start: {line}{proc.stderr.read() if proc.stderr and proc.poll() is not None else ''}"
         threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()  # keep the pipe drained
         yield m.group(1)

@@ -259,6 +259,9 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, *, allow_remote
 
     if not root.is_dir():
         raise EvalkitError(str(root), "no such reports folder")
+    focus = ""
+    if (root / "manifest.json").is_file():  # a run directory: serve its folder and open at this run
+        focus, root = f"#/run/{root.resolve().name}", root.resolve().parent
     if host not in LOOPBACK:
         if not allow_remote:
             raise EvalkitError(host, "binding beyond this machine needs --allow-remote (and EVALKIT_VIEW_PASSWORD)")
@@ -276,7 +279,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, *, allow_remote
     sock.listen(128)  # listening before the URL is shown: early connections wait in the backlog for uvicorn
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{bound}/"
+    url = f"http://{shown}:{bound}/{focus}"
     # Index the newest runs in the background, so the first look at a big run finds it built.
     threading.Thread(target=app.app.state.cache.warm,  # type: ignore[attr-defined]
                      args=([run_path(root.resolve(), n) for n in run_names(root.resolve())[:3]],), daemon=True).start()

@@ -85,8 +85,8 @@ def _changed(cand: Any, base: Any, dep: str, base_dep: str) -> dict[str, Any]:
     n_changed = n_text = 0
     if dep not in cand.cells or base_dep not in base.cells:
         return {"changed": [], "n_changed": 0, "n_output_changed": 0}
-    for key, i in cand._row.items():
-        j = base._row.get(key)
+    for key, i in cand.row_of.items():
+        j = base.row_of.get(key)
         if j is None:
             continue
         c, b = cand.cells[dep].get(i), base.cells[base_dep].get(j)

@@ -127,7 +127,7 @@ class RunIndex:
         self.keys: list[tuple[str, str]] = []
         self.category: list[str] = []
         self.prompt: list[str] = []
-        self._row: dict[tuple[str, str], int] = {}
+        self.row_of: dict[tuple[str, str], int] = {}  # (suite, item id) -> row
         self.cells: dict[str, dict[int, _Cell]] = {d: {} for d in self.deployments}
         for dep in self.deployments:
             rpath = run.records_path(dep)
@@ -139,10 +139,10 @@ class RunIndex:
                     continue
                 rec = parse_record({**raw, "deployment": raw.get("deployment") or dep}, where)
                 key = (rec.suite, str(rec.item_id))
-                i = self._row.get(key)
+                i = self.row_of.get(key)
                 cell, prompt = _cell_of(rec)
                 if i is None:
-                    i = self._row[key] = len(self.keys)
+                    i = self.row_of[key] = len(self.keys)
                     self.keys.append(key)
                     self.category.append(str(rec.category))
                     self.prompt.append(prompt)
@@ -187,9 +187,9 @@ class RunIndex:
             wanted = [c for c in header if c not in _TEXT_COLUMNS or c in ("item_id", "deployment", "suite")]
             df = pd.read_csv(p, encoding="utf-8-sig", usecols=wanted, dtype={"item_id": str, "deployment": str})
             suite_col = df["suite"].astype(str) if "suite" in df else pd.Series(p.stem, index=df.index)
-            rows = np.array([self._row.get((s, i), -1) for s, i in zip(suite_col, df["item_id"].astype(str))])
+            rows = np.array([self.row_of.get((s, i), -1) for s, i in zip(suite_col, df["item_id"].astype(str))])
             keep = rows >= 0
-            df, rows = df[keep], rows[keep]
+            df, rows = df[keep].copy(), rows[keep]
             metric_cols = []
             for c in df.columns:
                 if c in ("suite", "item_id", "deployment"):
@@ -321,7 +321,7 @@ class RunIndex:
     def item(self, suite: str, item_id: str) -> dict[str, Any] | None:
         """Everything about one item: prompt, each deployment's whole output with its differences from the
         reference's, its per-item scores, and the token ids (with the first position that differs)."""
-        i = self._row.get((suite, item_id))
+        i = self.row_of.get((suite, item_id))
         if i is None:
             return None
         out = self._row_json(i, None)

@@ -10,7 +10,6 @@ files; one reviewer in two tabs is serialised by the sheet's file lock, so no ra
 from __future__ import annotations
 
 import csv
-import io
 import re
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,11 @@ from typing import Any
 from filelock import FileLock
 
 from evalkit.errors import RatingSheetError
-from evalkit.rating.export import SCORE_MAX, SCORE_MIN, _write_csv, browser_sheet, load_key
+from evalkit.rating.export import SCORE_MAX, SCORE_MIN, _write_csv, browser_sheet
 from evalkit.rating.import_ import import_sheets
 from evalkit.resources import resource_path
 from evalkit.spreadsheet import unneutralize
-from evalkit.store import lock_path
+from evalkit.store import atomic_write_bytes, lock_path
 
 RATER_ID = re.compile(r"^\w[\w.@-]{0,63}$")  # rate import's rule: the id becomes a file name
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -103,18 +102,8 @@ def rate(run_dir: Path, rater_id: str, row_id: str, score: Any, comment: str = "
         try:
             summary = import_sheets(Path(run_dir), [path], refresh=False)
         except RatingSheetError:
-            path.write_bytes(before)  # the sheet stays as rate import last accepted it
+            atomic_write_bytes(path, before)  # the sheet stays as rate import last accepted it
             raise
     s = summary.sheets[0]
     return {"row_id": row_id, "score": score, "rated": s.rated, "rows": s.rows, "stored": str(Path(s.stored).name)}
 
-
-def key_rows(run_dir: Path) -> int:
-    """How many sheets the run's key holds (for tests and the review page's header)."""
-    return len(load_key(Path(run_dir))["sheets"])
-
-
-def csv_text(table: list[list[str]]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf).writerows(table)
-    return buf.getvalue()
