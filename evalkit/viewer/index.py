@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from evalkit import records as records_module
 from evalkit.records import parse_record
 from evalkit.scoring import ITEMS_DIR
 from evalkit.store import MANIFEST, RECORDS_DIR, RunDir
@@ -129,6 +130,7 @@ class RunIndex:
         self.prompt: list[str] = []
         self.row_of: dict[tuple[str, str], int] = {}  # (suite, item id) -> row
         self.cells: dict[str, dict[int, _Cell]] = {d: {} for d in self.deployments}
+        self._arrays: dict[tuple[str, int], Any] = {}
         for dep in self.deployments:
             rpath = run.records_path(dep)
             if not inside(path, rpath):
@@ -149,6 +151,8 @@ class RunIndex:
                 elif dep == self.reference:
                     self.prompt[i] = prompt  # the reference's prompt text names the item
                 self.cells[dep][i] = cell
+                if rec.suite == "perplexity" and cell.prompt_ids is None and not getattr(rec, "skipped", None):
+                    self._arrays[(dep, i)] = rec  # records v2: token ids live in a side file, read on demand
         n = len(self.keys)
         self.suite_of = np.array([k[0] for k in self.keys], dtype=object)
         self.category_arr = np.array(self.category, dtype=object)
@@ -325,6 +329,8 @@ class RunIndex:
         if i is None:
             return None
         out = self._row_json(i, None)
+        for d in self.deployments:
+            self._load_arrays(d, i)
         ref = self.cells[self.reference].get(i)
         for d in self.deployments:
             c = self.cells[d].get(i)
@@ -349,6 +355,21 @@ class RunIndex:
         out["reference"] = self.reference
         out["deployments"] = self.deployments
         return out
+
+
+    def _load_arrays(self, dep: str, i: int) -> None:
+        """The scored token ids of a perplexity chunk whose record keeps them in a side file (records v2),
+        through evalkit.records.token_arrays where this evalkit has it."""
+        rec = self._arrays.pop((dep, i), None)
+        reader = getattr(records_module, "token_arrays", None)
+        if rec is None or reader is None:
+            return
+        try:
+            arrays = reader(rec, self.path)
+        except Exception:  # noqa: BLE001 — a missing side file leaves the ids unshown, the rest of the item stays
+            return
+        if arrays is not None and "token" in (arrays.dtype.names or ()):
+            self.cells[dep][i].prompt_ids = np.asarray(arrays["token"], dtype=np.int64)
 
 
 class IndexCache:
