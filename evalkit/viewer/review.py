@@ -100,7 +100,7 @@ def rate(run_dir: Path, rater_id: str, row_id: str, score: Any, comment: str = "
         before = path.read_bytes()
         _write_csv(path, table)
         try:
-            summary = import_sheets(Path(run_dir), [path], refresh=False)
+            summary = import_sheets(Path(run_dir), [path])  # stores the sheet only; `evalkit report` scores it
         except RatingSheetError:
             atomic_write_bytes(path, before)  # the sheet stays as rate import last accepted it
             raise
