@@ -266,8 +266,9 @@ async function showCompare(params) {
     el("p", {cls: "muted", text: "Each row: the candidate run's deployment minus the baseline run's, paired over the items both have, by the same suite code and statistics as comparisons.csv."})];
   if (data.note) parts.push(el("p", {cls: "error", text: data.note}));
   // Pairing editor: which candidate deployment against which baseline deployment.
-  const candSel = el("select", {name: "cand"}, data.candidate_deployments.map((d) => el("option", {value: d, text: d})));
-  const baseSel = el("select", {name: "base"}, data.baseline_deployments.map((d) => el("option", {value: d, text: d})));
+  const first = data.pairs[0] || {};
+  const candSel = el("select", {name: "cand"}, data.candidate_deployments.map((d) => el("option", {value: d, text: d, selected: d === first.deployment})));
+  const baseSel = el("select", {name: "base"}, data.baseline_deployments.map((d) => el("option", {value: d, text: d, selected: d === first.baseline_deployment})));
   parts.push(el("div", {cls: "controls"}, "pair ", candSel, ` (${data.candidate}) against `, baseSel, ` (${data.baseline}) `,
     el("button", {text: "compare this pair", onclick: () => { location.hash = "#/compare?" + qs({candidate, baseline, pair: [candSel.value + "|" + baseSel.value]}); }})));
   for (const p of data.pairs) {
