@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -373,12 +374,14 @@ class RunIndex:
 
 
 class IndexCache:
-    """One index per run directory, rebuilt when the files it was built from change."""
+    """One index per run directory, rebuilt when the files it was built from change; the `keep` most
+    recently used are held (a big run's index is a few hundred MB)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
         self._lock = threading.Lock()
         self._locks: dict[Path, threading.Lock] = {}
-        self._indexes: dict[Path, RunIndex] = {}
+        self._indexes: OrderedDict[Path, RunIndex] = OrderedDict()
 
     def get(self, path: Path) -> RunIndex:
         with self._lock:
@@ -386,7 +389,12 @@ class IndexCache:
         with lock:  # one build per run at a time; a second request waits for it instead of building again
             index = self._indexes.get(path)
             if index is None or index.signature != signature(path):
-                index = self._indexes[path] = RunIndex(path)
+                index = RunIndex(path)
+            with self._lock:
+                self._indexes[path] = index
+                self._indexes.move_to_end(path)
+                while len(self._indexes) > self.keep:
+                    self._indexes.popitem(last=False)
             return index
 
     def warm(self, paths: Iterable[Path]) -> None:
