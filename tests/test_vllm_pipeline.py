@@ -57,6 +57,28 @@ def test_each_deployment_ran_in_its_own_process_and_exited(vllm_run: tuple[Path,
         assert {e["extra"]["engine_processes"] for e in engines.values()} == {"one (engine core and worker in this process)"}
 
 
+def test_manifest_states_the_kv_cache_each_deployment_was_given(vllm_run: tuple[Path, str, str]) -> None:
+    """Issue 19: the plan's KV figure (manifest ledger, made before anything loaded) is the size the engine gave
+    vLLM (engines/<deployment>.json), on CPU max_num_seqs x max_model_len of every layer's K and V, computed
+    here from the checkpoint's config.json; the report's ledger table shows the same bytes."""
+    run, _, _ = vllm_run
+    manifest = json.loads((run / "manifest.json").read_text())
+    ledger = {r["deployment"]: r for r in manifest["ledger"]}
+    for name in manifest["deployments"]:
+        extra = json.loads((run / "engines" / f"{name}.json").read_text())["extra"]
+        row = ledger[name]
+        assert row["kv_given_bytes"] == extra["kv_cache_bytes"] and row["kv_given_from"] == extra["kv_cache_from"]
+        if _cuda_available():
+            continue
+        options = manifest["config"]["deployments"][[d["name"] for d in manifest["config"]["deployments"]].index(name)]["options"]
+        model_dir = Path(json.loads((run / "engines" / f"{name}.json").read_text())["model_path"])
+        cfg = json.loads((model_dir / "config.json").read_text())
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        per_token = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2 * (2 if extra["dtype"] == "bfloat16" else 4)
+        assert extra["kv_cache_bytes"] == options["max_num_seqs"] * options["max_model_len"] * per_token, name
+        assert row["kv_bytes"] == extra["kv_cache_bytes"]  # the report's "KV cache" column
+
+
 def _cuda_available() -> bool:
     import torch
 
