@@ -190,7 +190,7 @@ DEFAULT_RUN_COST = {"concurrency": [1, 4], "prompt_tokens": 128, "output_tokens"
 
 def default_engine_run(base: Path, engine: str, suites: dict[str, Any], sampling: dict[str, Any] | None = None) -> Path:
     """`evalkit run --no-cache` of configs/default.yaml's `engine` deployments (whatever it holds today), engine
-    options unchanged (memory depends on them: n_ctx, max_model_len, gpu_memory_utilization), with `suites`
+    options unchanged (memory depends on them: n_ctx, max_model_len, max_num_seqs, kv_cache_gb), with `suites`
     instead of the default's (one worker per deployment, as `make run`). Perplexity keeps the default's n_ctx (the
     largest logits any suite asks for): the ledger predicts from it. Fresh measurements only (--no-cache), so
     the cost records measure this run's workers even where $EVALKIT_CACHE_DIR holds earlier results."""

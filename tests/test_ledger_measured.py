@@ -1,7 +1,7 @@
 """The memory ledger against what the default deployments really hold on this machine: within ±25%.
 
 A small run per engine of configs/default.yaml's deployments (whatever it holds; conftest.default_engine_run),
-engine options unchanged (memory depends on them: n_ctx, max_model_len, gpu_memory_utilization), with the
+engine options unchanged (memory depends on them: n_ctx, max_model_len, max_num_seqs, kv_cache_gb), with the
 suites cut to perplexity chunks of the configured length (the largest logits any suite asks for) and the cost
 suite, whose records carry the worker's process-tree high-water RSS (vLLM's engine-core and model-worker
 processes included). The prediction is the manifest's ledger, made before anything loaded. The vLLM run is

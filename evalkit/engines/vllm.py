@@ -591,7 +591,7 @@ SPEC = EngineSpec(
         "max_model_len",  # same reasoning as llama.cpp's n_ctx
         "enforce_eager",  # CUDA graphs vs eager kernels
         "seed",  # the engine-level seed feeds sampling at temperature > 0
-        # max_num_seqs / gpu_memory_utilization change batch composition; vLLM's results already depend
+        # max_num_seqs / gpu_memory_utilization / kv_cache_gb change batch composition; vLLM's results already depend
         # on which requests share a batch, which no key can capture: a hit is one valid draw.
     ),
     effective_numerics=_effective_numerics,
