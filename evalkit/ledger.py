@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -124,7 +123,6 @@ class Hardware:
     gpu_memory_bytes: int
     ram_bytes: int
     source: str = "detected"  # or "config"
-    node_ram_bytes: int | None = None  # RAM of the NUMA node vLLM's CPU worker binds to (None: all of it)
     gpu: Any = None  # the GPU model (evalkit.gpus.GpuModel) when the config names one or gives its capability
 
     def describe(self) -> str:
@@ -133,28 +131,35 @@ class Hardware:
         return f"CPU, {self.ram_bytes / GB:.1f} GB RAM"
 
 
-def _numa_node_ram() -> int | None:
-    """MemTotal of the NUMA node holding this process's first allowed CPU, as vLLM's CPU worker reads it
-    (vllm.utils.cpu_resource_utils.get_memory_node_info); None where sysfs has no per-node figures.
-    It can differ from the machine's total (this VM: 11.0 GB on node 0 of 25.3 GB)."""
-    try:
-        cpu = min(os.sched_getaffinity(0))
-        node = next(Path(f"/sys/devices/system/cpu/cpu{cpu}").glob("node*")).name
-        for line in Path(f"/sys/devices/system/node/{node}/meminfo").read_text().splitlines():
-            parts = line.split()
-            if parts[2] == "MemTotal:":
-                return int(parts[3]) * 1024
-    except (OSError, StopIteration, IndexError, ValueError, AttributeError):
-        pass
+# Where a memory-limited cgroup states its limit (v2, then v1). v1 writes a huge number when unlimited.
+CGROUP_MEMORY_LIMIT_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def _cgroup_memory_limit() -> int | None:
+    """The memory limit of this process's cgroup (a container, a CI job), None where there is none: inside one,
+    the machine's RAM is not what a deployment may use (vLLM's CPU worker reads the same files)."""
+    for path in CGROUP_MEMORY_LIMIT_FILES:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 62:
+            return int(text)
     return None
 
 
-def detect_hardware() -> Hardware:
-    """This machine: NVML's GPUs (smallest memory) when pynvml finds any, else RAM."""
+def _ram_bytes() -> int:
+    """RAM a deployment may use: the machine's, or its cgroup's limit when lower."""
     import psutil
 
     ram = int(psutil.virtual_memory().total)
-    node = _numa_node_ram()
+    limit = _cgroup_memory_limit()
+    return min(ram, limit) if limit else ram
+
+
+def detect_hardware() -> Hardware:
+    """This machine: NVML's GPUs (smallest memory) when pynvml finds any, else RAM (a cgroup's limit when lower)."""
+    ram = _ram_bytes()
     try:
         import pynvml
 
@@ -165,10 +170,10 @@ def detect_hardware() -> Hardware:
         finally:
             pynvml.nvmlShutdown()
         if mems:
-            return Hardware(gpus=len(mems), gpu_memory_bytes=int(min(mems)), ram_bytes=ram, node_ram_bytes=node)
+            return Hardware(gpus=len(mems), gpu_memory_bytes=int(min(mems)), ram_bytes=ram)
     except Exception:  # no pynvml, no driver, no GPU: all mean "CPU"
         pass
-    return Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=ram, node_ram_bytes=node)
+    return Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=ram)
 
 
 def hardware_from_config(config: Any) -> Hardware:
@@ -187,7 +192,6 @@ def hardware_from_config(config: Any) -> Hardware:
         gpu_memory_bytes=int(gpu_gb * GB) if gpu_gb else (detected.gpu_memory_bytes if gpus and detected else 0),
         ram_bytes=int(ram_gb * GB) if ram_gb else detected.ram_bytes,  # type: ignore[union-attr]
         source="config",
-        node_ram_bytes=None if ram_gb else detected.node_ram_bytes,  # type: ignore[union-attr]
         gpu=gpu if gpus else None,
     )
 

@@ -101,9 +101,9 @@ def test_v100_q4_k_m_fits_one_card_with_long_context() -> None:
 
 def test_vllm_on_cpu_gets_an_explicit_kv_cache_whatever_the_node_size() -> None:
     """On CPU the KV cache is max_num_seqs x max_model_len (or kv_cache_gb), not a share of the NUMA node minus
-    the process's RSS: the same plan on a 1 GB node as on a 100 GB one, and gpu_memory_utilization plays no part."""
-    small = Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=64 * GB, node_ram_bytes=1 * GB)
-    big = Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=64 * GB, node_ram_bytes=100 * GB)
+    the process's RSS: the same plan on a small machine as on a big one, and gpu_memory_utilization plays no part."""
+    small = Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=64 * GB)
+    big = Hardware(gpus=0, gpu_memory_bytes=0, ram_bytes=1000 * GB)
     weights = arch_weight_bytes(Q, "F32")
     rows = [predict_vllm("v", Q, weights, "F32", "x", VllmOptions(dtype="float32", max_model_len=4096, max_num_seqs=16,
                                                                 gpu_memory_utilization=util), hw)
@@ -121,6 +121,27 @@ def test_vllm_on_cpu_gets_an_explicit_kv_cache_whatever_the_node_size() -> None:
     # More than the machine's RAM: NO, with the figures.
     huge = predict_vllm("v", Q, weights, "F32", "x", opts.model_copy(update={"kv_cache_gb": 70}), small)
     assert huge.fits is False and huge.per_device_bytes > 64 * GB
+
+
+def test_a_memory_limited_cgroup_is_the_ram_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container or CI job with a memory limit, the plan's RAM is the limit (the files as the kernel writes
+    them: cgroup v2 `memory.max`, v1 `memory.limit_in_bytes` with its huge 'unlimited' value), never more than RAM."""
+    import psutil
+
+    import evalkit.ledger as ledger
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(ledger, "CGROUP_MEMORY_LIMIT_FILES", (v2, v1))
+    ram = psutil.virtual_memory().total
+    assert ledger._ram_bytes() == ram  # no file: the machine's RAM
+    v2.write_text("max\n")
+    v1.write_text("9223372036854771712\n")  # v1's "no limit"
+    assert ledger._cgroup_memory_limit() is None
+    v2.write_text(f"{3 * 2**30}\n")
+    assert ledger._cgroup_memory_limit() == 3 * 2**30 and ledger._ram_bytes() == min(ram, 3 * 2**30)
+    v2.unlink()
+    v1.write_text(f"{ram * 4}\n")
+    assert ledger._ram_bytes() == ram  # a limit above the machine's RAM changes nothing
 
 
 def test_vllm_kv_cache_gb_on_a_gpu_replaces_gpu_memory_utilization() -> None:
