@@ -12,6 +12,7 @@ each run's wall time, the ratio, and each deployment's cache hits/misses and whe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -50,16 +51,18 @@ def reduced_config(path: Path) -> Path:
     return path
 
 
-def run_once(config: Path | None, out: Path, env: dict[str, str]) -> tuple[float, Path]:
+def run_once(config: Path | None, out: Path, env: dict[str, str], console: Path | None = None) -> tuple[float, Path]:
     before = set(out.iterdir()) if out.exists() else set()
     cmd = [sys.executable, "-m", "evalkit", "run", "--out", str(out)] + (["--config", str(config)] if config else [])
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - start
+    if console is not None:
+        console.write_text(proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"evalkit run failed (exit {proc.returncode})")
-    (run_dir,) = set(out.iterdir()) - before
+    (run_dir,) = [p for p in set(out.iterdir()) - before if p.is_dir()]
     return wall, run_dir
 
 
@@ -75,9 +78,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, help="config to run (default: the embedded default)")
     ap.add_argument("--reduced", action="store_true", help="the default's llama.cpp deployments with small suites")
+    ap.add_argument("--keep", type=Path, help="work in this (new) directory and keep it: both run directories, "
+                    "their terminal output (<label>.console.log) and the result cache")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="evalkit-bench-cache-") as tmp:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)
+    with (contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="evalkit-bench-cache-")) as tmp:
         tmp_path = Path(tmp)
+        print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
         cache = tmp_path / "cache"
         cache.mkdir()
         variants = user_cache_dir() / "variants"
@@ -90,7 +98,7 @@ def main() -> int:
         walls, stats = [], []
         for label in ("first run", "cached re-run"):
             print(f"{label} ...", file=sys.stderr, flush=True)
-            wall, run_dir = run_once(config, out, env)
+            wall, run_dir = run_once(config, out, env, tmp_path / f"{label.replace(' ', '-')}.console.log")
             walls.append(wall)
             stats.append(engine_stats(run_dir))
             print(f"{label}: {wall:.1f} s", flush=True)
@@ -98,6 +106,7 @@ def main() -> int:
         print(f"first run      {walls[0]:8.1f} s")
         print(f"cached re-run  {walls[1]:8.1f} s")
         print(f"speed-up       {walls[0] / walls[1]:8.1f}x (target >= 50x)")
+        print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(f"{'deployment':<22} {'run':<14} {'hits':>7} {'misses':>7}  engine loaded")
         for label, st in zip(("first", "re-run"), stats):
             for dep, s in st.items():

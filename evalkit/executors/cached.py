@@ -19,8 +19,10 @@ class _NeedsEngine(BaseException):
     into an error record."""
 
 
-def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], None]) -> int:
-    """Record the unit's items the cache fully answers; returns how many."""
+def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], None],
+                     on_done: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Record the unit's items the cache fully answers; returns how many. `on_done` receives the engine
+    description a worker would have written (the stored description and the cache's hit/miss counts)."""
     from evalkit.cache import (
         CachedEngine, LazyEngine, ResultCache, _info_from_json, engine_identity, entry_key, key_parts_from_info, weights_known,
     )
@@ -62,4 +64,6 @@ def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], No
         print(f"evalkit: note: {name}: cache pass on the driver stopped ({type(e).__name__}: {e})", file=sys.stderr)
     finally:
         lazy.close()
+    if on_done is not None and served:
+        on_done({**info.__dict__, **engine.run_stats()})
     return served

@@ -30,6 +30,9 @@ class LocalExecutor:
         logs.mkdir(exist_ok=True)
         codes: dict[str, int] = {}
         for name in names:
+            if _served_by_cache(run, name):  # nothing left for an engine: no worker process is started
+                codes[name] = 0
+                continue
             log_file = logs / f"{name}.log"
             print(f"evalkit: running deployment {name} (engine log: {log_file})", file=sys.stderr, flush=True)
             terminal = os.dup(sys.stderr.fileno())
@@ -50,3 +53,47 @@ class LocalExecutor:
 def _tail(path: Path, lines: int = 5) -> str:
     text = path.read_bytes()[-8192:].decode("utf-8", errors="replace")
     return "\n".join("    " + ln for ln in text.strip().splitlines()[-lines:])
+
+
+def _served_by_cache(run: RunDir, name: str) -> bool:
+    """Record what the engine-result cache answers for `name` here, in the driver, as the Ray executor does;
+    True when nothing is left for a worker. A fully cached re-run then starts no process per deployment (a
+    worker's start-up, imports and tokenizer cost seconds each; the cache answers in milliseconds)."""
+    import time
+
+    from evalkit.executors.cached import serve_from_cache
+    from evalkit.executors.units import Unit
+    from evalkit.progress import RunProgress
+    from evalkit.worker import node_info, unit_work, write_description
+
+    unit = Unit(name)
+    work = unit_work(run, unit)
+    if work is None:
+        return True
+    if not work.use_cache:
+        return False
+    start = time.perf_counter()
+    served: dict[str, list[dict]] = {}  # suite -> records, appended in one batch per suite below
+    described: dict = {}
+    serve_from_cache(work, lambda recs: [served.setdefault(r["suite"], []).append(r) for r in recs],
+                     on_done=described.update)
+    if not served:
+        return False
+    seconds = time.perf_counter() - start
+    progress = RunProgress.load(run.path)
+    with run.writer(name) as writer:
+        for suite, records in served.items():
+            writer.write_batch(records)
+            if progress is not None:
+                progress.record(name, suite, len(records), seconds * len(records) / sum(map(len, served.values())))
+            print(f"{name} · {suite}: {len(records)} items in 0.0 s (engine-result cache, no engine started)",
+                  file=sys.stderr, flush=True)
+    with (run.path / "logs" / f"{name}.log").open("a", encoding="utf-8") as log:
+        log.write(f"evalkit: {sum(map(len, served.values()))} items answered by the engine-result cache in the "
+                  "driver (no worker process, no engine)\n")
+    left = unit_work(run, unit)
+    if left is None and described:
+        node = {"unit": unit.unit_id, "executor": "local", "attempt_id": f"{os.getpid()}-{time.time():.0f}",
+                "served_from_cache": True, **node_info()}
+        write_description(run, name, {"deployment": name, "worker_pid": None, **described}, node)
+    return left is None

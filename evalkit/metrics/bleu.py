@@ -7,16 +7,20 @@ the significance rule are evalkit.metrics.stats's, shared with every other suite
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
-from sacrebleu.metrics import BLEU, CHRF
 
 from evalkit.metrics.stats import StatsSettings, CorpusDiff, corpus_bootstrap_ci, corpus_paired_bootstrap
+
+if TYPE_CHECKING:
+    from sacrebleu.metrics import BLEU, CHRF
 
 
 def metrics_for(target_lang: str) -> dict[str, BLEU | CHRF]:
     """BLEU with the tokenizer sacrebleu recommends for the target language (zh for Chinese), and chrF."""
+    from sacrebleu.metrics import BLEU, CHRF  # on first use: the prompts suite imports this module in every process
+
     return {"bleu": BLEU(trg_lang=target_lang), "chrf": CHRF()}
 
 

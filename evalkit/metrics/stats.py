@@ -47,6 +47,11 @@ def _scipy_stats():  # type: ignore[no-untyped-def]
     return stats
 
 
+def normal_two_sided_p(z: float) -> float:
+    """Two-sided p-value of a standard normal statistic (scipy imported on first use, as above)."""
+    return float(2 * _scipy_stats().norm.sf(abs(z)))
+
+
 def confidence_of(settings: StatsSettings | None = None) -> float:
     return 1.0 - (settings or DEFAULT).alpha
 

@@ -22,16 +22,24 @@ class RunView:
         self.comps = run.comparisons
         self._items: dict[str, pd.DataFrame] = {}
 
+    @cached_property
+    def _score_positions(self) -> dict[tuple[Any, Any, str, Any], int]:
+        return _positions(self.scores)
+
+    @cached_property
+    def _comp_positions(self) -> dict[tuple[Any, Any, str, Any], int]:
+        return _positions(self.comps)
+
     def has(self, suite: str) -> bool:
         return (not self.scores.empty and bool((self.scores.suite == suite).any())) or not self.items(suite).empty
 
     def score(self, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
-        return _row(self.scores, dep, suite, category, metric)
+        return _row(self.scores, self._score_positions, dep, suite, category, metric)
 
     def comp(self, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
         if dep == self.reference:
             return None
-        row = _row(self.comps, dep, suite, category, metric)
+        row = _row(self.comps, self._comp_positions, dep, suite, category, metric)
         # a margin row on a value with no difference (evalkit/decision.py) is not a comparison to show as Δ
         no_diff = row is not None and "decision" in row and pd.notna(row["decision"]) and pd.isna(row["diff"])
         return None if no_diff else row
@@ -94,11 +102,20 @@ class RunView:
         return "MC" if source.get("source") == "builtin" else "MMLU"
 
 
-def _row(df: pd.DataFrame, dep: str, suite: str, category: str, metric: str) -> pd.Series | None:
-    if df.empty:
-        return None
-    m = df[(df.deployment == dep) & (df.suite == suite) & (df.category.astype(str) == category) & (df.metric == metric)]
-    return None if m.empty else m.iloc[0]
+def _positions(df: pd.DataFrame) -> dict[tuple[Any, Any, str, Any], int]:
+    """(deployment, suite, category as text, metric) -> the position of its first row. The report looks a few
+    hundred rows up; a boolean mask over the whole frame per lookup cost about 2 ms each."""
+    out: dict[tuple[Any, Any, str, Any], int] = {}
+    if not df.empty:
+        for pos, key in enumerate(zip(df.deployment, df.suite, df.category.astype(str), df.metric)):
+            out.setdefault(key, pos)
+    return out
+
+
+def _row(df: pd.DataFrame, positions: dict[tuple[Any, Any, str, Any], int], dep: str, suite: str, category: str,
+         metric: str) -> pd.Series | None:
+    pos = positions.get((dep, suite, category, metric))
+    return None if pos is None else df.iloc[pos]
 
 
 def describe_suites(run: Run) -> dict[str, dict[str, Any]]:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
-from scipy import stats
 
 from evalkit.config import resolve_data_path
 from evalkit.engines import gives_full_distributions
@@ -46,7 +45,7 @@ from evalkit.metrics.likelihood import (
     summarize_drift,
     token_drift,
 )
-from evalkit.metrics.stats import excludes_zero, z_value
+from evalkit.metrics.stats import excludes_zero, normal_two_sided_p, z_value
 from evalkit.records import PerplexityRecord, call_provenance, dump_record, typed, utc_now
 from evalkit.store import MANIFEST, ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
@@ -598,7 +597,7 @@ class _Pair:
         n = int(q.size)
         p = paired_perplexity(q, b)
         if p.ln_ratio_se > 0:
-            p_value = float(2 * stats.norm.sf(abs(p.ln_ratio / p.ln_ratio_se)))
+            p_value = normal_two_sided_p(p.ln_ratio / p.ln_ratio_se)
         else:  # identical per-token NLL differences: no noise to test against
             p_value = 1.0 if p.ln_ratio == 0 else 0.0
         lo, hi = p.diff - z * p.diff_se, p.diff + z * p.diff_se
@@ -649,7 +648,7 @@ class _Pair:
         a, b = _ppl(self.dep), _ppl(self.ref)
         diff = a.bits_per_byte - b.bits_per_byte
         se = math.hypot(a.bpb_se, b.bpb_se)  # independent samples: the texts were cut differently
-        p_value = float(2 * stats.norm.sf(abs(diff / se))) if se > 0 else nan
+        p_value = normal_two_sided_p(diff / se) if se > 0 else nan
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "bits_per_byte", a.bits_per_byte, b.bits_per_byte, diff,
             diff - z * se, diff + z * se, p_value, a.n_tokens + b.n_tokens,
