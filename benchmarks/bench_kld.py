@@ -80,8 +80,8 @@ def evalkit_side(hi: Path, lo: Path, text: Path, d: Path, args: argparse.Namespa
     ctx = ScoreContext(deployments=["hi", "lo"], reference="hi", config=None, config_file=d / "c.yaml", manifest={})
     scores = {(s.deployment, s.metric): s.value for s in suite.score(records, ctx)}
     wall = time.perf_counter() - start
-    recs = [r for r in records["hi"] if "nll" in r]
-    n_tokens = sum(len(r["nll"]) for r in recs)
+    recs = [r for r in records["hi"] if "n_scored" in r]
+    n_tokens = sum(int(r["n_scored"]) for r in recs)
     return {"base_s": times["hi"], "kld_s": times["lo"], "wall": wall, "bytes": sum(r["store_bytes"] for r in recs),
             "tokens": n_tokens, "ppl_base": scores[("hi", "ppl")], "ppl_q": scores[("lo", "ppl")],
             "kld": scores[("lo", "kld_mean")], "same_top": scores[("lo", "top1_agreement")],

@@ -86,7 +86,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     errors = refusals(found, config_file)
     for e in errors:  # a deployment that cannot run on the named GPU: one line each, exit 2
         print(f"evalkit: error: {e}", file=sys.stderr)
-    return EXIT_USER_ERROR if errors else 0
+    if errors:
+        return EXIT_USER_ERROR
+    # The disk the run will need, by kind; a run that cannot fit under --out is refused in one line (exit 2).
+    from evalkit.diskplan import check_disk, disk_plan
+    from evalkit.models import cache_dir
+
+    disk = disk_plan(config, config_file)
+    if not args.json:
+        print("\n".join(disk.lines()))
+    check_disk(disk, Path(args.out), cache_dir())
+    return 0
 
 
 def _cmd_rate_export(args: argparse.Namespace) -> int:
@@ -148,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("plan", help="the memory ledger of a config, without loading anything")
     p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML config (default: the embedded one)")
     p.add_argument("--json", action="store_true", help="one JSON record per deployment (GB = 10^9 bytes; unknown = null)")
+    p.add_argument("--out", default="reports", help="where the run would be written: its disk is checked (default: reports/)")
     p.set_defaults(func=_cmd_plan)
 
     rate = verbs.add_parser("rate", help="blind human-rating sheets: export, import").add_subparsers(

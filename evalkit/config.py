@@ -135,6 +135,10 @@ class PerplexitySettings(_Strict):
     # KLD is measured against (None: the run's reference). It must give full distributions (Capability.
     # FULL_DISTRIBUTION); deployments that cannot (vLLM) keep the top-k bound against the run's reference.
     kld_reference: str | None = Field(default=None, min_length=1)
+    # Streaming exact KLD: at most this many chunks of the KLD reference's stored distributions on disk at a
+    # time (the reference waits; a chunk is deleted once every reader recorded it), the reference and its
+    # readers running at once. None: every chunk kept for the whole run (evalkit plan says which fits).
+    kld_window: PositiveInt | None = None
 
 
 class MmluSettings(_Strict):

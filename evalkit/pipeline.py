@@ -83,6 +83,11 @@ def new_run(config: Config, config_file: Path, out_dir: Path, use_cache: bool, s
     suites = preflight(config, config_file)  # cheap: read all suite data first
     for (deployment, reason), suites_skipped in grouped_skips(skipped).items():
         print(f"evalkit: {deployment} skips {', '.join(suites_skipped)}: {reason}", file=sys.stderr)
+    from evalkit.diskplan import check_disk, disk_plan
+    from evalkit.models import cache_dir
+
+    # Disk known in advance: a run whose files cannot fit is refused before anything is written.
+    check_disk(disk_plan(config, config_file, use_cache), out_dir, cache_dir() if use_cache else None)
     deployments = resolve_deployments(config)
     ledger = _ledger(config, config_file)
     _refuse_what_does_not_fit(config_file, ledger, local=(executor or config.executor.kind) == "local")

@@ -72,6 +72,20 @@ class Run:
                 .model_dump(mode="json") for d in self.deployments for r in self.run_dir.records(d)]
         return pd.DataFrame(rows)
 
+    def token_arrays(self, deployment: str, item_id: str) -> Any:
+        """The per-token arrays of one perplexity chunk (a numpy structured array; fields among
+        `evalkit.records.TOKEN_FIELDS`), from its side file (v2) or its inline lists (v1)."""
+        from evalkit.errors import RunDirError
+        from evalkit.records import PerplexityRecord, parse_record, token_arrays
+
+        where = str(self.run_dir.records_path(deployment))
+        for raw in self.run_dir.records(deployment):
+            if raw.get("suite") == "perplexity" and raw.get("item_id") == item_id:
+                rec = parse_record({**raw, "deployment": raw.get("deployment") or deployment}, where)
+                if isinstance(rec, PerplexityRecord) and rec.scored:
+                    return token_arrays(rec, self.path, where)
+        raise RunDirError(where, f"no scored perplexity record {item_id!r}")
+
     @cached_property
     def ratings(self) -> pd.DataFrame:
         """Imported human ratings, de-blinded (empty when none were imported)."""

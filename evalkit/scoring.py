@@ -37,6 +37,7 @@ def score_context(run: RunDir) -> tuple[ScoreContext, Config]:
         config=config,
         config_file=Path(manifest["config_file"]),
         manifest=manifest,
+        run_dir=run.path,
     )
     return ctx, config
 

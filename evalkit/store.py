@@ -10,9 +10,11 @@ and is reported with its line number.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -23,6 +25,9 @@ from typing import Any, Iterable, Iterator
 from filelock import FileLock, Timeout
 
 from evalkit.errors import RunDirError
+from evalkit.sidefiles import SideFile, write_side_file
+
+SIDE_KEY = "side_file"  # a record dict's in-memory side file (evalkit.sidefiles.SideFile); never written to JSON
 
 MANIFEST = "manifest.json"
 RECORDS_DIR = "records"
@@ -102,15 +107,10 @@ def complete_part(data: bytes) -> bytes:
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of `path`: its newline-terminated lines. Bytes after the last newline are a torn
-    write (a writer cuts them before appending) and are ignored, even when they parse as JSON."""
-    if not path.exists():
-        return
-    with path.open("rb") as f:
-        data = complete_part(f.read())
-    for n, raw in enumerate(data.split(b"\n")[:-1], start=1):
-        if not raw.strip():
-            continue
+    """The records of `path`: its newline-terminated lines, read one at a time (a file of any size streams).
+    Bytes after the last newline are a torn write (a writer cuts them before appending) and are ignored, even
+    when they parse as JSON."""
+    for n, raw in _lines(path):
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -119,6 +119,52 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         if not isinstance(record, dict):
             raise RunDirError(f"{path}:{n}", "corrupt record (not a JSON object)")
         yield record
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of every complete, non-blank line of `path`."""
+    if not path.exists():
+        return
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                return  # the torn tail
+            if raw.strip():
+                yield n, raw
+
+
+# The head every evalkit writer gives a line (records.dump_record: schema_version, suite, item_id first):
+# enough to know which item a line records without parsing the rest of it.
+_HEAD = re.compile(rb'^\{"schema_version":\d+,"suite":"((?:[^"\\]|\\.)*)","item_id":"((?:[^"\\]|\\.)*)"[,}]')
+
+
+def read_keys(path: Path) -> Iterator[str]:
+    """`record_key` of every complete line of `path`, from the line's head alone (a line of another layout:
+    parsed whole)."""
+    for n, raw in _lines(path):
+        m = _HEAD.match(raw)
+        if m is not None:
+            suite, item = (json.loads(b'"' + g + b'"') for g in m.groups())
+        else:
+            try:
+                record = json.loads(raw)
+                suite, item = record["suite"], record["item_id"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise RunDirError(f"{path}:{n}", "corrupt record (not a JSON object with suite and item_id)") from None
+        yield record_key(suite, item)
+
+
+def _last_newline_end(f: Any, size: int, block: int = 1 << 16) -> int:
+    """Offset just past the last newline of the open file `f` of `size` bytes (0: none), read backwards."""
+    end = size
+    while end > 0:
+        start = max(0, end - block)
+        f.seek(start)
+        at = f.read(end - start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
 
 
 def lock_path(path: Path) -> Path:
@@ -135,7 +181,7 @@ class RecordWriter:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(lock_path(path))
-        self._file = path.open("ab")
+        self._file = path.open("ab", buffering=0)  # unbuffered: nothing of a failed write lingers to land later
         with self._lock:
             self._repair_torn_tail()
 
@@ -148,23 +194,40 @@ class RecordWriter:
             f.seek(size - 1)
             if f.read(1) == b"\n":
                 return
-            f.seek(0)
-            cut = f.read().rfind(b"\n") + 1  # keep every complete line, drop the torn one
+            cut = _last_newline_end(f, size)  # keep every complete line, drop the torn one
             f.truncate(cut)
             f.flush()
             os.fsync(f.fileno())
 
     def write_batch(self, records: Iterable[dict[str, Any]]) -> None:
-        payload = b"".join(
-            json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n" for r in records
-        )
+        """Append `records` as one write, fsynced. Side files the records carry (`SIDE_KEY`) are stored and
+        fsynced first, next to the records directory: a line never names a file that is not on disk. A full
+        disk is one RunDirError naming the file; what was complete stays complete."""
+        lines = []
+        sides: list[SideFile] = []
+        for r in records:
+            side = r.get(SIDE_KEY)
+            if side is not None:
+                sides.append(side)
+                r = {k: v for k, v in r.items() if k != SIDE_KEY}
+            lines.append(json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n")
+        payload = b"".join(lines)
         if not payload:
             return
-        with self._lock:
-            self._repair_torn_tail()
-            self._file.write(payload)  # O_APPEND: lands at the (repaired) end whoever wrote last
-            self._file.flush()
-            os.fsync(self._file.fileno())
+        try:
+            for side in sides:
+                write_side_file(self.path.parent.parent, side)
+            with self._lock:
+                self._repair_torn_tail()
+                view = memoryview(payload)
+                while view:  # O_APPEND: lands at the (repaired) end whoever wrote last
+                    view = view[os.write(self._file.fileno(), view):]
+                os.fsync(self._file.fileno())
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise RunDirError(str(self.path.parent.parent), f"no space left on the device while writing records "
+                                  f"({e.strerror}); free space and finish with --resume") from None
+            raise
 
     def close(self) -> None:
         self._file.close()
@@ -230,7 +293,8 @@ class RunDir:
         return list(seen.values())
 
     def done_keys(self, deployment: str) -> set[str]:
-        return {record_key(r["suite"], r["item_id"]) for r in read_jsonl(self.records_path(deployment))}
+        """Keys of the recorded items, read from each line's head (payloads are not parsed)."""
+        return set(read_keys(self.records_path(deployment)))
 
     def writer(self, deployment: str) -> RecordWriter:
         return RecordWriter(self.records_path(deployment))

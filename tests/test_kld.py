@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ppl_records import inline
 
 from conftest import require_module
 
@@ -197,7 +198,7 @@ def _suite_run(suite: Any, engine: Any, run_dir: Path, name: str) -> list[dict[s
     suite.bind(RunBinding(run_dir, name, "ref"))
     out: list[dict[str, Any]] = []
     suite.run(engine, suite.items(), None, out.extend)
-    return [{**r, "deployment": name} for r in out if "nll" in r]
+    return [{**r, "deployment": name} for r in out if "n_scored" in r]
 
 
 def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,12 +218,15 @@ def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pyte
 
     recs = run_all(tmp_path / "run1")
     assert sorted(p.name for p in store_dir(tmp_path / "run1", "ref").iterdir()) == ["chunk-0000.evkld", "chunk-0001.evkld"]
+    tokens = fakes["ref"].tokenize((tmp_path / "t.txt").read_text(), True)
+    view = {n: [inline(r, tokens=tokens, bos=2) for r in rs] for n, rs in recs.items()}
     direct, same = [], []
-    for r in recs["ref"]:
+    for r in view["ref"]:
         a, b = fakes["ref"].rows(r["token_ids"], r["scored_from"]), fakes["q"].rows(r["token_ids"], r["scored_from"])
         direct.append(kl_divergence(a, b))
         same.append(a.argmax(1) == b.argmax(1))
-    assert np.concatenate([r["kld"] for r in recs["q"]]) == pytest.approx(np.concatenate(direct), rel=1e-4, abs=1e-7)
+    assert np.concatenate([r["kld"] for r in view["q"]]) == pytest.approx(np.concatenate(direct), rel=1e-4, abs=1e-7)
+    assert np.concatenate([r["same_top"] for r in view["q"]]).tolist() == np.concatenate(same).tolist()
     ctx = ScoreContext(deployments=["ref", "q"], reference="ref", config=None, config_file=tmp_path / "c.yaml", manifest={})
     scores = {(s.deployment, s.metric): s.value for s in suite.score(recs, ctx)}
     assert scores[("q", "kld_exact")] == 1.0
@@ -237,7 +241,8 @@ def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pyte
     assert {n: f.calls for n, f in fakes.items()} == calls
     assert (store_dir(tmp_path / "run2", "ref") / "chunk-0001.evkld").read_bytes() == \
         (store_dir(tmp_path / "run1", "ref") / "chunk-0001.evkld").read_bytes()
-    assert [r["kld"] for r in again["q"]] == [r["kld"] for r in recs["q"]]
+    assert [inline(r)["kld"] for r in again["q"]] == [r["kld"] for r in view["q"]]
+    assert [r["arrays_sha256"] for r in again["q"]] == [r["arrays_sha256"] for r in recs["q"]]  # the same side files
     assert all(r["cached"] for rs in again.values() for r in rs) and not any(r["cached"] for rs in recs.values() for r in rs)
 
 

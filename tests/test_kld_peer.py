@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ppl_records import inline
 
 from evalkit import peer
 from evalkit.config import PerplexitySettings as PplSettings
@@ -96,7 +97,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             suite.run(eng, suite.items(), None, out.extend)  # type: ignore[arg-type]
             records[name] = [{**r, "deployment": name} for r in out]
             # A few positions straight from the engine, for the direct computation.
-            first_chunk = next(r for r in out if "nll" in r)
+            first_chunk = inline(next(r for r in out if "n_scored" in r), tokens=eng.tokenize(text.read_text(encoding="utf-8").removesuffix("\n"), True),
+                                 bos=eng.info().bos_token_id if eng.info().add_bos else None)
             full = np.concatenate([b for _, b in eng.full_logprobs(first_chunk["token_ids"])])
             rows[name] = full[first_chunk["scored_from"] - 1 : N_CTX - 1][[0, 17, 101, 254]].astype(np.float64)
         finally:
@@ -108,8 +110,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_kld_and_ppl_agree_with_llama_perplexity(work: dict[str, Any]) -> None:
     t, o = work["theirs"], work["ours"]
-    recs = [r for r in work["records"]["hi"] if "nll" in r]
-    n_tokens = sum(len(r["nll"]) for r in recs)
+    recs = [r for r in work["records"]["hi"] if "n_scored" in r]
+    n_tokens = sum(int(r["n_scored"]) for r in recs)
     store = sum(int(r["store_bytes"]) for r in recs)
     print(f"\nllama-perplexity: PPL(base) {t['ppl_base_pass']:.4f}  PPL(Q) {t['ppl_q']:.4f}  KLD {t['kld_mean']:.6f}  "
           f"same top {100 * t['same_top']:.3f}%  base file {t['base_bytes'] / n_tokens * 1000 / 1e6:.1f} MB/1000 tokens")
@@ -128,7 +130,7 @@ def test_kld_and_ppl_agree_with_llama_perplexity(work: dict[str, Any]) -> None:
 def test_stored_kld_equals_a_direct_full_vocabulary_computation(work: dict[str, Any]) -> None:
     """Per-token KLD from the store vs float64 KL over every id of the two engines' own rows."""
     direct = kl_divergence(work["rows"]["hi"], work["rows"]["lo"])
-    rec = next(r for r in work["records"]["lo"] if "kld" in r)
+    rec = inline(next(r for r in work["records"]["lo"] if "kld_sum" in r))
     got = np.asarray(rec["kld"])[[0, 17, 101, 254]]
     assert np.all(direct > 0)
     assert got == pytest.approx(direct, rel=1e-4, abs=1e-7)

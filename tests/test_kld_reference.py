@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import require_module
+from ppl_records import run_records
 
 pytestmark = pytest.mark.engine
 
@@ -59,13 +60,8 @@ def _evalkit(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "evalkit", *args], capture_output=True, text=True, timeout=1800)
 
 
-def _records(run: Path, name: str) -> dict[str, dict[str, Any]]:
-    out = {}
-    for line in (run / "records" / f"{name}.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["suite"] == "perplexity" and "nll" in r:
-            out[r["item_id"]] = r
-    return out
+def _records(run: Path, name: str, tokens: bool = False) -> dict[str, dict[str, Any]]:
+    return run_records(run, name, tokens)
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -113,7 +109,7 @@ def _llamacpp_logprobs(path: str, tokens: list[int]) -> np.ndarray:
 def test_kld_in_records_equals_a_direct_full_vocabulary_computation(run: Path) -> None:
     manifest = json.loads((run / "manifest.json").read_text())
     paths = {n: manifest["deployments"][n]["path"] for n in ("q4", "f32", "fp8w")}
-    recs = {n: _records(run, n) for n in paths}
+    recs = {n: _records(run, n, tokens=True) for n in paths}
     assert sorted(recs["f32"]) == ["chunk-0000"]
     assert sorted(p.name for p in (run / "distributions" / "f32").iterdir()) == ["chunk-0000.evkld"]
     assert not (run / "distributions" / "q4").exists()  # the run's reference is not the KLD reference
@@ -149,7 +145,8 @@ def test_scores_report_plan_and_decision_name_the_kld_reference_and_what_is_not_
         assert comps[(reader, "kld")]["reference"] == "f32" and "exact" in comps[(reader, "kld")]["method"]
     # PPL stays paired with the run's reference (q4), whose tokens it shares.
     assert comps[("fp8w", "ppl")]["reference"] == "q4" and ("f32", "ppl_ratio") in scores
-    assert scores[("f32", "kld_exact")] == 0.0  # the KLD reference itself: the top-k bound against the run's reference
+    # The KLD reference itself: no KLD (records v2 keep no top-k where no bound reads it), its PPL ratio stays.
+    assert ("f32", "kld_exact") not in scores and ("f32", "ppl_ratio") in scores
     report = (run / "report.md").read_text(encoding="utf-8")
     assert "exact against f32" in report and "does not run prompts" in report
     decision = json.loads((run / "decision.json").read_text())

@@ -29,7 +29,7 @@ PROMPT_V0 = {  # a prompts line as evalkit wrote it before records were versione
 def test_v0_line_is_upgraded() -> None:
     rec = parse_record(PROMPT_V0)
     assert isinstance(rec, PromptRecord)
-    assert rec.schema_version == SCHEMA_VERSION == 1
+    assert rec.schema_version == SCHEMA_VERSION == 2
     assert rec.cached is False and rec.measured_at is None  # nothing in a v0 line says otherwise
     assert rec.output_text == "Answer: Paris" and rec.item["answers"] == ["Paris"]
 
@@ -54,7 +54,7 @@ def test_dump_carries_schema_version_and_round_trips() -> None:
 
 
 def test_newer_version_is_refused_naming_it() -> None:
-    with pytest.raises(RunDirError, match=r"schema_version 7 is newer .*up to 1"):
+    with pytest.raises(RunDirError, match=r"schema_version 7 is newer .*up to 2"):
         parse_record(PROMPT_V0 | {"schema_version": 7}, "records/x.jsonl")
 
 

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+from ppl_records import run_records
 
 from conftest import REAL_RUN_DEPLOYMENTS, REAL_RUN_REFERENCE, require_module, require_tool
 from evalkit.report import cells as C
@@ -42,6 +43,11 @@ LETTERS = "ABCD"
 
 
 # -- reading the records and the rendered tables ----------------------------------------------------
+
+
+def ppl_records(run: Path, dep: str) -> list[dict[str, Any]]:
+    """Scored perplexity records with their side-file arrays inline (tests/ppl_records.py)."""
+    return list(run_records(run, dep).values())
 
 
 def records(run: Path, dep: str, suite: str) -> list[dict[str, Any]]:
@@ -187,11 +193,11 @@ def test_prompts_section(rated: Path) -> None:
 
 @pytest.mark.engine
 def test_perplexity_section_and_kld_block(rated: Path) -> None:
-    nll = {d: np.concatenate([r["nll"] for r in sorted(records(rated, d, "perplexity"), key=lambda r: r["chunk_index"])])
+    nll = {d: np.concatenate([r["nll"] for r in sorted(ppl_records(rated, d), key=lambda r: r["chunk_index"])])
            for d in DEPS}
-    recs = sorted(records(rated, DEP, "perplexity"), key=lambda r: r["chunk_index"])
+    recs = sorted(ppl_records(rated, DEP), key=lambda r: r["chunk_index"])
     kld = np.concatenate([r["kld"] for r in recs])
-    same_top = np.mean(np.concatenate([np.equal(r["argmax"], r["ref_argmax"]) for r in recs]))
+    same_top = np.mean(np.concatenate([r["same_top"] for r in recs]))
     assert len(kld) == len(nll[DEP]) == len(nll[REF])
     ppl = {d: math.exp(float(np.mean(nll[d]))) for d in DEPS}
     dp = np.exp(-nll[DEP]) - np.exp(-nll[REF])  # change in the probability of the text's next token
@@ -324,7 +330,7 @@ def test_cost_ledger_and_decision_sections(rated: Path) -> None:
 
     # The decision: Q2_K's perplexity ratio is far past the 1.05 margin (a normal interval over the per-token
     # log-ratio, computed here), so the reference is served; throughput shown is the measured one at c = 2.
-    nll = {d: np.concatenate([r["nll"] for r in records(rated, d, "perplexity")]) for d in DEPS}
+    nll = {d: np.concatenate([r["nll"] for r in ppl_records(rated, d)]) for d in DEPS}
     ln_ratio = nll[DEP] - nll[REF]
     low = math.exp(float(np.mean(ln_ratio)) - 1.959964 * float(np.std(ln_ratio, ddof=1)) / math.sqrt(len(ln_ratio)))
     assert low > 1.05

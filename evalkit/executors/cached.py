@@ -49,6 +49,7 @@ def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], No
     served = 0
     try:
         for suite, items in work.suites:
+            suite.cache_pass = True  # a suite that would wait on another unit (streaming KLD) must not, here
             for item in items:
                 out: list[dict[str, Any]] = []
                 try:
@@ -63,6 +64,8 @@ def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], No
     except Exception as e:  # e.g. no tokenizer library on the driver: the nodes do everything
         print(f"evalkit: note: {name}: cache pass on the driver stopped ({type(e).__name__}: {e})", file=sys.stderr)
     finally:
+        for suite, _ in work.suites:
+            suite.cache_pass = False
         lazy.close()
     if on_done is not None and served:
         on_done({**info.__dict__, **engine.run_stats()})

@@ -28,25 +28,42 @@ class LocalExecutor:
         RunProgress.start(run.path, {n: pending_by_suite(run, n) for n in names})
         logs = run.path / "logs"
         logs.mkdir(exist_ok=True)
+        from evalkit.executors.order import concurrent_groups
+
+        groups = concurrent_groups(run, names)  # deployments that must run at once (streaming exact KLD)
         codes: dict[str, int] = {}
         for name in names:
-            if _served_by_cache(run, name):  # nothing left for an engine: no worker process is started
+            if name in codes:
+                continue
+            group = groups.get(name, [name])
+            if len(group) == 1 and _served_by_cache(run, name):  # nothing left for an engine: no worker is started
                 codes[name] = 0
                 continue
-            log_file = logs / f"{name}.log"
-            print(f"evalkit: running deployment {name} (engine log: {log_file})", file=sys.stderr, flush=True)
+            procs = {}
             terminal = os.dup(sys.stderr.fileno())
             env = {**os.environ, "EVALKIT_PROGRESS_FD": str(terminal)}
             try:
-                with log_file.open("ab") as log:
-                    proc = subprocess.run([sys.executable, "-m", "evalkit.worker", str(run.path), name], env=env,
-                                          stdout=log, stderr=log, pass_fds=(terminal,))
+                for member in group:
+                    log_file = logs / f"{member}.log"
+                    print(f"evalkit: running deployment {member} (engine log: {log_file})"
+                          + (f", at the same time as {', '.join(m for m in group if m != member)}" if len(group) > 1 else ""),
+                          file=sys.stderr, flush=True)
+                    with log_file.open("ab") as log:
+                        procs[member] = subprocess.Popen([sys.executable, "-m", "evalkit.worker", str(run.path), member],
+                                                         env=env, stdout=log, stderr=log, pass_fds=(terminal,))
+                for member, proc in procs.items():
+                    codes[member] = proc.wait()
             finally:
+                for proc in procs.values():
+                    if proc.poll() is None:  # interrupted: take the group's other workers down too
+                        proc.kill()
+                        proc.wait()
                 os.close(terminal)
-            codes[name] = proc.returncode
-            if proc.returncode != 0:
-                print(f"evalkit: deployment {name} failed (exit {proc.returncode}); its finished items are kept; "
-                      f"last lines of {log_file}:\n{_tail(log_file)}", file=sys.stderr)
+            for member in group:
+                if codes.get(member, 1) != 0:
+                    log_file = logs / f"{member}.log"
+                    print(f"evalkit: deployment {member} failed (exit {codes.get(member)}); its finished items are kept; "
+                          f"last lines of {log_file}:\n{_tail(log_file)}", file=sys.stderr)
         return codes
 
 

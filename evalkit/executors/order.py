@@ -36,3 +36,26 @@ def dependency_order(names: list[str], deps: dict[str, frozenset[str]]) -> list[
         out.append(ready)
         left.remove(ready)
     return out
+
+
+def concurrent_groups(run: RunDir, names: list[str]) -> dict[str, list[str]]:
+    """deployment -> the deployments among `names` that must run at the same time as it, itself included
+    (`Suite.runs_beside`, closed under the relation), in `names` order."""
+    manifest = run.manifest()
+    config = Config.model_validate(manifest["config"])
+    suites = enabled_suites(config, Path(manifest["config_file"]))
+    beside: dict[str, set[str]] = {n: {n} for n in names}
+    for name in names:
+        spec = config.deployment((manifest["deployments"].get(name) or {}).get("base", name))
+        for suite in runnable_suites(suites, manifest, name):
+            for other in suite.runs_beside(name, spec) & set(names):
+                beside[name].add(other)
+                beside[other].add(name)
+    changed = True
+    while changed:  # the closure: a group of a reference and all its readers
+        changed = False
+        for n in names:
+            grown = set().union(*(beside[m] for m in beside[n]))
+            if grown != beside[n]:
+                beside[n], changed = grown, True
+    return {n: [m for m in names if m in beside[n]] for n in names}

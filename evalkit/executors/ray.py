@@ -27,7 +27,7 @@ from evalkit.config import Config
 from evalkit.errors import EvalkitError, ModelFileError
 from evalkit.executors.provenance import record_execution
 from evalkit.executors.units import Unit, UnitResources, engine_resources
-from evalkit.store import RecordWriter, RunDir, record_key
+from evalkit.store import SIDE_KEY, RecordWriter, RunDir, record_key
 from evalkit.worker import UnitWork, node_info, run_unit, unit_work, write_description
 
 _DONE = object()
@@ -215,6 +215,7 @@ class _Driver:
         manifest = run.manifest()
         self.config = Config.model_validate(manifest["config"])
         self.resolved = manifest["deployments"]
+        self.use_cache = bool(manifest.get("use_cache", True))
         self.writers: dict[str, RecordWriter] = {}
         self.done: dict[str, set[str]] = {}
         self.failed: dict[str, str] = {}
@@ -347,6 +348,13 @@ class _Driver:
                 done.add(key)
                 fresh.append(r)
         self.writers[name].write_batch(fresh)
+        if self.use_cache:  # side files travel with their records: the driver's cache keeps them by hash too
+            from evalkit.models import cache_dir
+            from evalkit.sidefiles import write_side_file
+
+            for r in fresh:
+                if r.get(SIDE_KEY) is not None:
+                    write_side_file(cache_dir(), r[SIDE_KEY])
         if att is not None:
             att.recorded += len(fresh)
 

@@ -203,6 +203,63 @@ def token_drift(
     return TokenDrift(kld_topk_tail(ref_lp, dep_lp) if n else np.zeros(0), same_top, delta_p)
 
 
+def token_drift_arrays(
+    targets: np.ndarray,
+    ref_nll: np.ndarray,
+    dep_nll: np.ndarray,
+    ref_ids: np.ndarray,
+    ref_lp: np.ndarray,
+    dep_ids: np.ndarray,
+    dep_lp: np.ndarray,
+) -> TokenDrift:
+    """`token_drift` on arrays (n, k) of top-k ids and log-probs (an entry with a non-finite log-prob is
+    padding), vectorised: the same buckets in the same column order (the reference's top-k as listed, the
+    target's column last when it is not among them), so the sums are the same numbers as `token_drift`'s.
+
+    The deployment's log-prob of each reference id is found by one sorted search over (row, id) keys
+    instead of a dictionary per token."""
+    ref_ids = np.asarray(ref_ids, dtype=np.int64)
+    dep_ids = np.asarray(dep_ids, dtype=np.int64)
+    r_lp = np.asarray(ref_lp, dtype=np.float64)
+    d_lp = np.asarray(dep_lp, dtype=np.float64)
+    tg = np.asarray(targets, dtype=np.int64)
+    rn = np.asarray(ref_nll, dtype=np.float64)
+    dn = np.asarray(dep_nll, dtype=np.float64)
+    n, k = ref_ids.shape
+    if not (tg.size == rn.size == dn.size == n == dep_ids.shape[0]):
+        raise ValueError("targets, NLLs and top-k arrays must have one entry per scored token")
+    r_valid = np.isfinite(r_lp)
+    d_valid = np.isfinite(d_lp)
+    ref_full = np.full((n, k + 1), np.nan)
+    dep_full = np.full((n, k + 1), np.nan)
+    ref_full[:, :k] = np.where(r_valid, r_lp, np.nan)
+    # The deployment's value at each reference id: search (row, id) keys among its own valid entries.
+    span = int(max(ref_ids.max(initial=0), dep_ids.max(initial=0), tg.max(initial=0))) + 1
+    rows = np.arange(n, dtype=np.int64)[:, None]
+    d_keys = np.where(d_valid, rows * span + dep_ids, -1).ravel()
+    order = np.argsort(d_keys, kind="stable")
+    sorted_keys = d_keys[order]
+    want = (rows * span + ref_ids).ravel()
+    pos = np.clip(np.searchsorted(sorted_keys, want), 0, sorted_keys.size - 1) if sorted_keys.size else np.zeros(want.size, np.int64)
+    found = sorted_keys[pos] == want if sorted_keys.size else np.zeros(want.size, bool)
+    looked = np.where(found, d_lp.ravel()[order[pos]] if sorted_keys.size else np.nan, np.nan).reshape(n, k)
+    dep_full[:, :k] = np.where(r_valid, looked, np.nan)
+    # The target's log-probs are exact in both records (its NLL): they override the top-k copies.
+    at_target = r_valid & (ref_ids == tg[:, None])
+    in_top = at_target.any(axis=1)
+    ref_full[:, :k] = np.where(at_target, -rn[:, None], ref_full[:, :k])
+    dep_full[:, :k] = np.where(at_target, -dn[:, None], dep_full[:, :k])
+    ref_full[:, k] = np.where(in_top, np.nan, -rn)
+    dep_full[:, k] = np.where(in_top, np.nan, -dn)
+    # Argmax of each side's top-k as listed (ties: the first listed), where both sides have any.
+    r_any, d_any = r_valid.any(axis=1), d_valid.any(axis=1)
+    r_top = ref_ids[np.arange(n), np.argmax(np.where(r_valid, r_lp, -np.inf), axis=1)] if k else np.zeros(n, np.int64)
+    d_top = dep_ids[np.arange(n), np.argmax(np.where(d_valid, d_lp, -np.inf), axis=1)] if dep_ids.shape[1] else np.zeros(n, np.int64)
+    same_top = r_any & d_any & (r_top == d_top)
+    delta_p = np.exp(-dn) - np.exp(-rn)
+    return TokenDrift(kld_topk_tail(ref_full, dep_full) if n else np.zeros(0), same_top, delta_p)
+
+
 def _argmax(top: TopK) -> int:
     best = max(range(len(top)), key=lambda j: (float(top[j][1]), -j))  # ties: the first listed wins
     return int(top[best][0])

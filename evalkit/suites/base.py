@@ -48,6 +48,7 @@ class ScoreContext:
     config: Config
     config_file: Path
     manifest: dict[str, Any]
+    run_dir: Path | None = None  # where records' side files are (None: records held in memory only)
 
     @property
     def stats(self) -> StatsSettings:
@@ -80,6 +81,12 @@ class Suite(ABC, Generic[SettingsT]):
         """Deployments whose units must finish before this suite runs for `deployment` (whose config entry is
         `spec`): those whose run-directory artefacts it reads (perplexity: the KLD reference's stored
         distributions). Both executors order units by it (evalkit/executors/order.py)."""
+        return frozenset()
+
+    def runs_beside(self, deployment: str, spec: Any) -> frozenset[str]:
+        """Deployments whose units must run at the same time as `deployment`'s (perplexity in streaming-KLD
+        mode: the KLD reference and its readers, the reference's store holding only a window of chunks). The
+        local executor starts such a group together (evalkit/executors/order.py: concurrent_groups)."""
         return frozenset()
 
     def bind(self, binding: RunBinding) -> None:

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -32,7 +33,8 @@ from evalkit.engines import gives_full_distributions
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.kld import FORMAT_VERSION as KLD_FORMAT
-from evalkit.metrics.kld import DistributionReader, DistributionWriter, StoreMismatch, bytes_per_token_bound, kld_against
+from evalkit.metrics.kld import (DistributionReader, DistributionWriter, StoreMismatch, bytes_per_token_bound, kld_against,
+                                 tokens_sha256)
 from evalkit.metrics.likelihood import (
     DELTA_P_PERCENTILES,
     KLD_PERCENTILES,
@@ -43,11 +45,12 @@ from evalkit.metrics.likelihood import (
     paired_perplexity,
     perplexity_stats,
     summarize_drift,
-    token_drift,
+    token_drift_arrays,
 )
 from evalkit.metrics.stats import excludes_zero, normal_two_sided_p, z_value
-from evalkit.records import PerplexityRecord, call_provenance, dump_record, typed, utc_now
-from evalkit.store import MANIFEST, ComparisonRow, ScoreRow
+from evalkit.records import PerplexityRecord, dump_record, token_arrays, token_dtype, typed, utc_now
+from evalkit.sidefiles import SideFile, side_path, write_side_file
+from evalkit.store import MANIFEST, SIDE_KEY, ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 
@@ -64,6 +67,7 @@ METHOD = (
 )
 STORE_DIR = "distributions"  # run_dir/distributions/<reference>/<chunk id>.evkld
 STORE_SUFFIX = ".evkld"
+ARRAYS_FORMAT = 2  # the side-file layout in cache keys: a change re-measures instead of misreading
 
 # Measured against exact full-vocabulary KLD (tests/test_perplexity.py; Gemma 3 270M, 262k vocabulary):
 KLD_BIAS = (
@@ -100,12 +104,35 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             return self.binding.reference if self.binding is not None else None
         return kld_reference(self.config)
 
+    def top_k_for(self, deployment: str | None, full: bool) -> int:
+        """How many top-k log-probs `deployment` records per token: only what a reader needs. A deployment
+        whose KLD is exact (and the KLD reference itself) needs none; the top-k bound needs them on both of
+        its sides: deployments without full distributions, and the run's reference when one of those runs.
+        A bare suite (no config) keeps `top_k` everywhere."""
+        s = self.settings
+        if self.config is None or deployment is None:
+            return s.top_k
+        if deployment == self.config.reference:
+            return s.top_k if bound_deployments(self.config) else 0
+        return s.top_k if (not full or self.kld_owner() is None) else 0
+
     def runs_after(self, deployment: str, spec: Any) -> frozenset[str]:
-        """A deployment that gives full distributions reads the KLD reference's store: it runs after it."""
+        """A deployment that gives full distributions reads the KLD reference's store: it runs after it
+        (in streaming-KLD mode beside it instead: `runs_beside`)."""
         owner = self.kld_owner()
-        if owner is None or deployment == owner or not gives_full_distributions(spec.engine):
+        if owner is None or deployment == owner or not gives_full_distributions(spec.engine) or self.settings.kld_window:
             return frozenset()
         return frozenset({owner})
+
+    def runs_beside(self, deployment: str, spec: Any) -> frozenset[str]:
+        """Streaming-KLD mode: the KLD reference and its readers run at the same time."""
+        owner = self.kld_owner()
+        if owner is None or not self.settings.kld_window or self.config is None:
+            return frozenset()
+        readers = streaming_readers(self.config)
+        if deployment == owner:
+            return frozenset(readers)
+        return frozenset({owner}) if deployment in readers else frozenset()
 
     # -- data -----------------------------------------------------------------------------------
 
@@ -167,8 +194,24 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         # see the run directory (no shared filesystem) cannot read the store: it records the bound.
         must_read = (self.config is not None and distributions is not None and store is not None and not is_reference
                      and (binding.run_dir / MANIFEST).is_file())  # type: ignore[union-attr]
+        top_k = self.top_k_for(binding.deployment if binding is not None else None, full=distributions is not None)
+        stream = None
+        # The driver's cache pass (executors/cached.py) answers what the cache holds and never waits on a peer.
+        if (must_read or (is_reference and self.config is not None and store is not None)) and not getattr(self, "cache_pass", False):
+            stream = Streaming.of(self, store, binding.deployment, is_reference)  # type: ignore[union-attr,arg-type]
+        with stream if stream is not None else nullcontext():
+            self._run_chunks(engine, items, emit, tokens, n_chunks, bos, first, distributions, store, owner, is_reference,
+                             must_read, top_k, text_sha, stream)
+
+    def _run_chunks(self, engine: Engine, items: Sequence[Item], emit: Emit, tokens: list[int], n_chunks: int,
+                    bos: int | None, first: int, distributions: "Distributions | None", store: Path | None,
+                    owner: str | None, is_reference: bool, must_read: bool, top_k: int, text_sha: str,
+                    stream: "Streaming | None") -> None:
+        s = self.settings
+        info = engine.info()
+        binding = self.binding
         waiting: list[str] = []
-        for item in items:
+        for n_item, item in enumerate(items):
             index = int(item.data["index"])
             base = {"suite": self.name, "item_id": item.item_id, "category": CATEGORY}
             if index >= n_chunks:
@@ -178,53 +221,62 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             chunk = list(tokens[index * s.n_ctx : (index + 1) * s.n_ctx])
             if bos is not None:
                 chunk[0] = bos
-            extra: dict[str, Any] = {}
             path = store / f"{item.item_id}{STORE_SUFFIX}" if store is not None else None
-            if must_read and path is not None and not path.is_file():
+            if stream is not None and is_reference and not stream.room_for_one():
+                waiting += [i.item_id for i in items[n_item:]]  # its readers stopped: the rest waits for --resume
+                break
+            if must_read and path is not None and not path.is_file() and not (stream is not None and stream.wait_for(path)):
                 waiting.append(item.item_id)
                 continue
             if distributions is not None and path is not None and (is_reference or path.is_file()):
-                full = cached_chunk_full(engine, distributions, chunk, first, s.top_k, info.vocab_size, path,
-                                         write=is_reference, meta={"deployment": binding.deployment})  # type: ignore[union-attr]
-                nll, top, hit = full.pop("nll"), full.pop("top"), bool(full.pop("cached", False))
-                stamp = full.pop("measured_at", None)  # None: a stored measurement from before it kept the time
-                extra = {**full, **({"kld_reference": owner} if "kld" in full else {})}
-                prov = {"cached": hit, "measured_at": stamp if hit else stamp or utc_now()}
+                scalars, side, prov = cached_chunk_full(
+                    engine, distributions, chunk, first, top_k, info.vocab_size, path, write=is_reference,
+                    meta={"deployment": binding.deployment}, streaming=stream is not None)  # type: ignore[union-attr]
+                if not is_reference:
+                    scalars["kld_reference"] = owner
             else:
-                nll, top = score_chunk(engine, chunk, first, s.top_k)
-                prov = call_provenance(engine, 1)[0]
+                # No full distributions here (or no store to read on this node): the top-k bound's inputs.
+                k = top_k if distributions is None else s.top_k  # a reader that cannot see the store: the bound
+                scalars, side, prov = cached_chunk_span(engine, chunk, first, k, info.vocab_size)
             score_s = time.perf_counter() - start
-            emit([_dump({
+            record = _dump({
                 **base,
                 "chunk_index": index,
                 "n_ctx": s.n_ctx,
-                "token_ids": chunk,
+                "tokens_sha256": tokens_sha256(chunk),
                 "bos_replaced": bos is not None,
                 "scored_from": first,
-                "nll": nll,
-                "top_k": s.top_k,
-                "top": top,
+                **scalars,
+                "arrays_sha256": side.sha256,
+                "arrays_bytes": len(side.data),
                 "n_bytes": len(engine.detokenize(chunk[first:]).encode("utf-8")),
                 "n_text_tokens": len(tokens),
                 "text_sha256": text_sha,
-                **extra,
                 "timings": {"score_s": score_s, "total_s": time.perf_counter() - start},
                 **prov,
-            })])
-        if waiting:
-            print(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending ({', '.join(waiting)}): the KLD reference "
+            })
+            emit([{**record, SIDE_KEY: side}])
+            if stream is not None and not is_reference:
+                stream.sweep()  # the record is on disk: chunks every reader has now recorded are deleted
+        if waiting and is_reference:
+            print(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending: streaming KLD's readers stopped reading "
+                  f"(the window of {s.kld_window} chunks stays full); --resume measures them", file=sys.stderr, flush=True)
+        elif waiting:
+            print(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending ({', '.join(waiting[:20])}"
+                  f"{', ...' if len(waiting) > 20 else ''}): the KLD reference "
                   f"{owner} has not stored their distributions (it did not finish); --resume measures them",
                   file=sys.stderr, flush=True)
 
     # -- scoring --------------------------------------------------------------------------------
 
-    def _scored(self, records: Any, ctx: ScoreContext) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, "_Pairs"]]:
+    def _scored(self, records: Any, ctx: ScoreContext) -> tuple[dict[str, "_Chunks"], dict[str, "_Pairs"]]:
         """Chunks and pairings of one scoring pass. score, compare and item_rows get the same `records` and
-        `ctx` objects, and pairing top-k lists takes seconds per deployment at a large top_k: done once."""
+        `ctx` objects, and pairing reads every side file once: done once."""
         kept = getattr(self, "_scored_pass", None)
         if kept is not None and kept[0] is records and kept[1] is ctx:
             return kept[2], kept[3]
-        chunks = {dep: _chunks(recs) for dep, recs in records.items()}
+        run_dir = getattr(ctx, "run_dir", None)
+        chunks = {dep: _Chunks.of(recs, run_dir, dep) for dep, recs in records.items()}
         pairs = _pairs(chunks, ctx)
         self._scored_pass = (records, ctx, chunks, pairs)
         return chunks, pairs
@@ -234,13 +286,16 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         chunks, pairs = self._scored(records, ctx)
         exact = {dep: p for dep, p in pairs.items() if p.exact}
         for dep in _ordered(chunks, ctx):
-            st = _ppl(chunks[dep].values())
+            st = chunks[dep].ppl()
             rows += _ppl_rows(dep, self.name, st, ctx.stats.alpha)
             p = pairs[dep]
+            ratio = p.ppl.ratio_rows() if p.ppl is not None and p.ppl.reason is None else []
             if p.kld is None or p.kld.drift is None:
+                # No KLD for this one (a v2 KLD reference stores no top-k): its PPL ratio still stands.
+                rows += [ScoreRow(dep, self.name, CATEGORY, m, v, None, None, p.ppl.n_tokens) for m, v, _ in ratio] \
+                    if p.ppl is not None and ratio and dep != ctx.reference else []
                 continue
-            extra = p.ppl.ratio_rows() if p.ppl is not None and p.ppl.reason is None else []
-            extra += p.kld.bias_rows()
+            extra = ratio + p.kld.bias_rows()
             if not p.exact:
                 extra += _same_weights_rows(dep, p.kld.drift, exact, ctx)
             rows += _drift_rows(dep, self.name, p.kld.drift, extra, ctx.stats.alpha)
@@ -264,12 +319,14 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         out = []
         for dep in _ordered(chunks, ctx):
             pair = pairs[dep].kld
-            for cid, rec in sorted(chunks[dep].items()):
-                st = perplexity_stats(rec["nll"], rec["n_bytes"])
+            c = chunks[dep]
+            for cid in c.ids:
+                rec = c.records[cid]
+                st = perplexity_stats(c.nll[cid], int(rec.n_bytes or 0))
                 row: dict[str, Any] = {
                     "item_id": cid, "deployment": dep, "category": CATEGORY, "n_scored": st.n_tokens,
                     "nll_mean": st.nll_mean, "ppl": st.ppl, "bits_per_byte": st.bits_per_byte,
-                    "score_s": rec.get("timings", {}).get("score_s"),
+                    "score_s": rec.timings.score_s if rec.timings is not None else None,
                 }
                 if pair is not None and pair.drift is not None and cid in pair.per_chunk:
                     d = pair.per_chunk[cid]
@@ -318,6 +375,133 @@ def kld_reference(config: Any) -> str | None:
     if not gives_full_distributions(dep.engine) or spec.missing(PerplexitySuite.requires) or not dep.runs("perplexity"):
         return None
     return name
+
+
+STREAM_GRACE_S = float(os.environ.get("EVALKIT_STREAM_GRACE_S", "600"))  # how long a missing peer may take to start
+STREAM_POLL_S = 0.2
+
+
+@dataclass
+class Streaming:
+    """Streaming exact KLD (`suites.perplexity.kld_window`): the KLD reference keeps at most `window` chunk
+    stores on disk, waiting for room; a reader waits for each chunk to appear; once every reader has
+    recorded a chunk (its records line is on disk), the chunk's store is deleted (by the reader that
+    recorded it last, or by the waiting reference). Liveness is a file lock each side holds while it runs:
+    a side that waits on a peer whose lock has been free for STREAM_GRACE_S stops and leaves the rest pending.
+    What is lost against the stored mode: the reference's distributions themselves (scoring needs only the
+    records and side files, so `evalkit report` re-scores unchanged), so a deployment added to the run later,
+    or a reader re-run from scratch, needs the reference's chunks re-run too; the cache keeps none of them."""
+
+    run_dir: Path
+    store: Path
+    me: str
+    owner: str
+    readers: list[str]
+    window: int
+    _lock: Any = None
+
+    @classmethod
+    def of(cls, suite: "PerplexitySuite", store: Path, me: str, is_reference: bool) -> "Streaming | None":
+        window = suite.settings.kld_window
+        if window is None or suite.config is None or suite.binding is None:
+            return None
+        owner = suite.kld_owner()
+        assert owner is not None
+        return cls(suite.binding.run_dir, store, me, owner, streaming_readers(suite.config), int(window))
+
+    def _lock_path(self, name: str) -> Path:
+        return self.store / (".writer.lock" if name == self.owner else f".reader.{name}.lock")
+
+    def __enter__(self) -> "Streaming":
+        from filelock import FileLock
+
+        self.store.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(self._lock_path(self.me))
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def _running(self, name: str) -> bool:
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(self._lock_path(name), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            return True
+        lock.release()
+        return False
+
+    def _stored(self) -> list[Path]:
+        return sorted(self.store.glob(f"chunk-*{STORE_SUFFIX}"))
+
+    def sweep(self) -> list[Path]:
+        """Delete the stores every reader has recorded; returns those still needed."""
+        from evalkit.store import RunDir, record_key
+
+        run = RunDir(self.run_dir)
+        done = {r: run.done_keys(r) for r in self.readers}
+        left = []
+        for path in self._stored():
+            key = record_key("perplexity", path.name.removesuffix(STORE_SUFFIX))
+            if all(key in d for d in done.values()):
+                path.unlink(missing_ok=True)
+            else:
+                left.append(path)
+        return left
+
+    def room_for_one(self) -> bool:
+        """The reference, before storing a chunk: wait until fewer than `window` stores are on disk (False:
+        the readers still owing the stored chunks have not run for STREAM_GRACE_S)."""
+        idle_since: float | None = None
+        while len(self.sweep()) >= self.window:
+            if any(self._running(r) for r in self.readers):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > STREAM_GRACE_S:
+                return False
+            time.sleep(STREAM_POLL_S)
+        return True
+
+    def wait_for(self, path: Path) -> bool:
+        """A reader: wait until the reference has stored `path` (False: the reference is not running and has
+        not for STREAM_GRACE_S; the chunk stays pending)."""
+        idle_since: float | None = None
+        while not path.is_file():
+            if self._running(self.owner):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > STREAM_GRACE_S:
+                return False
+            time.sleep(STREAM_POLL_S)
+        return True
+
+
+def streaming_readers(config: Any) -> list[str]:
+    """The deployments that read the KLD reference's stored distributions (exact KLD)."""
+    owner = kld_reference(config)
+    if owner is None:
+        return []
+    out = [d.name for d in config.deployments
+           if d.runs("perplexity") and d.name != owner and gives_full_distributions(d.engine)]
+    if config.noise_floor and config.reference in out:
+        out.append(config.reference + ".rerun")
+    return out
+
+
+def bound_deployments(config: Any) -> list[str]:
+    """Deployments (not the reference) whose KLD is the top-k bound against the run's reference: they give
+    no full distributions, or the run has no exact-KLD reference. Their top-k and the reference's are kept."""
+    owner = kld_reference(config)
+    out = [d.name for d in config.deployments
+           if d.runs("perplexity") and d.name != config.reference and (owner is None or not gives_full_distributions(d.engine))]
+    if config.noise_floor and (owner is None or not gives_full_distributions(config.deployment(config.reference).engine)):
+        out.append(config.reference + ".rerun")
+    return out
 
 
 def store_dir(run_dir: Path, reference: str) -> Path:
@@ -385,47 +569,134 @@ def distribution_source(engine: Engine) -> Distributions | None:
     return source
 
 
+Measured = tuple[dict[str, Any], SideFile, dict[str, Any]]  # record scalars, side file, provenance
+
+
+def _through_cache(engine: Engine, kind: str, payload: dict[str, Any], compute: Callable[[], tuple[dict[str, Any], SideFile]],
+                   ok: Callable[[dict[str, Any]], bool] = lambda hit: True) -> Measured:
+    """One chunk's measurement through the engine-result cache (when the engine has one): the entry holds the
+    record's scalars and the side file's hash; the side file itself is kept by hash under the cache's
+    `arrays/` (evalkit.sidefiles), so a re-run copies bytes and parses no array. `ok` vets a hit further."""
+    lookup = getattr(engine, "measurement", None)
+    keep = getattr(engine, "store_measurement", None)
+    hit = lookup(kind, payload) if lookup is not None else None
+    if isinstance(hit, dict) and isinstance(hit.get("arrays_sha256"), str) and ok(hit):
+        sha = hit["arrays_sha256"]
+        blob = side_path(cache_root(), sha)
+        try:
+            data = blob.read_bytes()
+        except OSError:
+            data = b""
+        if hashlib.sha256(data).hexdigest() == sha:
+            scalars = {k: v for k, v in hit.items() if k not in ("arrays_sha256", "measured_at")}
+            stamp = hit.get("measured_at")  # None: a stored measurement from before it kept the time
+            return scalars, SideFile(sha, data), {"cached": True, "measured_at": stamp}
+    scalars, side = compute()
+    now = utc_now()
+    if keep is not None and lookup is not None:
+        try:
+            write_side_file(cache_root(), side)
+            keep(kind, payload, {**scalars, "arrays_sha256": side.sha256, "measured_at": now})
+        except OSError as e:  # a full cache disk costs the cache entry, not the run
+            print(f"evalkit: warning: result cache not written ({e.strerror})", file=sys.stderr, flush=True)
+    return scalars, side, {"cached": False, "measured_at": now}
+
+
+def cache_root() -> Path:
+    from evalkit.models import cache_dir
+
+    return cache_dir()
+
+
+def cached_chunk_span(engine: Engine, chunk: list[int], first: int, top_k: int, vocab: int) -> Measured:
+    """NLL (and top-k where a bound reads it) of chunk[first:] from `Engine.score_span`, through the cache."""
+    payload = {"token_ids": chunk, "first": first, "top_k": top_k, "arrays": ARRAYS_FORMAT}
+
+    def compute() -> tuple[dict[str, Any], SideFile]:
+        # The engine's own call, not its cache wrapper's: the wrapper would keep the top-k lists as JSON.
+        nll, top = uncached_engine(engine).score_span(chunk, first, top_k)
+        return _arrays(chunk, first, np.asarray(nll, dtype=np.float64), top_k, vocab, top=top)
+
+    return _through_cache(engine, "perplexity_chunk", payload, compute)
+
+
+def uncached_engine(engine: Engine) -> Engine:
+    return engine.uncached() if hasattr(engine, "uncached") else engine
+
+
+def _arrays(chunk: list[int], first: int, nll: np.ndarray, top_k: int, vocab: int, *, top: Any = None,
+            ids: np.ndarray | None = None, lps: np.ndarray | None = None, argmax: np.ndarray | None = None,
+            kld: np.ndarray | None = None, same_top: np.ndarray | None = None) -> tuple[dict[str, Any], SideFile]:
+    """The record's scalars and side file of one chunk (only the fields given are written)."""
+    fields = ["token", "nll"] + [f for f, v in (("argmax", argmax), ("kld", kld), ("same_top", same_top)) if v is not None]
+    if top_k:
+        fields += ["top_ids", "top_lp"]
+    out = np.zeros(len(nll), dtype=token_dtype(fields, top_k, vocab))
+    out["token"] = chunk[first:]
+    out["nll"] = nll
+    for name, v in (("argmax", argmax), ("kld", kld), ("same_top", same_top)):
+        if v is not None:
+            out[name] = v
+    if top_k:
+        if top is not None:  # [[id, logprob], ...] per row from score_span (a row may hold fewer: padded)
+            ids = np.full((len(nll), top_k), -1 if out["top_ids"].dtype.kind == "i" else 0, dtype=np.int64)
+            lps = np.full((len(nll), top_k), -np.inf)
+            for i, row in enumerate(top):
+                if row:
+                    a = np.asarray(row, dtype=np.float64)[:top_k]
+                    ids[i, : len(a)], lps[i, : len(a)] = a[:, 0], a[:, 1]
+        out["top_ids"], out["top_lp"] = ids[:, :top_k], lps[:, :top_k]  # type: ignore[index]
+    scalars: dict[str, Any] = {"n_scored": int(len(nll)), "nll_sum": float(out["nll"].astype(np.float64).sum()), "top_k": top_k}
+    if kld is not None:
+        scalars["kld_sum"] = float(out["kld"].astype(np.float64).sum())
+    return scalars, SideFile.of(out)
+
+
 def cached_chunk_full(
     engine: Engine, distributions: Distributions, chunk: list[int], first: int, top_k: int, vocab: int, path: Path, *,
-    write: bool, meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    write: bool, meta: dict[str, Any] | None = None, streaming: bool = False,
+) -> Measured:
     """`score_chunk_full` through the engine-result cache (when the engine has one), so a re-run does not load
     the model: the reference's store is kept in the cache too (content-addressed) and copied back into the
     run; a deployment's result is keyed by the exact reference store it was compared with."""
-    lookup = getattr(engine, "measurement", None)
-    keep = getattr(engine, "store_measurement", None)
-    if lookup is None or keep is None:
-        return score_chunk_full(distributions, chunk, first, top_k, vocab, path, write=write, meta=meta)
-    payload: dict[str, Any] = {"token_ids": chunk, "first": first, "top_k": top_k, "store_format": KLD_FORMAT}
+    payload: dict[str, Any] = {"token_ids": chunk, "first": first, "top_k": top_k, "store_format": KLD_FORMAT,
+                               "arrays": ARRAYS_FORMAT}
     if not write:
         payload["reference_store_sha256"] = _file_sha256(path)
     kind = "perplexity_reference_chunk" if write else "perplexity_kld_chunk"
-    hit = lookup(kind, payload)
-    kept = _kept_stores() / f"{hit.get('store_sha256')}{STORE_SUFFIX}" if write and isinstance(hit, dict) else None
-    if isinstance(hit, dict) and (not write or (kept is not None and kept.is_file())):
-        if kept is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.copy")
-            shutil.copyfile(kept, tmp)
-            os.replace(tmp, path)
-        return {**hit, "cached": True}
-    out = score_chunk_full(distributions, chunk, first, top_k, vocab, path, write=write, meta=meta)
-    out["measured_at"] = utc_now()  # kept with the measurement: a re-run's record says when it was made
-    if write:
-        digest = _file_sha256(path)
-        _kept_stores().mkdir(parents=True, exist_ok=True)
-        tmp = _kept_stores() / f".{digest}.{os.getpid()}.tmp"
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, _kept_stores() / f"{digest}{STORE_SUFFIX}")
-        out["store_sha256"] = digest
-    keep(kind, payload, out)
-    return out
+
+    def kept(hit: dict[str, Any]) -> bool:
+        """The reference's store is in the cache too: copied back into the run (else: a miss)."""
+        if not write:
+            return True
+        src = _kept_stores() / f"{hit.get('store_sha256')}{STORE_SUFFIX}"
+        if not src.is_file():
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.copy")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, path)
+        return True
+
+    def compute() -> tuple[dict[str, Any], SideFile]:
+        scalars, side = score_chunk_full(distributions, chunk, first, top_k, vocab, path, write=write, meta=meta)
+        if write and getattr(engine, "measurement", None) is not None and not streaming:
+            digest = _file_sha256(path)
+            try:
+                _kept_stores().mkdir(parents=True, exist_ok=True)
+                tmp = _kept_stores() / f".{digest}.{os.getpid()}.tmp"
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, _kept_stores() / f"{digest}{STORE_SUFFIX}")
+            except OSError as e:
+                print(f"evalkit: warning: KLD store not kept in the cache ({e.strerror})", file=sys.stderr, flush=True)
+            scalars["store_sha256"] = digest
+        return scalars, side
+
+    return _through_cache(engine, kind, payload, compute, kept)
 
 
 def _kept_stores() -> Path:
-    from evalkit.models import cache_dir
-
-    return cache_dir() / "kld-stores"
+    return cache_root() / "kld-stores"
 
 
 def _file_sha256(path: Path) -> str:
@@ -439,36 +710,44 @@ def _file_sha256(path: Path) -> str:
 def score_chunk_full(
     distributions: Distributions, chunk: list[int], first: int, top_k: int, vocab: int, path: Path, *,
     write: bool, meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One teacher-forced pass with full distributions: NLL, top-k and argmax of every scored token, and
-    either the chunk's reference store written to `path` (`write`, the reference) or each token's exact
-    KL(P_ref || P_dep) against the store at `path` (every other deployment). Streams block by block."""
-    nll: list[float] = []
-    top: list[list[list[float]]] = []
-    argmax: list[int] = []
-    kld: list[float] = []
-    ref_argmax: list[int] = []
+) -> tuple[dict[str, Any], SideFile]:
+    """One teacher-forced pass with full distributions: NLL (top-k only when `top_k`) of every scored token,
+    and either the chunk's reference store written to `path` plus each token's argmax (`write`, the KLD
+    reference) or each token's exact KL(P_ref || P_dep) against the store at `path` and whether its argmax
+    is the reference's (every other deployment). Streams block by block."""
+    n = len(chunk) - first
+    nll = np.empty(n)
+    argmax = np.empty(n, dtype=np.int64)
+    ids = np.zeros((n, top_k), dtype=np.int64)
+    lps = np.zeros((n, top_k))
+    kld = np.empty(n)
+    same = np.zeros(n, dtype=bool)
     writer = DistributionWriter(path, vocab=vocab, token_ids=chunk, first=first, meta=meta) if write else None
     reader = None if write else DistributionReader(path, vocab=vocab, token_ids=chunk, first=first)
     ref_tokens = iter(reader) if reader is not None else None
+    done = 0
     try:
         for start, rows in distributions(chunk, first):
             if rows.shape[1] != vocab:
                 raise StoreMismatch(f"engine gave {rows.shape[1]} log-probs per token, its vocabulary has {vocab}")
-            b_nll, ids, lps = nll_and_topk(rows, chunk[start : start + rows.shape[0]], max(top_k, 1), normalized=True)
-            nll += b_nll.tolist()
-            top += [[[int(t), round(float(lp), LOGPROB_DECIMALS)] for t, lp in zip(ti[:top_k], li[:top_k])]
-                    for ti, li in zip(ids, lps)]
-            argmax += ids[:, 0].tolist()
+            m = rows.shape[0]
+            if done + m > n:
+                raise ValueError(f"engine gave more than {n} distributions for {n} scored tokens")
+            b_nll, b_ids, b_lps = nll_and_topk(rows, chunk[start : start + m], max(top_k, 1), normalized=True)
+            nll[done : done + m] = b_nll
+            argmax[done : done + m] = b_ids[:, 0]
+            if top_k:
+                ids[done : done + m], lps[done : done + m] = b_ids[:, :top_k], b_lps[:, :top_k]
             if writer is not None:
                 writer.write_rows(rows)
             if ref_tokens is not None:
-                for row in rows:
+                for j, row in enumerate(rows):
                     ref = next(ref_tokens)
-                    kld.append(kld_against(ref, row))
-                    ref_argmax.append(ref.argmax)
-        if len(nll) != len(chunk) - first:
-            raise ValueError(f"engine gave {len(nll)} distributions for {len(chunk) - first} scored tokens")
+                    kld[done + j] = kld_against(ref, row)
+                    same[done + j] = ref.argmax == b_ids[j, 0]
+            done += m
+        if done != n:
+            raise ValueError(f"engine gave {done} distributions for {n} scored tokens")
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -476,13 +755,13 @@ def score_chunk_full(
     finally:
         if reader is not None:
             reader.close()
-    out: dict[str, Any] = {"nll": nll, "top": top, "argmax": argmax}
+    extra: dict[str, Any] = {"ids": ids, "lps": lps} if top_k else {}
     if writer is not None:
         writer.close()
-        out["store_bytes"] = writer.bytes
-    else:
-        out.update(kld=[float(f"{k:.9g}") for k in kld], ref_argmax=ref_argmax)
-    return out
+        scalars, side = _arrays(chunk, first, nll, top_k, vocab, argmax=argmax, **extra)
+        scalars["store_bytes"] = writer.bytes
+        return scalars, side
+    return _arrays(chunk, first, nll, top_k, vocab, kld=kld, same_top=same, **extra)
 
 
 def score_chunk(engine: Engine, chunk: list[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
@@ -502,25 +781,49 @@ def _dump(fields: dict[str, Any]) -> dict[str, Any]:
     return dump_record(PerplexityRecord(**fields))
 
 
-def _chunks(records: list[Any]) -> dict[str, dict[str, Any]]:
-    """item_id -> record, for finished (not skipped) chunk records.
+@dataclass
+class _Chunks:
+    """One deployment's scored chunks: the (small) records by item id and each chunk's NLL (float64). The
+    per-token arrays stay in the side files; pairing reads them one chunk at a time."""
 
-    Records are read through evalkit.records (parsed, older layouts upgraded); the helpers below work on
-    their dict form.
-    """
-    parsed = typed({"": records})[""]
-    return {r.item_id: r.model_dump(mode="json", exclude_none=True) for r in parsed if isinstance(r, PerplexityRecord) and r.scored}
+    records: dict[str, PerplexityRecord]
+    nll: dict[str, np.ndarray]
+    run_dir: Path | None
+    where: str
+
+    @classmethod
+    def of(cls, records: list[Any], run_dir: Path | None, dep: str) -> "_Chunks":
+        parsed = typed({"": records})[""]
+        recs = {r.item_id: r for r in parsed if isinstance(r, PerplexityRecord) and r.scored}
+        where = f"records/{dep}.jsonl"
+        chunks = cls(dict(sorted(recs.items())), {}, run_dir, where)
+        chunks.nll = {cid: np.asarray(chunks.arrays(cid)["nll"], dtype=np.float64) for cid in chunks.records}
+        return chunks
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.records)
+
+    def arrays(self, cid: str) -> np.ndarray:
+        return token_arrays(self.records[cid], self.run_dir, self.where)
+
+    def tokens_key(self, cid: str) -> tuple[str, int | None]:
+        """What must be equal for two deployments' chunks to pair: the chunk's token ids and scored_from."""
+        r = self.records[cid]
+        return (r.tokens_sha256 or tokens_sha256(r.token_ids or []), r.scored_from)
+
+    def ppl(self, ids: list[str] | None = None) -> PplStats:
+        ids = self.ids if ids is None else ids
+        nll = np.concatenate([self.nll[c] for c in ids]) if ids else np.zeros(0)
+        return perplexity_stats(nll, sum(int(self.records[c].n_bytes or 0) for c in ids))
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
 
 
 def _ordered(chunks: dict[str, Any], ctx: ScoreContext) -> list[str]:
     known = [d for d in ctx.deployments if d in chunks and chunks[d]]
     return known + sorted(d for d in chunks if d not in known and chunks[d])
-
-
-def _ppl(records: Any) -> PplStats:
-    recs = sorted(records, key=lambda r: r["item_id"])
-    nll = [x for r in recs for x in r["nll"]]
-    return perplexity_stats(nll, sum(int(r["n_bytes"]) for r in recs))
 
 
 def _ppl_rows(dep: str, suite: str, st: PplStats, alpha: float) -> list[ScoreRow]:
@@ -565,8 +868,10 @@ def _drift_rows(dep: str, suite: str, d: DriftSummary, extra: list[tuple[str, fl
 class _Pair:
     """A deployment's chunks lined up with the reference's: paired when the token ids are identical."""
 
-    ref: list[dict[str, Any]]
-    dep: list[dict[str, Any]]
+    ref: "_Chunks"
+    dep: "_Chunks"
+    ref_ids: list[str]  # the chunks used on each side (the shared ones when paired)
+    dep_ids: list[str]
     reason: str | None  # why KLD / paired PPL is not computed, or None
     per_chunk: dict[str, Any]  # item_id -> TokenDrift
     drift: DriftSummary | None
@@ -574,8 +879,13 @@ class _Pair:
     # Exact pairs: how far the top-k + tail bound at this k reads below the exact mean KLD (1 - bound/exact).
     bound_bias: float | None = None
 
+    @property
+    def n_tokens(self) -> int:
+        return sum(int(self.dep.nll[c].size) for c in self.dep_ids)
+
     def nll(self) -> tuple[np.ndarray, np.ndarray]:
-        return (np.array([x for r in self.dep for x in r["nll"]]), np.array([x for r in self.ref for x in r["nll"]]))
+        cat = lambda c, ids: np.concatenate([c.nll[i] for i in ids]) if ids else np.zeros(0)  # noqa: E731
+        return cat(self.dep, self.dep_ids), cat(self.ref, self.ref_ids)
 
     def ratio_rows(self) -> list[tuple[str, float, float | None]]:
         """llama.cpp's "Perplexity statistics" block beside the deployment's own PPL."""
@@ -607,12 +917,12 @@ class _Pair:
             f"paired over {n} tokens: PPL(Q)-PPL(ref) ± z SE with the NLL covariance (llama-perplexity); "
             f"p: z-test of ln(PPL ratio)", excludes_zero(lo, hi),
         )]
-        n_bytes = sum(int(r["n_bytes"]) for r in self.ref)
+        n_bytes = sum(int(self.ref.records[c].n_bytes or 0) for c in self.ref_ids)
         d = q - b
         bpb_diff = float(d.sum()) / (math.log(2) * n_bytes)
         bpb_se = float(d.std(ddof=1)) * math.sqrt(n) / (math.log(2) * n_bytes) if n > 1 else math.nan
-        dep_bpb = _ppl(self.dep).bits_per_byte
-        ref_bpb = _ppl(self.ref).bits_per_byte
+        dep_bpb = self.dep.ppl(self.dep_ids).bits_per_byte
+        ref_bpb = self.ref.ppl(self.ref_ids).bits_per_byte
         rows.append(ComparisonRow(
             dep, ref, suite, CATEGORY, "bits_per_byte", dep_bpb, ref_bpb, bpb_diff,
             bpb_diff - z * bpb_se, bpb_diff + z * bpb_se, p_value, n,
@@ -643,9 +953,9 @@ class _Pair:
         nan = math.nan
         rows = [ComparisonRow(dep, ref, suite, CATEGORY, "kld", nan, 0.0, nan, None, None, None, 0,
                               f"not computed: {self.reason}", False)]
-        if not self.ref or not self.dep:
+        if not self.ref_ids or not self.dep_ids:
             return rows
-        a, b = _ppl(self.dep), _ppl(self.ref)
+        a, b = self.dep.ppl(self.dep_ids), self.ref.ppl(self.ref_ids)
         diff = a.bits_per_byte - b.bits_per_byte
         se = math.hypot(a.bpb_se, b.bpb_se)  # independent samples: the texts were cut differently
         p_value = normal_two_sided_p(diff / se) if se > 0 else nan
@@ -676,18 +986,18 @@ class _Pairs:
         return self.kld is not None and self.kld.drift is not None and self.kld.drift.exact
 
 
-def _pairs(chunks: dict[str, dict[str, dict[str, Any]]], ctx: ScoreContext) -> dict[str, _Pairs]:
+def _pairs(chunks: dict[str, "_Chunks"], ctx: ScoreContext) -> dict[str, _Pairs]:
     ref = ctx.reference
     out: dict[str, _Pairs] = {}
     for dep in _ordered(chunks, ctx):
-        owners = {r.get("kld_reference") for r in chunks[dep].values()}
+        owners = {r.kld_reference for r in chunks[dep].records.values()}
         owner = owners.pop() if len(owners) == 1 else None
-        exact = _pair(chunks[owner], chunks[dep]) if owner is not None and owner not in (dep, ref) and chunks.get(owner) else None
+        exact = _pair(chunks[owner], chunks[dep], owner) if owner is not None and owner not in (dep, ref) and chunks.get(owner) else None
         if exact is not None and not (exact.drift is not None and exact.drift.exact):
             exact = None
         # With exact KLD elsewhere, the pair with the reference serves paired PPL only: its top-k drift (the
         # slow part of scoring at a large top_k) is not computed.
-        ppl = _pair(chunks[ref], chunks[dep], drift=exact is None) if dep != ref and chunks.get(ref) else None
+        ppl = _pair(chunks[ref], chunks[dep], ref, drift=exact is None) if dep != ref and chunks.get(ref) else None
         out[dep] = _Pairs(ppl, exact, owner) if exact is not None else _Pairs(ppl, ppl, ref)  # type: ignore[arg-type]
     return out
 
@@ -712,39 +1022,56 @@ def _same_weights_rows(dep: str, bound: DriftSummary, exact: dict[str, _Pairs], 
     return []
 
 
-def _pair(ref_chunks: dict[str, dict[str, Any]], dep_chunks: dict[str, dict[str, Any]], drift: bool = True) -> _Pair:
+def _pair(ref_c: "_Chunks", dep_c: "_Chunks", reference: str, drift: bool = True) -> _Pair:
     """Line up chunks present for both; KLD needs every shared chunk's token ids to be identical (`drift`
-    False: paired PPL only, no KLD)."""
-    shared = sorted(set(ref_chunks) & set(dep_chunks))
-    ref = [ref_chunks[c] for c in shared]
-    dep = [dep_chunks[c] for c in shared]
-    top_k = min((int(r.get("top_k", len(r["top"][0]) if r["top"] else 0)) for r in ref + dep), default=0)
+    False: paired PPL only, no KLD). Side files are read one chunk pair at a time."""
+    shared = sorted(set(ref_c.records) & set(dep_c.records))
+    top_k = min((int(r.top_k if r.top_k is not None else (len(r.top[0]) if r.top else 0))
+                 for c in (ref_c, dep_c) for r in c.records.values()), default=0)
     reason = None
     if not shared:
         reason = "no chunks in common with the reference"
-        ref, dep = list(ref_chunks.values()), list(dep_chunks.values())
-    elif any(r["token_ids"] != d["token_ids"] or r["scored_from"] != d["scored_from"] for r, d in zip(ref, dep)):
+    elif any(ref_c.tokens_key(c) != dep_c.tokens_key(c) for c in shared):
         reason = "mismatched tokenization (chunk token ids differ from the reference's)"
-        ref, dep = list(ref_chunks.values()), list(dep_chunks.values())
     if reason is not None or not drift:
-        return _Pair(ref, dep, reason, {}, None, top_k)
-    bound = {c: token_drift(r["token_ids"][r["scored_from"]:], r["nll"], d["nll"], r["top"], d["top"])
-             for c, r, d in zip(shared, ref, dep)}
-    reference = ref[0].get("deployment")
-    # Exact only when every shared chunk was measured against the stored reference distributions.
-    exact = all("kld" in d and "argmax" in r and len(d["kld"]) == len(d["nll"])
-                and d.get("kld_reference", reference) == reference for r, d in zip(ref, dep))
+        ids = (ref_c.ids, dep_c.ids) if reason is not None else (shared, shared)
+        return _Pair(ref_c, dep_c, ids[0], ids[1], reason, {}, None, top_k)
+    bound: dict[str, TokenDrift] = {}
+    per_chunk: dict[str, TokenDrift] = {}
+    exact = True
+    for c in shared:
+        ra, da = ref_c.arrays(c), dep_c.arrays(c)
+        b = _bound_chunk(ra, da)
+        if b is not None:
+            bound[c] = b
+        # Exact only when every shared chunk was measured against the stored reference distributions.
+        rec = dep_c.records[c]
+        names = da.dtype.names or ()
+        if exact and "kld" in names and ("same_top" in names or ("argmax" in names and "argmax" in (ra.dtype.names or ())))\
+                and (rec.kld_reference or reference) == reference:
+            delta_p = np.exp(-dep_c.nll[c]) - np.exp(-ref_c.nll[c])
+            same = da["same_top"].astype(bool) if "same_top" in names else np.asarray(da["argmax"]) == np.asarray(ra["argmax"])
+            per_chunk[c] = TokenDrift(np.asarray(da["kld"], dtype=np.float64), np.asarray(same), delta_p)
+        else:
+            exact = False
+    complete_bound = len(bound) == len(shared)
     if not exact:
-        return _Pair(ref, dep, None, bound, summarize_drift(_concat(list(bound.values()))), top_k)
-    per_chunk = {}
-    for c, r, d in zip(shared, ref, dep):
-        delta_p = np.exp(-np.asarray(d["nll"], dtype=np.float64)) - np.exp(-np.asarray(r["nll"], dtype=np.float64))
-        same = np.asarray(d["argmax"]) == np.asarray(d.get("ref_argmax", r["argmax"]))
-        per_chunk[c] = TokenDrift(np.asarray(d["kld"], dtype=np.float64), same, delta_p)
-    drift = summarize_drift(_concat(list(per_chunk.values())), exact=True)
-    bound_mean = float(np.mean(_concat(list(bound.values())).kld))
-    bias = 1.0 - bound_mean / drift.kld_mean if top_k and drift.kld_mean > 0 else None
-    return _Pair(ref, dep, None, per_chunk, drift, top_k, bias)
+        if not complete_bound:  # no top-k on a side (a v2 exact-KLD deployment or KLD reference keeps none)
+            return _Pair(ref_c, dep_c, shared, shared, None, {}, None, top_k)
+        return _Pair(ref_c, dep_c, shared, shared, None, bound, summarize_drift(_concat([bound[c] for c in shared])), top_k)
+    summary = summarize_drift(_concat([per_chunk[c] for c in shared]), exact=True)
+    bias = None
+    if complete_bound and top_k and summary.kld_mean > 0:
+        bias = 1.0 - float(np.mean(_concat([bound[c] for c in shared]).kld)) / summary.kld_mean
+    return _Pair(ref_c, dep_c, shared, shared, None, per_chunk, summary, top_k, bias)
+
+
+def _bound_chunk(ra: np.ndarray, da: np.ndarray) -> TokenDrift | None:
+    """The top-k + tail bound of one chunk from both sides' side-file arrays (None: a side kept no top-k)."""
+    if not all("top_ids" in (a.dtype.names or ()) and a.dtype["top_ids"].shape and a.dtype["top_ids"].shape[0] > 0 for a in (ra, da)):
+        return None
+    return token_drift_arrays(np.asarray(ra["token"]), np.asarray(ra["nll"], dtype=np.float64), np.asarray(da["nll"], dtype=np.float64),
+                              np.asarray(ra["top_ids"]), np.asarray(ra["top_lp"]), np.asarray(da["top_ids"]), np.asarray(da["top_lp"]))
 
 
 def _concat(drifts: list[Any]) -> TokenDrift:
