@@ -41,11 +41,16 @@ class DiskPlan:
         return self.records + self.side_files + self.distributions
 
     def lines(self) -> list[str]:
-        gb = lambda b: f"{b / 1e9:.2f} GB"  # noqa: E731
+        gb = size
         mode = f" (streaming: at most {self.window} chunks at a time)" if self.window else ""
         out = [f"disk: run directory {gb(self.run_bytes)} = records {gb(self.records)} + side files {gb(self.side_files)} "
                f"+ reference distributions {gb(self.distributions)}{mode}; result cache {gb(self.cache)} more"]
         return out + [f"disk: {n}" for n in self.notes]
+
+
+def size(n: float) -> str:
+    """Bytes in GB (10^9), or MB below 1 GB."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _vocab(config: Any, config_file: Path, name: str) -> int | None:
@@ -148,6 +153,6 @@ def check_disk(plan: DiskPlan, out_dir: Path, cache_dir: Path | None) -> None:
             if window >= 1:
                 hint = (f"; streaming exact KLD fits: set suites.perplexity.kld_window: {min(window, 8)} (the reference's "
                         f"distributions are then deleted once read, so a deployment added later needs the reference re-run)")
-        raise EvalkitError(where[dev], f"not enough disk for this run: it needs ~{n / 1e9:.2f} GB "
+        raise EvalkitError(where[dev], f"not enough disk for this run: it needs ~{size(n)} "
                                        f"({', '.join(plan.lines()[0].removeprefix('disk: ').split('; '))}), "
-                                       f"{free[dev] / 1e9:.2f} GB free{hint}")
+                                       f"{size(free[dev])} free{hint}")
