@@ -187,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def disk_full(e: OSError) -> bool:
+    import errno
+
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -197,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("evalkit: interrupted; finished items are kept (use run --resume RUN_DIR)", file=sys.stderr)
         return 130
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        print(f"evalkit: error: {e.filename or 'a file'}: no space left on the device ({e.strerror}); every complete "
+              f"record is kept: free space, then `run --resume RUN_DIR` (or `report RUN_DIR`)", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

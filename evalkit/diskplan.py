@@ -83,7 +83,9 @@ def disk_plan(config: Any, config_file: Path, use_cache: bool = True) -> DiskPla
             chunks = min(len(suite.items()), chunk_count(int(n_bytes / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
             per_chunk = s.n_ctx - scored_from(s.n_ctx)
             tokens = chunks * per_chunk
-            owner = kld_reference(config)
+            from evalkit.suites.perplexity import streaming_readers
+
+            owner = kld_reference(config) if streaming_readers(config) else None  # no reader: nothing stored
             bound = set(bound_deployments(config))
             from evalkit.engines import gives_full_distributions
 

@@ -27,6 +27,7 @@ from evalkit.errors import RunDirError
 
 ARRAYS_DIR = "arrays"  # <run>/arrays/<sha256>.npy, and <cache>/arrays/<sha256>.npy in the result cache
 SUFFIX = ".npy"
+TMP_SUFFIX = ".tmp"
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def write_side_file(root: Path, side: SideFile) -> Path:
     if path.is_file() and path.stat().st_size == len(side.data) and is_intact(path, side.sha256):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{side.sha256[:16]}.", suffix=".tmp")
+    # The writer's pid in the name: a temporary left by a crashed writer is known as garbage (`sweep_temporaries`).
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{side.sha256[:16]}.{os.getpid()}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(side.data)
@@ -89,6 +91,32 @@ def write_side_file(root: Path, side: SideFile) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def sweep_temporaries(root: Path) -> int:
+    """Remove temporaries that writers no longer alive left in `root`'s side-file directory (a crash mid-write);
+    returns how many. A live writer's temporary (another shard of the run) is left alone."""
+    removed = 0
+    for tmp in (Path(root) / ARRAYS_DIR).glob(f".*{TMP_SUFFIX}"):
+        parts = tmp.name.split(".")
+        pid = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            continue
+        if pid == os.getpid():
+            continue
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_side_file(root: Path, sha256: str, *, where: str = "records", verify: bool = False) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 from filelock import FileLock, Timeout
 
 from evalkit.errors import RunDirError
-from evalkit.sidefiles import SideFile, write_side_file
+from evalkit.sidefiles import SideFile, sweep_temporaries, write_side_file
 
 SIDE_KEY = "side_file"  # a record dict's in-memory side file (evalkit.sidefiles.SideFile); never written to JSON
 
@@ -184,6 +184,7 @@ class RecordWriter:
         self._file = path.open("ab", buffering=0)  # unbuffered: nothing of a failed write lingers to land later
         with self._lock:
             self._repair_torn_tail()
+            sweep_temporaries(path.parent.parent)  # side-file temporaries of writers that died mid-write
 
     def _repair_torn_tail(self) -> None:
         """Cut everything after the last newline. Call with the lock held: then no live writer is mid-batch."""

@@ -267,6 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         if TERMINAL is not sys.stderr:  # the user sees it, not only the engine log
             print(f"evalkit: error: {e}", file=TERMINAL, flush=True)
         return EXIT_USER_ERROR
+    except OSError as e:
+        import errno
+
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # The disk filled outside the records writer (engine description, progress): one line, finished items kept.
+        line = f"evalkit: error: {e.filename or args[0]}: no space left on the device ({e.strerror}); free space and --resume"
+        print(line, file=sys.stderr)
+        if TERMINAL is not sys.stderr:
+            print(line, file=TERMINAL, flush=True)
+        return EXIT_USER_ERROR
     return 0
 
 

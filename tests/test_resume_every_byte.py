@@ -222,3 +222,55 @@ def test_two_resumes_of_one_run_at_once_record_each_item_once(records_run: Path,
     got = [record_key(r["suite"], r["item_id"]) for r in read_jsonl(path)]
     assert sorted(got) == sorted(keys) and len(set(got)) == len(got)
     _assert_same_scores(copy, records_run)  # the resume that ran finished the run after an on-a-boundary cut
+
+
+def test_cut_at_every_byte_of_a_side_file_and_its_record(records_run: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A perplexity record and its side file, written as the writer writes them: the side file's bytes into a
+    temporary, renamed to its hash, then the record's line. Cut at every byte of that sequence (inside the side
+    file, between side file and record, inside the record) and also with the side file torn under its final
+    name (a filesystem without atomic rename): the resumed write leaves the same complete line, the same intact
+    side file and no temporary, and the record reads back its arrays."""
+    import numpy as np
+
+    from evalkit.records import parse_record, token_arrays
+    from evalkit.sidefiles import SideFile, side_path
+    from evalkit.store import SIDE_KEY
+
+    dep = _dep(records_run)
+    lines = [ln + b"\n" for ln in (records_run / "records" / f"{dep}.jsonl").read_bytes().split(b"\n")[:-1]]
+    records = [json.loads(ln) for ln in lines]
+    n = max(i for i, r in enumerate(records) if r["suite"] == "perplexity" and "arrays_sha256" in r)
+    line, rec = lines[n], records[n]
+    side = SideFile(rec["arrays_sha256"], side_path(records_run, rec["arrays_sha256"]).read_bytes())
+    head = lines[0]  # one complete record before it, which must survive every cut
+    shm = Path("/dev/shm")
+    base = Path(tmp_path_factory.mktemp("side-cuts")) if not shm.is_dir() else Path(__import__("tempfile").mkdtemp(dir=shm))
+    try:
+        run = RunDir.create(base, "r")
+        path, final = run.records_path(dep), side_path(run.path, side.sha256)
+        tmp = final.with_name(f".{side.sha256[:16]}.999999999.x.tmp")  # a dead writer's temporary
+        key = record_key(rec["suite"], rec["item_id"])
+        states = [("inside the side file", b, False) for b in range(len(side.data))]
+        states += [("side file torn under its name", b, True) for b in range(0, len(side.data), 7)]
+        states += [("between side file and record", len(side.data), False)]
+        states += [("inside the record", len(side.data) + b, False) for b in range(1, len(line) + 1)]
+        for where, cut, torn in states:
+            for p in (final, tmp):
+                p.unlink(missing_ok=True)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if cut < len(side.data):
+                (final if torn else tmp).write_bytes(side.data[:cut])
+                path.write_bytes(head)
+            else:
+                final.write_bytes(side.data)
+                path.write_bytes(head + line[: cut - len(side.data)])
+            whole = cut == len(side.data) + len(line)
+            assert (key in run.done_keys(dep)) == whole, (where, cut)
+            if not whole:  # the resumed item: the same bytes again, through the writer
+                _resume_in_process(run, dep, [key], {key: {**rec, SIDE_KEY: side}})
+            assert path.read_bytes() == head + line, (where, cut)
+            assert final.read_bytes() == side.data and not tmp.exists(), (where, cut)
+            back = parse_record(json.loads(line))
+            assert np.array_equal(token_arrays(back, run.path), np.load(side_path(records_run, side.sha256))), (where, cut)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

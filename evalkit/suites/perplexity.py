@@ -188,6 +188,10 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         owner = self.kld_owner()
         store = store_dir(binding.run_dir, owner) if binding is not None and owner is not None else None
         is_reference = binding is not None and binding.deployment == owner
+        if is_reference and self.config is not None and not streaming_readers(self.config):
+            # Only what is read is written: with no deployment reading them, no distributions are stored.
+            store = owner = None
+            is_reference = False
         # In a configured run the KLD reference stores every chunk before a reader runs (the executors order
         # units by `runs_after`); a chunk whose store is missing (that reference failed) stays pending, so a
         # resumed run measures it exactly instead of recording the bound for good. A Ray node that does not
@@ -236,7 +240,8 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                     scalars["kld_reference"] = owner
             else:
                 # No full distributions here (or no store to read on this node): the top-k bound's inputs.
-                k = top_k if distributions is None else s.top_k  # a reader that cannot see the store: the bound
+                # A reader that cannot see the store (a Ray node without the run directory) records the bound.
+                k = s.top_k if (distributions is not None and store is not None and not is_reference) else top_k
                 scalars, side, prov = cached_chunk_span(engine, chunk, first, k, info.vocab_size)
             score_s = time.perf_counter() - start
             record = _dump({
@@ -535,7 +540,10 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
     if bound:  # engines without full distributions keep the bound, against the run's reference
         lines.append(f"perplexity: top-{s.top_k} + tail lower bound of KLD against {config.reference} for {', '.join(bound)}")
     suite = PerplexitySuite(s, config, config_file)
-    chunks = len(suite.items())  # upper bound from the text's bytes
+    from evalkit.diskplan import BYTES_PER_TOKEN
+
+    # The same estimate as the disk plan's (evalkit.diskplan): tokens at BYTES_PER_TOKEN text bytes each.
+    chunks = min(len(suite.items()), chunk_count(int(len(suite._text_bytes()) / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
     tokens = chunks * (s.n_ctx - scored_from(s.n_ctx))
     path = _resolve(ref.model.source, config_file)
     try:
@@ -546,9 +554,10 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
         lines.append(f"perplexity: {owner}'s store size is unknown (vocabulary of {ref.model.source} unknown)")
     else:
         most = store_bytes_upper_bound(tokens, vocab)
-        lines.append(f"perplexity: {owner}'s stored distributions: at most {most / 1e9:.2f} GB in the run directory "
-                     f"({tokens:,} scored tokens x {vocab:,} ids, 2 bytes each at most, as llama.cpp's base file; "
-                     f"long-tailed distributions take less)")
+        window = f"; streaming (kld_window: {s.kld_window}): at most {s.kld_window} chunks of it at a time" if s.kld_window else ""
+        lines.append(f"perplexity: {owner}'s stored distributions: ~{most / 1e9:.2f} GB in the run directory "
+                     f"(~{tokens:,} scored tokens x {vocab:,} ids, 2 bytes each at most, as llama.cpp's base file; "
+                     f"long-tailed distributions take less{window})")
     return "\n".join(lines)
 
 
