@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -175,3 +176,19 @@ suites:
         assert list(mnt.iterdir()) == []
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_v1_run_re_scores_to_the_same_scores(tmp_path: Path) -> None:
+    """tests/data/v1_run: a run written by evalkit before records v2 (perplexity arrays inline). `evalkit report`
+    today gives the scores.csv and comparisons.csv that evalkit wrote then, byte for byte."""
+    fixture = Path(__file__).parent / "data" / "v1_run"
+    lines = [json.loads(ln) for ln in (fixture / "records" / "smol-q8.jsonl").read_text().splitlines()]
+    assert {r["schema_version"] for r in lines} == {1} and any("top" in r and "kld" in r for r in lines)
+    run = tmp_path / "v1"
+    shutil.copytree(fixture, run)
+    for name in ("scores.csv", "comparisons.csv"):
+        (run / name).unlink()
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "report", str(run)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("scores.csv", "comparisons.csv"):
+        assert (run / name).read_bytes() == (fixture / name).read_bytes(), name
