@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import EvalkitError
+from evalkit.suites.perplexity import BYTES_PER_TOKEN
 
-BYTES_PER_TOKEN = 3.0  # text bytes per token assumed by the estimate (real BPE: 3.5-4.5 on English)
 RECORD_BYTES = 1000  # a v2 perplexity records line is < 1 KB
 OTHER_RECORD_BYTES = 4000  # a prompts / MMLU / long-context / HumanEval / cost line, generously
 CACHE_ENTRY_BYTES = 1000  # one result-cache entry's JSON envelope (perplexity: scalars + the side file's hash)

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "evalkit.engines.*",  # tokenizer, llamacpp, vllm, hf, and any engine or engine helper added beside them
         "evalkit.hardware", "evalkit.ledger", "evalkit.gpu_plan", "evalkit.variants", "evalkit.environment",
     ]),
-    ("records/store", ["evalkit.records", "evalkit.store", "evalkit.cache"]),
+    ("records/store", ["evalkit.records", "evalkit.store", "evalkit.cache", "evalkit.sidefiles"]),
     ("suites", [
         "evalkit.suites", "evalkit.suites.*", "evalkit.capabilities", "evalkit.parity",
         "evalkit.metrics.compare",  # turns the statistics into the store's ScoreRow / ComparisonRow for suites
@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("executors/scoring/decision", [
         "evalkit.executors", "evalkit.executors.*", "evalkit.worker", "evalkit.progress", "evalkit.preflight",
         "evalkit.scoring", "evalkit.decision", "evalkit.rating", "evalkit.rating.*",
+        "evalkit.diskplan",  # the disk a run needs, from the config and each suite's record layout
     ]),
     ("report/view/cli", [
         "evalkit", "evalkit.__main__", "evalkit.cli", "evalkit.pipeline", "evalkit.results",

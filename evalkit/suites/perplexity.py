@@ -67,6 +67,9 @@ METHOD = (
 )
 STORE_DIR = "distributions"  # run_dir/distributions/<reference>/<chunk id>.evkld
 STORE_SUFFIX = ".evkld"
+# Text bytes per token assumed where a plan must size a run before any tokenizer is loaded: conservative for BPE
+# tokenizers on English (WikiText-2 is ~4.4 bytes per SmolLM2 token).
+BYTES_PER_TOKEN = 3.0
 ARRAYS_FORMAT = 2  # the side-file layout in cache keys: a change re-measures instead of misreading
 
 # Measured against exact full-vocabulary KLD (tests/test_perplexity.py; Gemma 3 270M, 262k vocabulary):
@@ -540,8 +543,6 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
     if bound:  # engines without full distributions keep the bound, against the run's reference
         lines.append(f"perplexity: top-{s.top_k} + tail lower bound of KLD against {config.reference} for {', '.join(bound)}")
     suite = PerplexitySuite(s, config, config_file)
-    from evalkit.diskplan import BYTES_PER_TOKEN
-
     # The same estimate as the disk plan's (evalkit.diskplan): tokens at BYTES_PER_TOKEN text bytes each.
     chunks = min(len(suite.items()), chunk_count(int(len(suite._text_bytes()) / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
     tokens = chunks * (s.n_ctx - scored_from(s.n_ctx))
