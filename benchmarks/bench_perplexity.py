@@ -11,7 +11,10 @@ Flash attention: evalkit's engine runs without it (llama-cpp-python's default); 
 `-fa off` unless --llama-fa says otherwise.
 
 Wall times are end to end: llama-perplexity's process (load, tokenize, all chunks); evalkit's engine load,
-`PerplexitySuite.run` (records with top-k, k = --top-k) and scoring from the records. Same thread count;
+`PerplexitySuite.run` (records with top-k, k = --top-k) and scoring from the records; and (`--whole-run`, the
+issue-23 measurement) a whole `python -m evalkit run` process on a one-deployment perplexity-only config with
+the default top_k (2000): plan, worker, records and side files, scoring and report. With one deployment
+nothing reads a top-k, so none is extracted or written (records v2: only what is read is written). Same thread count;
 llama-perplexity keeps its defaults otherwise (batch 2048 = 4 chunks per decode at n_ctx 512). With
 --rounds > 1 the two alternate and the fastest round of each is reported (on a shared machine the
 fastest round is the least disturbed one). CPU time (user + sys) is printed too: it moves less with load.
@@ -69,7 +72,33 @@ def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k:
     ppl = next(s for s in suite.score({"g": records}, ctx) if s.metric == "ppl")
     wall = time.perf_counter() - start
     se = (ppl.ci_high - ppl.value) / 1.959963984540054 if ppl.ci_high is not None else float("nan")
-    return ppl.value, se, wall, time.process_time() - cpu0, sum(1 for r in records if "nll" in r)
+    return ppl.value, se, wall, time.process_time() - cpu0, sum(1 for r in records if "n_scored" in r)
+
+
+def evalkit_whole_run(model: Path, text: Path, n_ctx: int, threads: int, d: Path) -> tuple[float, float, float]:
+    """(PPL, wall seconds, CPU seconds) of a whole `evalkit run` process (uncached) on a perplexity-only config."""
+    import csv
+    import os
+
+    config = d / "ppl-only.yaml"
+    config.write_text(f"""reference: g
+deployments:
+  - {{name: g, engine: llamacpp, model: {model}, options: {{n_ctx: {n_ctx}, n_threads: {threads}, n_batch: {n_ctx}}}}}
+suites:
+  perplexity: {{text: {text}, n_ctx: {n_ctx}, max_chunks: null}}
+""")
+    out = d / f"out-{time.time_ns()}"
+    cpu0 = _children_cpu()
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(config), "--out", str(out), "--no-cache"],
+                          capture_output=True, text=True, env={**os.environ})
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"evalkit run failed:\n{proc.stderr[-3000:]}")
+    (run,) = list(out.iterdir())
+    with open(run / "scores.csv", encoding="utf-8-sig") as f:
+        ppl = next(float(r["value"]) for r in csv.DictReader(f) if r["metric"] == "ppl")
+    return ppl, wall, _children_cpu() - cpu0
 
 
 def main() -> None:
@@ -83,6 +112,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--whole-run", action="store_true", help="also time a whole `evalkit run` process (perplexity only)")
     ap.add_argument("--llama-batch", type=int, default=None,
                     help="llama-perplexity's -b (default 2048: n_batch/n_ctx chunks per decode; n_ctx = one chunk per decode, as evalkit)")
     ap.add_argument("--llama-fa", choices=["off", "on", "auto"], default="off",
@@ -99,10 +129,12 @@ def main() -> None:
         text = Path(tmp) / "text.txt"
         cut = args.text.read_bytes()[: args.bytes].decode("utf-8", errors="ignore")  # drop a split last char
         text.write_bytes(cut.encode("utf-8"))
-        theirs, ours = [], []
+        theirs, ours, whole = [], [], []
         for _ in range(args.rounds):
             theirs.append(llama_perplexity(args.llama_perplexity, model, text, args.n_ctx, args.threads, args.llama_fa, args.llama_batch))
             ours.append(evalkit_perplexity(model, text, args.n_ctx, args.threads, args.top_k))
+            if args.whole_run:
+                whole.append(evalkit_whole_run(model, text, args.n_ctx, args.threads, Path(tmp)))
 
     t_ppl, t_se, t_wall, t_cpu = min(theirs, key=lambda r: r[2])
     e_ppl, e_se, e_wall, e_cpu, chunks = min(ours, key=lambda r: r[2])
@@ -113,6 +145,12 @@ def main() -> None:
     print(f"relative PPL difference {100 * (e_ppl - t_ppl) / t_ppl:+.4f}%   (target within ±0.1%)")
     print(f"wall time ratio evalkit / llama-perplexity {e_wall / t_wall:.2f}x   (target <= 1.2x); "
           f"CPU time ratio {e_cpu / t_cpu:.2f}x")
+    if whole:
+        w_ppl, w_wall, w_cpu = min(whole, key=lambda r: r[1])
+        print(f"evalkit run      PPL {w_ppl:.4f}            wall {w_wall:.2f} s   CPU {w_cpu:.2f} s   (whole process, "
+              f"perplexity-only config, default top_k; {100 * (w_ppl - t_ppl) / t_ppl:+.4f}% PPL)")
+        print(f"wall time ratio evalkit run / llama-perplexity {w_wall / t_wall:.2f}x   (target <= 1.2x); "
+              f"CPU time ratio {w_cpu / t_cpu:.2f}x")
     if args.rounds > 1:
         print("rounds (llama-perplexity s, evalkit s): " + ", ".join(f"({a[2]:.1f}, {b[2]:.1f})" for a, b in zip(theirs, ours)))
 

@@ -233,16 +233,20 @@ def token_drift_arrays(
     ref_full = np.full((n, k + 1), np.nan)
     dep_full = np.full((n, k + 1), np.nan)
     ref_full[:, :k] = np.where(r_valid, r_lp, np.nan)
-    # The deployment's value at each reference id: search (row, id) keys among its own valid entries.
+    # The deployment's value at each reference id: its top-k scattered into a dense (rows, vocabulary) block,
+    # read back at the reference's ids (a block of rows at a time keeps the scratch small).
     span = int(max(ref_ids.max(initial=0), dep_ids.max(initial=0), tg.max(initial=0))) + 1
-    rows = np.arange(n, dtype=np.int64)[:, None]
-    d_keys = np.where(d_valid, rows * span + dep_ids, -1).ravel()
-    order = np.argsort(d_keys, kind="stable")
-    sorted_keys = d_keys[order]
-    want = (rows * span + ref_ids).ravel()
-    pos = np.clip(np.searchsorted(sorted_keys, want), 0, sorted_keys.size - 1) if sorted_keys.size else np.zeros(want.size, np.int64)
-    found = sorted_keys[pos] == want if sorted_keys.size else np.zeros(want.size, bool)
-    looked = np.where(found, d_lp.ravel()[order[pos]] if sorted_keys.size else np.nan, np.nan).reshape(n, k)
+    looked = np.full((n, k), np.nan)
+    block = max(1, min(n, (1 << 22) // max(span, 1)))  # ~32 MB of float64 scratch at most
+    dense = np.full((block, span), np.nan)
+    for b0 in range(0, n, block):
+        rows = slice(b0, min(n, b0 + block))
+        m = rows.stop - rows.start
+        r_idx = np.broadcast_to(np.arange(m)[:, None], dep_ids[rows].shape)
+        dv = d_valid[rows]
+        dense[r_idx[dv], dep_ids[rows][dv]] = d_lp[rows][dv]
+        looked[rows] = dense[np.broadcast_to(np.arange(m)[:, None], ref_ids[rows].shape), ref_ids[rows]]
+        dense[r_idx[dv], dep_ids[rows][dv]] = np.nan  # reset only what was written
     dep_full[:, :k] = np.where(r_valid, looked, np.nan)
     # The target's log-probs are exact in both records (its NLL): they override the top-k copies.
     at_target = r_valid & (ref_ids == tg[:, None])
