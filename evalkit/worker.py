@@ -263,9 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_deployment(Path(args[0]), args[1])
     except EvalkitError as e:
-        print(f"evalkit: error: {e}", file=sys.stderr)
-        if TERMINAL is not sys.stderr:  # the user sees it, not only the engine log
-            print(f"evalkit: error: {e}", file=TERMINAL, flush=True)
+        _say(f"evalkit: error: {e}")
         return EXIT_USER_ERROR
     except OSError as e:
         import errno
@@ -273,12 +271,19 @@ def main(argv: list[str] | None = None) -> int:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # The disk filled outside the records writer (engine description, progress): one line, finished items kept.
-        line = f"evalkit: error: {e.filename or args[0]}: no space left on the device ({e.strerror}); free space and --resume"
-        print(line, file=sys.stderr)
-        if TERMINAL is not sys.stderr:
-            print(line, file=TERMINAL, flush=True)
+        _say(f"evalkit: error: {e.filename or args[0]}: no space left on the device ({e.strerror}); free space and --resume")
         return EXIT_USER_ERROR
     return 0
+
+
+def _say(line: str) -> None:
+    """One line to the user's terminal and to the engine log (which may sit on a disk that is full)."""
+    if TERMINAL is not sys.stderr:  # the user sees it, not only the engine log
+        print(line, file=TERMINAL, flush=True)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ def inline(rec: dict[str, Any], run_dir: Path | None = None, tokens: Sequence[in
     if tokens is not None and "token_ids" not in rec:
         n_ctx, i = int(rec["n_ctx"]), int(rec["chunk_index"])
         chunk = list(tokens[i * n_ctx : (i + 1) * n_ctx])
-        if rec.get("bos_replaced") and bos is not None:
-            chunk[0] = bos
+        if rec.get("bos_replaced"):
+            chunk[0] = bos if bos is not None else tokens[0]  # tokenized with BOS: the first token is it
         assert chunk[rec["scored_from"]:] == out["targets"]
         if rec.get("tokens_sha256"):
             from evalkit.metrics.kld import tokens_sha256
@@ -62,7 +62,7 @@ def run_text_tokens(run: Path, deployment: str) -> tuple[list[int], int | None]:
     tok = load_tokenizer(dep.engine, manifest["deployments"][deployment]["path"], dep.options)
     try:
         text = PerplexitySuite(config.suites.perplexity, config, Path(manifest["config_file"]))._text()
-        return list(tok.tokenize(text, add_bos=True)), tok.info().bos_token_id
+        return list(tok.tokenize(text, add_bos=True)), None  # a BOS-replaced chunk takes tokens[0] (the BOS)
     finally:
         tok.close()
 

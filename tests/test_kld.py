@@ -274,7 +274,9 @@ def test_llamacpp_against_hf_reference_on_the_same_weights_is_exact(tmp_path: Pa
             suite.bind(RunBinding(tmp_path / "run", name, "hf"))
             recs: list[dict[str, Any]] = []
             suite.run(eng, suite.items(), None, recs.extend)  # type: ignore[arg-type]
-            out[name] = next(r for r in recs if "nll" in r)
+            text = (tmp_path / "t.txt").read_text(encoding="utf-8")
+            out[name] = inline(next(r for r in recs if "n_scored" in r), tokens=eng.tokenize(text.removesuffix("\n"), True),
+                               bos=eng.info().bos_token_id if eng.info().add_bos else None)
             full = np.concatenate([b for _, b in eng.token_distributions(out[name]["token_ids"], out[name]["scored_from"])])
             rows[name] = full[picks].astype(np.float64)
         finally:
