@@ -204,8 +204,17 @@ def run(
         from evalkit.scoring import score_run
         from evalkit.report.render import render_report
 
-        score_run(run_dir)
-        render_report(run_dir)
+        try:
+            score_run(run_dir)
+            render_report(run_dir)
+        except OSError as e:
+            import errno
+
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # The disk filled: one line naming the run; every complete record and side file is kept.
+            raise EvalkitError(str(run_dir.path), f"no space left on the device ({e.strerror}); every complete record "
+                                                  f"is kept: free space, then run --resume {run_dir.path}") from None
     # Finished means every item recorded, whatever the exit code: a worker that exits 0 with items still
     # pending has failed, and one that crashed after its last record (an engine at teardown) has not.
     failed = [n for n in codes if pending_items(run_dir, n)]

@@ -29,7 +29,7 @@ suites:
   perplexity: {{text: {REPO}/texts/ppl_default.txt, n_ctx: 64, max_chunks: 40}}
 """
 FILLER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 records, filler = Path(sys.argv[1]), Path(sys.argv[2])
 while True:  # wait until evalkit has written a few records, then take every free byte
@@ -37,13 +37,13 @@ while True:  # wait until evalkit has written a few records, then take every fre
     if files and files[0].read_bytes().count(b'\\n') >= 3:
         break
     time.sleep(0.005)
-with open(filler, 'wb') as f:
-    try:
-        while True:
-            f.write(b'x' * 4096)
-            f.flush()
-    except OSError:
-        pass
+fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b'x' * 4096)
+except OSError:
+    pass
+os.close(fd)
 print('filled', flush=True)
 """
 
@@ -72,7 +72,8 @@ def test_disk_full_mid_run_then_resume(tmp_path: Path) -> None:
         filler = subprocess.Popen([sys.executable, "-c", FILLER, str(mnt), str(mnt / "filler.bin")], stdout=subprocess.PIPE, text=True)
         proc = subprocess.run([*evalkit, "run", "--config", str(config), "--out", str(mnt), "--no-cache"],
                               capture_output=True, text=True, env=env, timeout=900)
-        assert filler.wait(timeout=60) == 0 and "filled" in (filler.stdout.read() if filler.stdout else "")
+        filled = filler.communicate(timeout=60)[0]
+        assert filler.returncode == 0 and "filled" in filled, (filled, proc.stderr[-3000:])
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1]
