@@ -213,6 +213,30 @@ def test_index_follows_a_run_being_written(small_root: Path, tmp_path: Path) -> 
     assert status(run, now=time.time() + 3600)["status"] == "partial"  # scored earlier, items left, nobody writing
 
 
+def test_saved_index_answers_as_the_built_one(small_root: Path, tmp_path: Path) -> None:
+    """The index kept in the cache dir gives the same pages and items; a changed run is not read from it."""
+    from evalkit.store import RunDir
+    from evalkit.viewer.index import RunIndex, Query
+
+    root = tmp_path / "reports"
+    shutil.copytree(small_root, root)
+    run = _run(root).resolve()
+    files = (tmp_path / "i.json", tmp_path / "i.npz")
+    built = RunIndex(run)
+    built.save(files)
+    loaded = RunIndex.load(run, files)
+    assert loaded is not None
+    for q in (Query(), Query(differs=True), Query(failed=True, category="qa"), Query(q="river"),
+              Query(sort="dep1|prompts:contains", desc=True, offset=7)):
+        assert json.dumps(loaded.page(q)) == json.dumps(built.page(q))
+    for key in built.keys[:10]:
+        assert json.dumps(loaded.item(*key)) == json.dumps(built.item(*key))
+    rd = RunDir(run)
+    with rd.writer("dep2") as w:
+        w.write_batch([dict(rd.records("dep2")[0], item_id="qa-77777")])
+    assert RunIndex.load(run, files) is None
+
+
 # -- Chromium over the session's real runs ----------------------------------------------------------------------
 
 EXTRA_HOSTILE = [

@@ -83,20 +83,20 @@ def _changed(cand: Any, base: Any, dep: str, base_dep: str) -> dict[str, Any]:
     """Items whose pass/fail outcome differs between the runs, and how many outputs changed at all."""
     changed: list[dict[str, Any]] = []
     n_changed = n_text = 0
-    if dep not in cand.cells or base_dep not in base.cells:
+    if dep not in cand.cols or base_dep not in base.cols:
         return {"changed": [], "n_changed": 0, "n_output_changed": 0}
+    mine, theirs = cand.cols[dep], base.cols[base_dep]
     for key, i in cand.row_of.items():
         j = base.row_of.get(key)
-        if j is None:
+        if j is None or not mine.has[i] or not theirs.has[j]:
             continue
-        c, b = cand.cells[dep].get(i), base.cells[base_dep].get(j)
-        if c is None or b is None:
-            continue
-        if c.value is not None and b.value is not None and c.value != b.value:
+        a, b = mine.value[i], theirs.value[j]
+        if a is not None and b is not None and a != b:
             n_text += 1
-        if c.ok >= 0 and b.ok >= 0 and c.ok != b.ok:
+        now, before = int(mine.ok[i]), int(theirs.ok[j])
+        if now >= 0 and before >= 0 and now != before:
             n_changed += 1
             if len(changed) < MAX_CHANGED:
                 changed.append({"suite": key[0], "item_id": key[1], "category": cand.category[i],
-                                "before": "pass" if b.ok else "fail", "after": "pass" if c.ok else "fail"})
+                                "before": "pass" if before else "fail", "after": "pass" if now else "fail"})
     return {"changed": changed, "n_changed": n_changed, "n_output_changed": n_text}

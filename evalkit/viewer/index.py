@@ -9,7 +9,11 @@ was built from changes (mtime and size), which also follows a run that is still 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
+import json
 import math
+import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -22,10 +26,11 @@ import pandas as pd
 from evalkit import records as records_module
 from evalkit.records import parse_record
 from evalkit.scoring import ITEMS_DIR
-from evalkit.store import MANIFEST, RECORDS_DIR, RunDir
+from evalkit.store import MANIFEST, RECORDS_DIR, RunDir, atomic_write_bytes, atomic_write_text
 from evalkit.viewer.safety import inside
 from evalkit.viewer.textdiff import first_difference, segments
 
+CACHE_FORMAT = 1  # of the saved index (RunIndex.save); a change makes older saves be rebuilt
 SKIP_SUITES = {"cost"}  # measurements per concurrency level, not items: the report's cost tables show them
 CELL_CHARS = 600  # matrix cells show this much of an output; the item view shows all of it
 PROMPT_CHARS = 300
@@ -62,6 +67,57 @@ class _Cell:
     extra: dict[str, Any] = field(default_factory=dict)
     prompt_ids: np.ndarray | None = None
     output_ids: np.ndarray | None = None
+
+
+@dataclass
+class _Ragged:
+    """Token-id lists of every row in one array (a row's ids: values[start:start + length]; start -1: none)."""
+
+    values: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+    @classmethod
+    def of(cls, n: int, rows: list[int], arrays: list[np.ndarray | None]) -> "_Ragged":
+        start, length = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        parts, at = [], 0
+        for i, a in zip(rows, arrays):
+            if a is not None:
+                start[i], length[i] = at, len(a)
+                parts.append(a)
+                at += len(a)
+        values = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)  # token ids
+        return cls(values, start, length)
+
+    def get(self, i: int) -> np.ndarray | None:
+        return None if self.start[i] < 0 else self.values[self.start[i]: self.start[i] + self.length[i]]
+
+
+@dataclass
+class _Column:
+    """One deployment's cells, a slot per row (columns, not objects: a 120,000-cell run stays compact and is
+    saved and loaded as a handful of arrays)."""
+
+    has: np.ndarray  # bool
+    text: list[str]
+    value: list[str | None]
+    ok: np.ndarray  # int8: 1 pass, 0 fail, -1 not pass/fail
+    extra: list[dict[str, Any] | None]
+    prompt_ids: _Ragged
+    output_ids: _Ragged
+
+    @classmethod
+    def of(cls, n: int, cells: dict[int, _Cell]) -> "_Column":
+        rows = sorted(cells)
+        has, ok = np.zeros(n, dtype=bool), np.full(n, -1, dtype=np.int8)
+        text: list[str] = [""] * n
+        value: list[str | None] = [None] * n
+        extra: list[dict[str, Any] | None] = [None] * n
+        for i in rows:
+            c = cells[i]
+            has[i], ok[i], text[i], value[i], extra[i] = True, c.ok, c.text, c.value, c.extra
+        return cls(has, text, value, ok, extra, _Ragged.of(n, rows, [cells[i].prompt_ids for i in rows]),
+                   _Ragged.of(n, rows, [cells[i].output_ids for i in rows]))
 
 
 def _ids(values: Any) -> np.ndarray | None:
@@ -155,29 +211,41 @@ class RunIndex:
                 if rec.suite == "perplexity" and cell.prompt_ids is None and not getattr(rec, "skipped", None):
                     self._arrays[(dep, i)] = rec  # records v2: token ids live in a side file, read on demand
         n = len(self.keys)
-        self.suite_of = np.array([k[0] for k in self.keys], dtype=object)
-        self.category_arr = np.array(self.category, dtype=object)
         self.scores: dict[str, np.ndarray] = {}  # "<deployment>|<suite>:<metric>" -> value per row (NaN: none)
         self.metrics: dict[str, list[str]] = {}  # suite -> its per-item metrics
         self._read_item_csvs()
         self._figures()
-        self.ok = {d: np.array([self.cells[d][i].ok if i in self.cells[d] else -1 for i in range(n)], dtype=np.int8)
-                   for d in self.deployments}
-        ref_values = [self.cells[self.reference].get(i) for i in range(n)]
+        self.cols = {d: _Column.of(n, self.cells[d]) for d in self.deployments}
+        del self.cells
+        self._derive()
+
+    def _derive(self) -> None:
+        """Filter arrays and search text, from the columns (after a build, or a load from the disk cache)."""
+        n = len(self.keys)
+        self._loaded_ids: dict[tuple[str, int], np.ndarray] = {}
+        self.suite_of = np.array([k[0] for k in self.keys], dtype=object)
+        self.category_arr = np.array(self.category, dtype=object)
+        ref = self.cols[self.reference]
         self.differs_by: dict[str, np.ndarray] = {}
         self.flipped_by: dict[str, np.ndarray] = {}
         for d in self.deployments:
             if d == self.reference:
                 continue
-            mine = self.cells[d]
-            self.differs_by[d] = np.array(
-                [i in mine and ref_values[i] is not None and mine[i].value is not None and ref_values[i].value is not None
-                 and mine[i].value != ref_values[i].value for i in range(n)], dtype=bool)
-            ref_ok, dep_ok = self.ok[self.reference], self.ok[d]
-            self.flipped_by[d] = (ref_ok >= 0) & (dep_ok >= 0) & (ref_ok != dep_ok)
-        self.failed_by = {d: self.ok[d] == 0 for d in self.deployments}
-        self.search = ["\n".join([self.prompt[i]] + [self.cells[d][i].text for d in self.deployments if i in self.cells[d]])
-                       .casefold() for i in range(n)]
+            mine = self.cols[d]
+            self.differs_by[d] = np.array([a is not None and b is not None and a != b
+                                           for a, b in zip(mine.value, ref.value)], dtype=bool)
+            self.flipped_by[d] = (ref.ok >= 0) & (mine.ok >= 0) & (ref.ok != mine.ok)
+        self.failed_by = {d: self.cols[d].ok == 0 for d in self.deployments}
+        texts = [self.cols[d].text for d in self.deployments]
+        self.search = ["\n".join([self.prompt[i], *(t[i] for t in texts)]).casefold() for i in range(n)]
+
+    def cell(self, dep: str, i: int) -> _Cell | None:
+        col = self.cols[dep]
+        if not col.has[i]:
+            return None
+        pids = self._loaded_ids.get((dep, i))
+        return _Cell(col.text[i], col.value[i], int(col.ok[i]), col.extra[i] or {},
+                     col.prompt_ids.get(i) if pids is None else pids, col.output_ids.get(i))
 
     # -- building ---------------------------------------------------------------------------------
 
@@ -298,11 +366,11 @@ class RunIndex:
 
     def _row_json(self, i: int, chars: int | None, sort: str = "") -> dict[str, Any]:
         suite, item_id = self.keys[i]
-        ref = self.cells[self.reference].get(i)
+        ref = self.cell(self.reference, i)
         ref_text = ref.text if ref is not None else None
         cells: dict[str, Any] = {}
         for d in self.deployments:
-            c = self.cells[d].get(i)
+            c = self.cell(d, i)
             if c is None:
                 cells[d] = None
                 continue
@@ -332,9 +400,9 @@ class RunIndex:
         out = self._row_json(i, None)
         for d in self.deployments:
             self._load_arrays(d, i)
-        ref = self.cells[self.reference].get(i)
+        ref = self.cell(self.reference, i)
         for d in self.deployments:
-            c = self.cells[d].get(i)
+            c = self.cell(d, i)
             if c is None:
                 continue
             same_model = self.sources.get(d) is not None and self.sources.get(d) == self.sources.get(self.reference)
@@ -370,15 +438,95 @@ class RunIndex:
         except Exception:  # noqa: BLE001 — a missing side file leaves the ids unshown, the rest of the item stays
             return
         if arrays is not None and "token" in (arrays.dtype.names or ()):
-            self.cells[dep][i].prompt_ids = np.asarray(arrays["token"], dtype=np.int64)
+            self._loaded_ids[(dep, i)] = np.asarray(arrays["token"], dtype=np.int64)
+
+
+    # -- the disk cache ---------------------------------------------------------------------------
+
+    def save(self, files: tuple[Path, Path] | None = None) -> None:
+        """Keep this index in evalkit's cache dir (never in the run directory), for the next viewer start.
+
+        Arrays go to an .npz (no pickle), text to a .json; both carry one stamp, so a pair written by two
+        viewers at once is never mixed on load."""
+        meta_path, arrays_path = files or cache_files(self.path)
+        stamp = secrets.token_hex(8)
+        arrays: dict[str, np.ndarray] = {"stamp": np.frombuffer(stamp.encode(), dtype=np.uint8)}
+        for k, d in enumerate(self.deployments):
+            c = self.cols[d]
+            arrays.update({f"c{k}_has": c.has, f"c{k}_ok": c.ok,
+                           f"c{k}_pv": c.prompt_ids.values, f"c{k}_ps": c.prompt_ids.start, f"c{k}_pl": c.prompt_ids.length,
+                           f"c{k}_ov": c.output_ids.values, f"c{k}_os": c.output_ids.start, f"c{k}_ol": c.output_ids.length})
+        score_keys = list(self.scores)
+        arrays.update({f"s{j}": self.scores[key] for j, key in enumerate(score_keys)})
+        meta = {
+            "format": CACHE_FORMAT, "stamp": stamp, "path": str(self.path), "signature": [list(x) for x in self.signature],
+            "run_id": self.run_id, "reference": self.reference, "deployments": self.deployments, "sources": self.sources,
+            "keys": [list(k) for k in self.keys], "category": self.category, "prompt": self.prompt, "metrics": self.metrics,
+            "score_keys": score_keys,
+            "cols": {d: {"text": c.text, "value": c.value, "extra": c.extra} for d, c in self.cols.items()},
+            "arrays": [[d, i, rec.model_dump(mode="json")] for (d, i), rec in self._arrays.items()],
+        }
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write_bytes(arrays_path, buf.getvalue())
+        atomic_write_text(meta_path, json.dumps(meta, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path: Path, files: tuple[Path, Path] | None = None) -> "RunIndex | None":
+        """The saved index of `path` when it was built from exactly the files there now, else None."""
+        meta_path, arrays_path = files or cache_files(path)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if meta.get("format") != CACHE_FORMAT or meta.get("path") != str(path):
+                return None
+            if tuple(tuple(x) for x in meta["signature"]) != signature(path):
+                return None
+            with np.load(arrays_path, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if arrays.get("stamp", np.zeros(0, np.uint8)).tobytes().decode(errors="replace") != meta.get("stamp"):
+            return None
+        self = cls.__new__(cls)
+        self.path, self.signature = path, signature(path)
+        self.run_id, self.reference, self.deployments = meta["run_id"], meta["reference"], meta["deployments"]
+        self.sources, self.category, self.prompt, self.metrics = meta["sources"], meta["category"], meta["prompt"], meta["metrics"]
+        self.keys = [(k[0], k[1]) for k in meta["keys"]]
+        self.row_of = {k: i for i, k in enumerate(self.keys)}
+        self.scores = {key: arrays[f"s{j}"] for j, key in enumerate(meta["score_keys"])}
+        self.cols = {}
+        for k, d in enumerate(self.deployments):
+            m = meta["cols"][d]
+            self.cols[d] = _Column(arrays[f"c{k}_has"], m["text"], m["value"], arrays[f"c{k}_ok"], m["extra"],
+                                   _Ragged(arrays[f"c{k}_pv"], arrays[f"c{k}_ps"], arrays[f"c{k}_pl"]),
+                                   _Ragged(arrays[f"c{k}_ov"], arrays[f"c{k}_os"], arrays[f"c{k}_ol"]))
+        self._arrays = {(d, int(i)): parse_record(raw) for d, i, raw in meta["arrays"]}
+        self._derive()
+        return self
+
+
+def cache_files(path: Path) -> tuple[Path, Path]:
+    from evalkit.models import cache_dir
+
+    stem = hashlib.sha256(str(path).encode("utf-8")).hexdigest()[:32]
+    folder = cache_dir() / "viewer"
+    return folder / f"{stem}.json", folder / f"{stem}.npz"
+
+
+def _save_quietly(index: RunIndex) -> None:
+    try:
+        index.save()
+    except OSError:  # a read-only or full cache dir costs the next start a rebuild, nothing else
+        pass
 
 
 class IndexCache:
     """One index per run directory, rebuilt when the files it was built from change; the `keep` most
     recently used are held (a big run's index is a few hundred MB)."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 4, disk: bool = True) -> None:
         self.keep = keep
+        self.disk = disk
         self._lock = threading.Lock()
         self._locks: dict[Path, threading.Lock] = {}
         self._indexes: OrderedDict[Path, RunIndex] = OrderedDict()
@@ -389,7 +537,11 @@ class IndexCache:
         with lock:  # one build per run at a time; a second request waits for it instead of building again
             index = self._indexes.get(path)
             if index is None or index.signature != signature(path):
-                index = RunIndex(path)
+                index = RunIndex.load(path) if self.disk else None
+                if index is None:
+                    index = RunIndex(path)
+                    if self.disk:  # written after answering: the next viewer start finds it built
+                        threading.Thread(target=_save_quietly, args=(index,), daemon=True).start()
             with self._lock:
                 self._indexes[path] = index
                 self._indexes.move_to_end(path)
