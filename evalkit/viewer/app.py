@@ -75,6 +75,14 @@ def _page(token: str) -> bytes:
     return html.replace("{{TOKEN}}", token).encode("utf-8")  # url-safe base64: nothing to escape
 
 
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def _flag(request: Request, name: str) -> bool:
     return request.query_params.get(name, "") in ("1", "true", "yes", "on")
 
@@ -174,9 +182,15 @@ def create_app(settings: Settings) -> Starlette:
     def runs(request: Request) -> Response:
         return JSONResponse({"root": root.name, "runs": list_runs(root)})
 
+    overviews: dict[Path, tuple[tuple, dict[str, Any]]] = {}
+
     def run_overview(request: Request) -> Response:
         path = run_of(request)
-        return JSONResponse({**overview(path), **{"facets": cache.get(path).facets()}})
+        stamp = tuple(_stat(path / name) for name in ("manifest.json", "scores.csv", "comparisons.csv", "decision.json"))
+        kept = overviews.get(path)
+        if kept is None or kept[0] != stamp:  # the report's tables, recomputed only when their files change
+            kept = overviews[path] = (stamp, overview(path))
+        return JSONResponse({**kept[1], **{"facets": cache.get(path).facets()}})
 
     def items(request: Request) -> Response:
         index = cache.get(run_of(request))
