@@ -20,7 +20,10 @@ from evalkit.suites import enabled_suites
 from evalkit.suites.base import ScoreContext
 from evalkit.viewer.index import SKIP_SUITES, IndexCache
 
-MAX_CHANGED = 500  # items listed per pairing (counts are always complete)
+MAX_CHANGED = 500
+# Settings that only choose how many items run (a bigger run shares its first items with a smaller one).
+SIZE_SETTINGS = {"limit", "limit_per_category", "max_chunks", "per_subject", "lengths", "depths", "categories",
+                 "subjects", "repeats", "concurrency"}  # items listed per pairing (counts are always complete)
 
 
 def _clean(x: Any) -> Any:
@@ -50,6 +53,11 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
         for suite in enabled_suites(config, ctx.config_file):  # fresh instances: suites memoise per scoring pass
             if suite.name in SKIP_SUITES:
                 continue
+            differ = _differing_settings(ctx.manifest, base_manifest, suite.name)
+            if differ:
+                errors.append(f"{suite.name}: not compared, its settings differ between the runs ({', '.join(differ)}): "
+                              "the same item id may not be the same item")
+                continue
             a = cand_recs.get(suite.name, {}).get(dep, [])
             b = base_recs.get(suite.name, {}).get(base_dep, [])
             shared = {r.item_id for r in a} & {r.item_id for r in b}
@@ -77,6 +85,16 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
             "note": ("the two runs' configs set different `stats:`; intervals use the candidate's" if stats_differ else ""),
             "candidate_deployments": ctx.deployments,
             "baseline_deployments": [str(d) for d in base_manifest["deployment_order"]]}
+
+
+def _differing_settings(a: dict[str, Any], b: dict[str, Any], suite: str) -> list[str]:
+    """Settings of `suite` that differ between two runs' configs, sample sizes aside (fewer or more items of the
+    same kind still pair by id); a suite only one run has is left to the shared-items rule."""
+    sa = ((a.get("config") or {}).get("suites") or {}).get(suite)
+    sb = ((b.get("config") or {}).get("suites") or {}).get(suite)
+    if not isinstance(sa, dict) or not isinstance(sb, dict):
+        return []
+    return sorted(k for k in set(sa) | set(sb) if k not in SIZE_SETTINGS and sa.get(k) != sb.get(k))
 
 
 def _changed(cand: Any, base: Any, dep: str, base_dep: str) -> dict[str, Any]:
