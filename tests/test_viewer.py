@@ -347,6 +347,13 @@ def test_viewer_in_chromium(real_run: Path, hostile_run: Path, tmp_path: Path) -
             text = evaluate(cdp, session, f"document.querySelector('.card[data-dep=\"{d}\"] .output').textContent")
             assert text == recs[d][(suite, item_id)]["output_text"], d
         assert evaluate(cdp, session, "document.getElementById('prompt').textContent") == recs[REAL_RUN_REFERENCE][(suite, item_id)]["prompt"]
+        # A perplexity chunk's token ids (records v2 keep them in a side file): as evalkit.load_run reads them.
+        chunk = sorted(k[1] for k in recs[other] if k[0] == "perplexity" and "skipped" not in recs[other][k])[0]
+        _go(cdp, session, f"#/item/{real.name}?suite=perplexity&id={chunk}", "item")
+        ids = evaluate(cdp, session, f"document.querySelector('.card[data-dep=\"{other}\"] .ids').textContent")
+        from evalkit import load_run
+
+        assert [int(x) for x in ids.split()] == [int(t) for t in load_run(real).token_arrays(other, chunk)["token"]]
 
         # Run against run: the hostile copy's non-reference deployment against the real run's reference gives the
         # hostile run's own comparisons.csv (same reference records, same suite code, same statistics).

@@ -139,7 +139,8 @@ def _cell_of(rec: Any) -> tuple[_Cell, str]:
         if g("skipped"):
             return _Cell(f"skipped: {g('skipped')}", None, -1), "(past the end of the text)"
         prompt = f"(perplexity chunk {g('chunk_index')}: {g('n_ctx')} tokens of the text)"
-        return _Cell("", None, -1, {"n_ctx": g("n_ctx")}, _ids(g("token_ids"))), prompt
+        # Token ids come from records.token_arrays on the item page (the scored tokens; v2 keeps them in a side file).
+        return _Cell("", None, -1, {"n_ctx": g("n_ctx")}), prompt
     if suite == "longcontext":
         if g("skipped"):
             text = f"skipped: {g('skipped')}"
@@ -429,9 +430,9 @@ class RunIndex:
     def _load_arrays(self, dep: str, i: int) -> None:
         """The scored token ids of a perplexity chunk whose record keeps them in a side file (records v2),
         through evalkit.records.token_arrays where this evalkit has it."""
-        rec = self._arrays.pop((dep, i), None)
+        rec = self._arrays.get((dep, i))
         reader = getattr(records_module, "token_arrays", None)
-        if rec is None or reader is None:
+        if rec is None or reader is None or (dep, i) in self._loaded_ids:
             return
         try:
             arrays = reader(rec, self.path)

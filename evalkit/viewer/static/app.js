@@ -245,7 +245,7 @@ async function showItem(name, params) {
     if (extra) card.append(el("p", {cls: "scores"}, visible(extra)));
     if (c.prompt_token_ids || c.output_token_ids) {
       const det = el("details", {}, el("summary", {text: "token ids" + (c.same_source_as_reference ? " (same source model as the reference: ids should match)" : "")}));
-      if (c.prompt_token_ids) det.append(el("div", {text: `prompt (${c.prompt_token_ids.length})` + (c.prompt_ids_first_difference != null ? `, first differs from the reference at ${c.prompt_ids_first_difference}` : "")}), idsNode(c.prompt_token_ids, c.prompt_ids_first_difference));
+      if (c.prompt_token_ids) det.append(el("div", {text: `${it.suite === "perplexity" ? "scored tokens" : "prompt"} (${c.prompt_token_ids.length})` + (c.prompt_ids_first_difference != null ? `, first differs from the reference at ${c.prompt_ids_first_difference}` : "")}), idsNode(c.prompt_token_ids, c.prompt_ids_first_difference));
       if (c.output_token_ids) det.append(el("div", {text: `output (${c.output_token_ids.length})` + (c.output_ids_first_difference != null ? `, first differs from the reference at ${c.output_ids_first_difference}` : "")}), idsNode(c.output_token_ids, c.output_ids_first_difference));
       card.append(det);
     }
