@@ -30,7 +30,7 @@ from evalkit.store import MANIFEST, RECORDS_DIR, RunDir, atomic_write_bytes, ato
 from evalkit.viewer.safety import inside
 from evalkit.viewer.textdiff import first_difference, segments
 
-CACHE_FORMAT = 1  # of the saved index (RunIndex.save); a change makes older saves be rebuilt
+CACHE_FORMAT = 2  # of the saved index (RunIndex.save); a change makes older saves be rebuilt
 SKIP_SUITES = {"cost"}  # measurements per concurrency level, not items: the report's cost tables show them
 CELL_CHARS = 600  # matrix cells show this much of an output; the item view shows all of it
 PROMPT_CHARS = 300
