@@ -17,6 +17,7 @@ PEER_DIR      := .cache/peer/llama-cpp-python-$(LLAMA_CPP_PYTHON_VERSION)
 LLAMA_CPP_BIN ?= $(CURDIR)/$(PEER_DIR)/build/bin
 export LLAMA_CPP_BIN
 PEER_STAMP    := $(PEER_DIR)/build/bin/.built
+LLAMA_SERVER  := $(PEER_DIR)/build/bin/llama-server
 # -march=native turns on AMX where the CPU lists it, but AMX tiles trap (SIGILL in ggml_backend_amx_mul_mat)
 # under hypervisors that do not hand out the tile state: never compile it in. Shared with `install`, so the
 # venv's llama-cpp-python and the peer tools run the same kernels.
@@ -30,7 +31,7 @@ run: $(STAMP)
 # vLLM's front end changes process-wide settings (threads, env): its tests get their own pytest process.
 # `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached; skipped when
 # LLAMA_CPP_BIN already points at built tools).
-test: $(STAMP) system-deps $(if $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),,peer)
+test: $(STAMP) system-deps $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),$(wildcard $(LLAMA_CPP_BIN)/llama-server)),,peer)
 	$(PY) -m pytest -q -m "not vllm" --durations=25
 	$(PY) -m pytest -q -m vllm --durations=25
 
@@ -48,7 +49,7 @@ bench: $(STAMP)
 
 install: $(STAMP)
 
-peer: $(PEER_STAMP)
+peer: $(PEER_STAMP) $(LLAMA_SERVER)
 
 # Release, default (native) ggml flags: the build llama-cpp-python's own sdist build makes. Shared libraries,
 # so LLAMA_CPP_LIB_PATH=$(LLAMA_CPP_BIN) can point llama-cpp-python at the very same libllama/libggml.
@@ -64,6 +65,15 @@ $(PEER_STAMP):
 	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
 	nice cmake --build $(PEER_DIR)/build --target llama-perplexity llama-quantize -j $$(nproc)
 	touch $@
+
+# llama-server, for the `openai` engine's launcher, tests and benchmark: the same sources, build tree and flags
+# as the tools above, so a served deployment runs the very kernels of the in-process one. Its web UI is left
+# out (no npm build, no prebuilt download: the server then serves the API only) and so is TLS.
+$(LLAMA_SERVER): $(PEER_STAMP)
+	cmake -S $(PEER_DIR)/src/vendor/llama.cpp -B $(PEER_DIR)/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+	nice cmake --build $(PEER_DIR)/build --target llama-server -j $$(nproc)
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)

@@ -32,6 +32,8 @@ def token_parity_rows(by_suite: dict[str, dict[str, list[Record]]], ctx: ScoreCo
     """One row per (suite, item, deployment) whose prompt tokens differ from the reference's
     deployment of the same source model; plus one summary row per deployment pair."""
     sources = {name: d.get("source") for name, d in ctx.manifest["deployments"].items()}
+    sampling = (ctx.manifest.get("config") or {}).get("sampling") or {}
+    greedy = float(sampling.get("temperature", 0.0)) == 0.0  # outputs are comparable token by token only then
     ref = ctx.reference
     rows: list[dict[str, Any]] = []
     for suite, per_dep in by_suite.items():
@@ -58,4 +60,33 @@ def token_parity_rows(by_suite: dict[str, dict[str, list[Record]]], ctx: ScoreCo
             if compared:
                 rows.append({"suite": suite, "item_id": "*", "deployment": dep, "reference": ref,
                              "status": f"{compared - mismatched}/{compared} identical"})
+            if greedy:
+                rows += _output_rows(suite, dep, ref, recs, {r.item_id: r for r in per_dep.get(ref, [])})
+    return rows
+
+
+def _output_rows(suite: str, dep: str, ref: str, recs: list[Record], ref_recs: dict[str, Record]) -> list[dict[str, Any]]:
+    """Greedy outputs of the same prompt tokens compared token by token (a served deployment against the same
+    weights in-process, say): one summary row, and one row per item that differs, where it starts to differ.
+    Differences come from numerics (batch shapes, kernels), since the prompt tokens are the same."""
+    rows: list[dict[str, Any]] = []
+    compared = same = 0
+    for r in recs:
+        theirs = ref_recs.get(r.item_id)
+        mine_out, ref_out = getattr(r, "output_token_ids", None), getattr(theirs, "output_token_ids", None)
+        if mine_out is None or ref_out is None or _tokens(r) != _tokens(theirs):  # type: ignore[arg-type]
+            continue
+        compared += 1
+        if list(mine_out) == list(ref_out):
+            same += 1
+            continue
+        at = _first_diff(list(mine_out), list(ref_out))
+        rows.append({"suite": f"{suite} (greedy outputs)", "item_id": r.item_id, "deployment": dep, "reference": ref,
+                     "status": "output differs", "first_difference_at": at,
+                     "deployment_tokens": str(list(mine_out)[max(0, at - 2): at + 3]),
+                     "reference_tokens": str(list(ref_out)[max(0, at - 2): at + 3]),
+                     "deployment_len": len(mine_out), "reference_len": len(ref_out)})
+    if compared:
+        rows.append({"suite": f"{suite} (greedy outputs)", "item_id": "*", "deployment": dep, "reference": ref,
+                     "status": f"{same}/{compared} identical"})
     return rows

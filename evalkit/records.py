@@ -317,6 +317,7 @@ class CostRecord(Record):
     baseline_rss_mb: float
     peak_rss_mb: float  # MiB, sampled during this level
     worker_peak_rss_mb: float | None = None  # MiB, the worker's process-tree high-water (VmHWM) up to this level
+    server_peak_rss_mb: float | None = None  # MiB, high-water of a server evalkit started for the deployment
     gpu: list[dict[str, Any]] | None = None
     startup_s: float
     warmup_s: float

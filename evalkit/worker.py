@@ -109,6 +109,7 @@ def run_unit(
     driver's cache, which then answers the next run without shipping work)."""
     name = work.unit.deployment
     resolved = {**work.resolved, "path": model_path or work.resolved["path"]}
+    os.environ["EVALKIT_DEPLOYMENT"] = name  # what a server started for this unit is called (its log file)
     if work.use_cache:
         from evalkit.cache import open_engine
 
@@ -249,6 +250,7 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
     if work is None:
         return
     sink = FileSink(run, unit)
+    os.environ["EVALKIT_SERVER_LOG_DIR"] = str(run.path / "logs")  # a launched server's log goes beside ours
     try:
         run_unit(work, sink)
     finally:

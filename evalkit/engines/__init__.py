@@ -22,6 +22,7 @@ ENGINES: dict[str, str] = {
     "llamacpp": "evalkit.engines.llamacpp:SPEC",
     "vllm": "evalkit.engines.vllm:SPEC",
     "hf": "evalkit.engines.hf:SPEC",
+    "openai": "evalkit.engines.openai:SPEC",
 }
 
 

@@ -169,8 +169,16 @@ def level_metrics(record: dict[str, Any]) -> dict[str, float]:
     }
     if record.get("worker_peak_rss_mb") is not None:  # absent from records written before it was recorded
         m["worker_peak_rss_mb"] = record["worker_peak_rss_mb"]
+    if record.get("server_peak_rss_mb") is not None:  # a server evalkit started (its own process tree)
+        m["server_peak_rss_mb"] = record["server_peak_rss_mb"]
     if ttfts:
         m |= {"ttft_median_s": float(np.median(ttfts)), "ttft_p90_s": float(np.percentile(ttfts, 90))}
+    # Inter-token latency per request: the time between its first and last token over the gaps between them
+    # (vLLM's benchmark calls it TPOT), the same from in-process timings and from a server's stream.
+    itls = [(r["total_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in reqs
+            if r.get("ttft_s") is not None and r["output_tokens"] > 1]
+    if itls:
+        m |= {"itl_median_s": float(np.median(itls)), "itl_p90_s": float(np.percentile(itls, 90))}
     gpus = record.get("gpu")
     if gpus:
         m["peak_gpu_mem_mb"] = max(g["peak_mem_mb"] for g in gpus)
@@ -179,6 +187,16 @@ def level_metrics(record: dict[str, Any]) -> dict[str, float]:
             m["power_w"] = sum(powers)  # all GPUs together
         m["max_temp_c"] = float(max(g["max_temp_c"] for g in gpus))
     return m
+
+
+def _server_peak_mb(engine: Engine) -> float | None:
+    """High-water RSS of a server the engine started itself (served engines; None for the others)."""
+    try:
+        peak = getattr(engine, "server_peak_rss")
+    except AttributeError:
+        return None
+    value = peak() if callable(peak) else None
+    return value / 2**20 if value else None
 
 
 class CostSuite(Suite["CostSettings"]):
@@ -259,6 +277,7 @@ class CostSuite(Suite["CostSettings"]):
                 baseline_rss_mb=sampler.baseline_rss / 2**20,
                 peak_rss_mb=sampler.peak_rss / 2**20,
                 worker_peak_rss_mb=sampler.high_water() / 2**20,
+                server_peak_rss_mb=_server_peak_mb(engine),
                 gpu=sampler.gpu_summary(),
                 startup_s=info.load_s,
                 warmup_s=warmup_s,

@@ -1,0 +1,738 @@
+"""Engine `openai`: a deployment behind an OpenAI-compatible server (`vllm serve`, `llama-server`, any other).
+
+Either `base_url` names a running server, or `server` names a program evalkit starts itself for the
+deployment's weights (`evalkit.engines.launcher`: a free 127.0.0.1 port, the log in the run directory, stopped
+when the unit ends, never left running).
+
+What the server can do is asked, not assumed (`discover`): its models, which API it speaks (llama.cpp's own
+`/completion` with token ids out; vLLM's `/v1/completions` with `prompt_logprobs`, `logprob_token_ids` and
+`return_token_ids`; a plain OpenAI API), `/tokenize`, the top-k it allows (`max_logprobs`) and its chat
+template. A suite needing what the server lacks is skipped at plan time with the server's reason.
+
+Same tokens in as in-process: when the deployment names its weights (`model:`), prompts are tokenized here
+with the very code of the in-process engine for those weights (llama.cpp's for a GGUF, the HF tokenizer for a
+checkpoint, chat template included) and sent as token ids; a sample is checked against the server's own
+tokenization (`/apply-template` + `/tokenize`, or vLLM's `/tokenize` with messages) and the agreement is in the
+engine description. Without weights the server tokenizes (and the cache key is what the server reports).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.served_http import RetryPolicy, ServedRequestError, ServerClient, StreamConsumer
+from evalkit.engines.spec import Capability, EngineSpec, UnitResources
+from evalkit.errors import ConfigError, EngineUnavailableError
+
+Dialect = Literal["llama.cpp", "vllm", "openai"]
+DEFAULT_URL = "http://127.0.0.1:8000/v1"
+MAX_TOP_K = 2000  # what evalkit asks of a server it starts (vLLM --max-logprobs), as the in-process engine
+
+
+class OpenAIOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str | None = Field(default=None, pattern=r"^https?://")  # e.g. http://127.0.0.1:8080/v1
+    served_model: str | None = None  # None: the server's first (llama-server, vLLM: only) model
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # the variable's NAME
+    max_concurrency: int = Field(default=16, ge=1)  # requests in flight at once
+    timeout_s: float = Field(default=600.0, gt=0)  # one request (a whole streamed generation)
+    retries: int = Field(default=4, ge=0)  # further attempts after a transient failure (429, 5xx, dropped)
+    # The launcher (with base_url null): which program serves the deployment's weights, and how.
+    server: Literal["llama-server", "vllm"] | None = None
+    server_args: list[str] = Field(default_factory=list)  # appended to the launcher's command line
+    n_ctx: int = Field(default=4096, ge=16)  # context per sequence of a launched server
+    parallel: int = Field(default=1, ge=1)  # llama-server --parallel (slots); vLLM batches continuously
+    threads: int | None = Field(default=None, ge=1)  # llama-server --threads (None: its default)
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    cache_prompt: bool = False  # llama-server's prompt-prefix reuse (can change results: off, as in-process)
+    chat_template: Literal["auto", "none"] = "auto"
+    tokenizer_check: int = Field(default=8, ge=0)  # prompts checked against the server's own tokenization
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_url(cls, data: Any) -> Any:
+        # Options left out entirely: a server on this machine at vLLM's default port.
+        if isinstance(data, dict) and data.get("base_url") is None and data.get("server") is None:
+            return {**data, "base_url": DEFAULT_URL}
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "OpenAIOptions":
+        if (self.base_url is None) == (self.server is None):
+            raise ValueError("set exactly one of base_url (a running server) and server (llama-server or vllm, "
+                             "started by evalkit for the deployment's weights)")
+        return self
+
+
+# -- what a server can do --------------------------------------------------------------------------
+
+NO_FULL = "a server sends no full next-token distributions"
+LLAMA_SERVER_MISSING = {
+    Capability.PROMPT_LOGPROBS: "llama-server gives log-probs only for generated tokens (n_probs), none for prompt tokens",
+    Capability.NEXT_TOKEN_LOGPROBS: "llama-server gives only the top n_probs of a generated token, not log-probs at chosen ids",
+    Capability.FULL_DISTRIBUTION: NO_FULL,
+}
+VLLM_MISSING = {Capability.FULL_DISTRIBUTION: NO_FULL}
+
+
+@dataclass
+class ServerFacts:
+    """What discovery learned about one server (recorded in the engine description and the manifest)."""
+
+    dialect: Dialect
+    model_id: str
+    models: list[str]
+    version: str | None
+    capabilities: frozenset[Capability]
+    reasons: dict[Capability, str]
+    identity: dict[str, Any] = field(default_factory=dict)  # server-reported: the cache key without weights
+    max_logprobs: int | None = None
+    n_ctx: int | None = None
+    vocab_size: int | None = None
+    chat_template: str | None = None
+    total_slots: int | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"dialect": self.dialect, "model_id": self.model_id, "models": self.models, "version": self.version,
+                "capabilities": sorted(c.value for c in self.capabilities),
+                "missing": {c.value: r for c, r in self.reasons.items()}, "max_logprobs": self.max_logprobs,
+                "n_ctx": self.n_ctx, "total_slots": self.total_slots, "identity": self.identity}
+
+
+def api_key(options: OpenAIOptions, where: str) -> str | None:
+    """The API key from the environment variable the options name; a missing variable is the user's error."""
+    if options.api_key_env is None:
+        return None
+    value = os.environ.get(options.api_key_env)
+    if not value:
+        raise ConfigError(where, f"api_key_env names {options.api_key_env}, which is not set in the environment")
+    return value
+
+
+def discover(client: ServerClient, served_model: str | None, where: str, top_k: int = MAX_TOP_K) -> ServerFacts:
+    """Ask the server what it serves and can do. Raises ConfigError (one line) for an unreachable server, a
+    refused API key or a model it does not serve."""
+    try:
+        listing = client.call("GET", "/v1/models")
+    except ServedRequestError as e:
+        if e.status in (401, 403):
+            raise ConfigError(where, f"{client.base_url} refused the API key (HTTP {e.status})") from None
+        raise ConfigError(where, f"cannot reach an OpenAI-compatible server at {client.base_url} ({e})") from None
+    models = [str(m.get("id")) for m in listing.get("data", []) if isinstance(m, dict)]
+    if not models:
+        raise ConfigError(where, f"{client.base_url}/models lists no model")
+    model_id = served_model or models[0]
+    if model_id not in models:
+        raise ConfigError(where, f"served_model {model_id!r} is not served at {client.base_url} (it serves: {', '.join(models)})")
+    meta = next((m for m in listing["data"] if m.get("id") == model_id), {})
+    props = _optional(client, "GET", "/props")
+    if isinstance(props, dict) and ("build_info" in props or "default_generation_settings" in props):
+        return _llama_server_facts(client, model_id, models, props, meta)
+    version = _optional(client, "GET", "/version")
+    if isinstance(version, dict) and "version" in version:
+        return _vllm_facts(client, model_id, models, str(version["version"]), meta, top_k)
+    return ServerFacts("openai", model_id, models, None, frozenset({Capability.GENERATE}),
+                       {c: "a plain OpenAI-compatible server gives no token ids, tokenizer or prompt log-probs"
+                        for c in Capability if c is not Capability.GENERATE},
+                       identity={"model": meta})
+
+
+def _optional(client: ServerClient, method: str, path: str, body: Any = None) -> Any:
+    try:
+        return client.call(method, path, body)
+    except ServedRequestError:
+        return None
+
+
+def _llama_server_facts(client: ServerClient, model_id: str, models: list[str], props: dict[str, Any],
+                        meta: dict[str, Any]) -> ServerFacts:
+    caps = {Capability.GENERATE}
+    reasons = dict(LLAMA_SERVER_MISSING)
+    tok = _optional(client, "POST", "/tokenize", {"content": "a"})
+    if isinstance(tok, dict) and isinstance(tok.get("tokens"), list):
+        caps.add(Capability.TOKENIZER)
+    else:
+        reasons[Capability.TOKENIZER] = "llama-server's /tokenize did not answer"
+    template = props.get("chat_template") or None
+    if template:
+        caps.add(Capability.CHAT_TEMPLATE)
+    else:
+        reasons[Capability.CHAT_TEMPLATE] = "llama-server reports no chat template"
+    settings = props.get("default_generation_settings") or {}
+    model_meta = meta.get("meta") or {}
+    identity = {"build_info": props.get("build_info"), "model_path": props.get("model_path"), "model_meta": model_meta,
+                "total_slots": props.get("total_slots")}
+    return ServerFacts("llama.cpp", model_id, models, props.get("build_info"), frozenset(caps), reasons, identity,
+                       max_logprobs=None, n_ctx=settings.get("n_ctx"), vocab_size=model_meta.get("n_vocab"),
+                       chat_template=template, total_slots=props.get("total_slots"))
+
+
+def _vllm_facts(client: ServerClient, model_id: str, models: list[str], version: str, meta: dict[str, Any],
+                top_k: int) -> ServerFacts:
+    caps = {Capability.GENERATE}
+    reasons = dict(VLLM_MISSING)
+    tok = _optional(client, "POST", "/tokenize", {"model": model_id, "prompt": "a"})
+    ids = tok.get("tokens") if isinstance(tok, dict) else None
+    if isinstance(ids, list) and ids:
+        caps.add(Capability.TOKENIZER)
+    else:
+        reasons[Capability.TOKENIZER] = "vLLM's /tokenize did not answer"
+        ids = [0]
+    chat = _optional(client, "POST", "/tokenize", {"model": model_id, "add_generation_prompt": True,
+                                                   "messages": [{"role": "user", "content": "a"}]})
+    if isinstance(chat, dict) and chat.get("tokens"):
+        caps.add(Capability.CHAT_TEMPLATE)
+    else:
+        reasons[Capability.CHAT_TEMPLATE] = "vLLM could not apply a chat template (/tokenize with messages failed)"
+    # Prompt log-probs at the top-k the suites want; a server started with a smaller --max-logprobs says so.
+    max_logprobs: int | None = None
+    probe = {"model": model_id, "prompt": list(ids) + list(ids), "max_tokens": 1, "temperature": 0.0}
+    try:
+        client.call("POST", "/v1/completions", {**probe, "prompt_logprobs": top_k})
+        max_logprobs = top_k
+        caps.add(Capability.PROMPT_LOGPROBS)
+    except ServedRequestError as e:
+        found = re.search(r"max_logprobs[^0-9]*\(?(\d+)\)?", str(e)) or re.search(r"\((\d+)\)", str(e))
+        max_logprobs = int(found.group(1)) if found else None
+        if max_logprobs:
+            caps.add(Capability.PROMPT_LOGPROBS)  # at a smaller top-k: the KLD bound is looser, recorded
+        else:
+            reasons[Capability.PROMPT_LOGPROBS] = f"vLLM refused prompt_logprobs ({e})"
+    try:
+        client.call("POST", "/v1/completions", {**probe, "logprobs": 1, "logprob_token_ids": [int(ids[0])]})
+        caps.add(Capability.NEXT_TOKEN_LOGPROBS)
+    except ServedRequestError as e:
+        reasons[Capability.NEXT_TOKEN_LOGPROBS] = f"vLLM refused logprob_token_ids ({e})"
+    for c in caps:
+        reasons.pop(c, None)
+    identity = {"vllm_version": version, "model": meta, "max_model_len": meta.get("max_model_len"),
+                "root": meta.get("root")}
+    return ServerFacts("vllm", model_id, models, f"vllm {version}", frozenset(caps), reasons, identity,
+                       max_logprobs=max_logprobs, n_ctx=meta.get("max_model_len"))
+
+
+# Capabilities of a server evalkit starts itself, known before it starts (checked again once it runs).
+LAUNCHED_CAPS: dict[str, tuple[frozenset[Capability], dict[Capability, str]]] = {
+    "llama-server": (frozenset({Capability.GENERATE, Capability.TOKENIZER, Capability.CHAT_TEMPLATE}), LLAMA_SERVER_MISSING),
+    "vllm": (frozenset(Capability) - {Capability.FULL_DISTRIBUTION}, VLLM_MISSING),
+}
+
+
+# -- tokens ------------------------------------------------------------------------------------------
+
+
+def local_tokenizer(model_path: str | None, options: OpenAIOptions) -> Engine | None:
+    """The in-process engine's own tokenization for these weights (a GGUF: llama.cpp's; a checkpoint: the HF
+    tokenizer, as vLLM); None without weights."""
+    if not model_path:
+        return None
+    if Path(model_path).is_dir():
+        from evalkit.engines.tokenizer import VllmTokenizer
+
+        return VllmTokenizer(model_path, options)
+    from evalkit.engines.tokenizer import llamacpp_tokenizer
+
+    return llamacpp_tokenizer(model_path, options)
+
+
+class ServerTokens:
+    """Tokenization by the server itself (no weights named): llama-server's /tokenize and /apply-template,
+    vLLM's /tokenize (with messages for chat)."""
+
+    def __init__(self, client: ServerClient, facts: ServerFacts, options: OpenAIOptions) -> None:
+        self.client, self.facts = client, facts
+        self.use_chat = options.chat_template == "auto" and Capability.CHAT_TEMPLATE in facts.capabilities
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        if self.facts.dialect == "llama.cpp":
+            out = self.client.call("POST", "/tokenize", {"content": text, "add_special": add_bos, "parse_special": False})
+        else:
+            out = self.client.call("POST", "/tokenize", {"model": self.facts.model_id, "prompt": text,
+                                                         "add_special_tokens": add_bos})
+        return [int(t if isinstance(t, int) else t["id"]) for t in out["tokens"]]
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        if self.facts.dialect == "llama.cpp":
+            return str(self.client.call("POST", "/detokenize", {"tokens": list(token_ids)})["content"])
+        return str(self.client.call("POST", "/detokenize", {"model": self.facts.model_id, "tokens": list(token_ids)})["prompt"])
+
+    def chat_ids(self, prompt: str) -> list[int]:
+        messages = [{"role": "user", "content": prompt}]
+        if self.facts.dialect == "llama.cpp":
+            text = self.client.call("POST", "/apply-template", {"messages": messages})["prompt"]
+            out = self.client.call("POST", "/tokenize", {"content": text, "add_special": True, "parse_special": True})
+            ids = [int(t if isinstance(t, int) else t["id"]) for t in out["tokens"]]
+            return _drop_double_bos(ids)
+        out = self.client.call("POST", "/tokenize", {"model": self.facts.model_id, "messages": messages,
+                                                     "add_generation_prompt": True})
+        return [int(t) for t in out["tokens"]]
+
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        if request.chat and self.use_chat:
+            return self.chat_ids(request.prompt)
+        return self.tokenize(request.prompt, add_bos=True)
+
+    def prompt_format(self, request: GenRequest) -> str:
+        return "chat" if request.chat and self.use_chat and request.prompt_token_ids is None else "completion"
+
+
+def _drop_double_bos(ids: list[int]) -> list[int]:
+    # A template that writes BOS itself, tokenized with add_special, starts with two; the in-process engine
+    # adds none then (see LlamaCppEngine.prompt_token_ids).
+    return ids[1:] if len(ids) >= 2 and ids[0] == ids[1] else ids
+
+
+# -- streamed generation -----------------------------------------------------------------------------
+
+
+class _Collect(StreamConsumer):
+    """One streamed generation: token ids, text, when the first token and the end arrived."""
+
+    def __init__(self, dialect: Dialect, arrival: float) -> None:
+        self.dialect = dialect
+        self.arrival = arrival
+        self.tokens: list[int] = []
+        self.text: list[str] = []
+        self.first: float | None = None
+        self.end: float | None = None
+        self.finish: str = "length"
+        self.stop_reason: Any = None
+        self.completion_tokens: int | None = None
+        self.done = False
+
+    def _tokens_arrived(self, n: int) -> None:
+        if n and self.first is None:
+            self.first = time.perf_counter()
+
+    def feed(self, data: Any) -> bool:
+        if self.dialect == "llama.cpp":  # /completion: {"content", "tokens", "stop", "stop_type", ...}
+            toks = data.get("tokens") or []
+            self._tokens_arrived(len(toks))
+            self.tokens.extend(int(t) for t in toks)
+            self.text.append(data.get("content") or "")
+            if data.get("stop"):
+                self.finish = {"eos": "stop", "word": "stop", "limit": "length"}.get(data.get("stop_type"), "length")
+                self.end = time.perf_counter()
+                self.done = True
+                return True
+            return False
+        if data == "[DONE]":
+            self.end = self.end or time.perf_counter()
+            self.done = True
+            return True
+        if data.get("usage"):
+            self.completion_tokens = int(data["usage"].get("completion_tokens") or 0)
+        for choice in data.get("choices") or []:
+            toks = choice.get("token_ids") or []
+            text = choice.get("text") or ""
+            self._tokens_arrived(len(toks) or (1 if text else 0))
+            self.tokens.extend(int(t) for t in toks)
+            self.text.append(text)
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+                self.end = time.perf_counter()
+        return False
+
+    def result(self) -> "_Collect":
+        return self
+
+
+class OpenAIEngine(Engine):
+    name = "openai"
+
+    def __init__(self, model_path: str | None, options: OpenAIOptions, deployment: str | None = None) -> None:
+        self.options = options
+        self.model_path = str(model_path) if model_path else None
+        # The worker names its deployment (the launched server's alias and log file are called after it).
+        self.deployment = deployment or os.environ.get("EVALKIT_DEPLOYMENT") or "openai"
+        deployment = self.deployment
+        self.server = None  # a launched ServerProcess
+        start = time.perf_counter()
+        key = api_key(options, f"deployment {deployment}")
+        base_url = options.base_url
+        self._launch: dict[str, Any] | None = None
+        if options.server is not None:
+            base_url = self._start_server()
+        assert base_url is not None
+        self._retry = RetryPolicy(attempts=options.retries + 1)
+        self.client = ServerClient(base_url, key, options.timeout_s, self._retry, options.max_concurrency)
+        try:
+            self.facts = discover(self.client, options.served_model or (deployment if self.server else None),
+                                  f"deployment {deployment}")
+            self._tok = local_tokenizer(self.model_path, options)
+        except BaseException:
+            self.close()
+            raise
+        self._server_tok = ServerTokens(self.client, self.facts, options)
+        self._load_s = time.perf_counter() - start
+        self._token_check = {"checked": 0, "agree": 0, "mismatches": []}
+        self._requests = 0
+        self._failed = 0
+
+    def _start_server(self) -> str:
+        from evalkit.engines.launcher import check_program, plan_launch, start_server
+
+        opts = self.options
+        assert opts.server is not None
+        if not self.model_path:
+            raise ConfigError(f"deployment {self.deployment}", f"server: {opts.server} needs the deployment's weights (model:)")
+        check_program(opts.server)
+        plan = plan_launch(opts.server, self.model_path, n_ctx=opts.n_ctx, parallel=opts.parallel,
+                           extra=list(opts.server_args), served_model=self.deployment, threads=opts.threads)
+        self.server = start_server(plan, self.deployment, opts.startup_timeout_s)
+        return self.server.root_url + "/v1"
+
+    # -- tokens -------------------------------------------------------------------------------------
+
+    @property
+    def _tokens(self) -> Any:
+        return self._tok if self._tok is not None else self._server_tok
+
+    def tokenize(self, text: str, add_bos: bool) -> list[int]:
+        return self._tokens.tokenize(text, add_bos)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._tokens.detokenize(token_ids)
+
+    def prompt_token_ids(self, request: GenRequest) -> list[int]:
+        ids = self._tokens.prompt_token_ids(request)
+        if self._tok is not None and request.prompt_token_ids is None and self._token_check["checked"] < self.options.tokenizer_check:
+            self._check_tokens(request, ids)
+        return ids
+
+    def prompt_format(self, request: GenRequest) -> str:
+        return self._tokens.prompt_format(request)
+
+    def _check_tokens(self, request: GenRequest, ids: list[int]) -> None:
+        """Compare evalkit's tokens for a prompt with the server's own tokenization of it (when it has one)."""
+        if Capability.TOKENIZER not in self.facts.capabilities:
+            return
+        try:
+            chat = request.chat and self._tokens.prompt_format(request) == "chat"
+            theirs = self._server_tok.chat_ids(request.prompt) if chat else self._server_tok.tokenize(request.prompt, True)
+        except (ServedRequestError, KeyError, TypeError) as e:
+            self._token_check.setdefault("errors", []).append(str(e)[:200])
+            return
+        self._token_check["checked"] += 1
+        if theirs == ids:
+            self._token_check["agree"] += 1
+        elif len(self._token_check["mismatches"]) < 3:
+            at = next((i for i, (a, b) in enumerate(zip(ids, theirs)) if a != b), min(len(ids), len(theirs)))
+            self._token_check["mismatches"].append({"key": request.key, "at": at, "evalkit": ids[max(0, at - 2): at + 3],
+                                                    "server": theirs[max(0, at - 2): at + 3]})
+
+    # -- generation ----------------------------------------------------------------------------------
+
+    def _generation_body(self, ids: list[int], req: GenRequest, sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
+        max_tokens = req.max_tokens or sampling.max_tokens
+        if self.facts.dialect == "llama.cpp":
+            return "/completion", {
+                "prompt": ids, "n_predict": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                # As the in-process engine samples: no top-k, min-p or repetition penalty.
+                "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0, "seed": sampling.seed, "ignore_eos": req.ignore_eos,
+                "stream": True, "return_tokens": True, "cache_prompt": self.options.cache_prompt, "n_probs": 0,
+            }
+        body: dict[str, Any] = {
+            "model": self.facts.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "seed": sampling.seed, "stream": True, "stream_options": {"include_usage": True},
+        }
+        if self.facts.dialect == "vllm":
+            body |= {"ignore_eos": req.ignore_eos, "return_token_ids": True, "skip_special_tokens": True}
+        return "/v1/completions", body
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        """Every request streamed at once (at most max_concurrency in flight); results as they finish.
+
+        ttft_s / total_s are measured from this call (all requests arrive together, as for in-process
+        engines). A request that fails after its retries yields nothing; once the others finished,
+        ServedRequestError names how many failed (their items stay pending for --resume)."""
+        arrival = time.perf_counter()
+        prepared = []
+        for req in requests:
+            ids = self.prompt_token_ids(req)
+            prepared.append((req, ids, self.prompt_format(req)))
+        out: "queue.Queue[tuple[GenRequest, list[int], str, Any]]" = queue.Queue()
+        sem_holder: dict[str, asyncio.Semaphore] = {}
+
+        async def one(req: GenRequest, ids: list[int], fmt: str) -> None:
+            sem = sem_holder.setdefault("s", asyncio.Semaphore(self.options.max_concurrency))
+            path, body = self._generation_body(ids, req, sampling)
+            try:
+                async with sem:
+                    got: Any = await self.client.stream(path, body, lambda: _Collect(self.facts.dialect, arrival))
+            except Exception as e:  # after retries: reported once the others are done
+                got = e
+            out.put((req, ids, fmt, got))
+
+        async def run_all() -> None:
+            await asyncio.gather(*(one(r, i, f) for r, i, f in prepared if i))
+
+        pending = [(r, i, f) for r, i, f in prepared if i]
+        for req, ids, fmt in prepared:
+            if not ids:
+                yield GenResult(req.key, ids, "", [], fmt, "empty_prompt", None, time.perf_counter() - arrival)
+        if not pending:
+            return
+        future = self.client.submit(run_all)
+        failures: list[str] = []
+        for _ in range(len(pending)):
+            req, ids, fmt, got = out.get()
+            self._requests += 1
+            if isinstance(got, BaseException):
+                self._failed += 1
+                failures.append(f"{req.key}: {got}")
+                continue
+            yield self._result(req, ids, fmt, got, arrival)
+        future.result()
+        if failures:
+            raise ServedRequestError(f"deployment {self.deployment}",
+                                     f"{len(failures)} of {len(pending)} request(s) failed after retries; "
+                                     f"their items stay pending for --resume (first: {failures[0]})")
+
+    def _result(self, req: GenRequest, ids: list[int], fmt: str, c: _Collect, arrival: float) -> GenResult:
+        tokens = list(c.tokens)
+        if c.finish == "stop" and tokens and not isinstance(c.stop_reason, str) and (
+                self.facts.dialect == "vllm" or self._is_end(tokens[-1])):
+            tokens.pop()  # the end-of-generation token: never kept by the in-process engines
+        text = "".join(c.text)
+        if not tokens and text and self.facts.dialect == "openai" and self._tok is not None:
+            tokens = self._tok.tokenize(text, add_bos=False)  # a plain server sends text only
+        end = c.end or time.perf_counter()
+        return GenResult(key=req.key, prompt_token_ids=ids, output_text=text, output_token_ids=tokens,
+                         prompt_format=fmt, finish_reason=c.finish,
+                         ttft_s=None if c.first is None else c.first - arrival, total_s=end - arrival)
+
+    def _is_end(self, token: int) -> bool:
+        """End-of-generation ids (llama-server and vLLM stream the EOS token's id at a stop)."""
+        if self._eog is None:
+            ids: set[int] = set()
+            tok = self._tok
+            llm = getattr(tok, "_llm", None)
+            if llm is not None:
+                import llama_cpp
+
+                vocab = llm._model.vocab
+                ids = {t for t in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+            elif tok is not None and getattr(tok, "_tok", None) is not None:
+                hf = tok._tok
+                ids = {int(t) for t in [hf.eos_token_id, *getattr(hf, "all_special_ids", [])] if t is not None}
+            self._eog = ids
+        return token in self._eog if self._eog else self.facts.dialect == "vllm"
+
+    _eog: set[int] | None = None
+
+    # -- likelihoods (vLLM's server) -----------------------------------------------------------------
+
+    def _post_many(self, bodies: list[dict[str, Any]]) -> list[Any]:
+        """POST /v1/completions for every body, at most max_concurrency at once; answers in order."""
+        async def run() -> list[Any]:
+            sem = asyncio.Semaphore(self.options.max_concurrency)
+
+            async def one(body: dict[str, Any]) -> Any:
+                async with sem:
+                    return await asyncio.to_thread(self.client.call, "POST", "/v1/completions", body)
+
+            return list(await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True))
+
+        answers = self.client.submit(run).result()
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        self._requests += len(bodies)
+        self._failed += len(failed)
+        if failed:
+            raise ServedRequestError(f"deployment {self.deployment}", f"{len(failed)} of {len(bodies)} scoring "
+                                     f"request(s) failed after retries (first: {failed[0]})")
+        return answers
+
+    def _need(self, cap: Capability) -> None:
+        if cap not in self.facts.capabilities:
+            raise ServedRequestError(f"deployment {self.deployment}", self.facts.reasons.get(cap, f"server cannot give {cap.value}"))
+
+    def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        """Teacher-forced log-probabilities from vLLM's `prompt_logprobs` (one request per sequence)."""
+        self._need(Capability.PROMPT_LOGPROBS)
+        if top_k and self.facts.max_logprobs is not None and top_k > self.facts.max_logprobs:
+            raise ServedRequestError(f"deployment {self.deployment}",
+                                     f"top-k {top_k} exceeds the server's max_logprobs ({self.facts.max_logprobs})")
+        bodies = [{"model": self.facts.model_id, "prompt": list(map(int, s)), "max_tokens": 1, "temperature": 0.0,
+                   "prompt_logprobs": top_k} for s in sequences]
+        results = []
+        for seq, answer in zip(sequences, self._post_many(bodies)):
+            lps = answer["choices"][0].get("prompt_logprobs") or []
+            logprobs: list[float | None] = [None] * len(seq)
+            top: list[list[tuple[int, float]]] | None = [[] for _ in seq] if top_k else None
+            for pos in range(1, len(seq)):
+                entry = lps[pos] if pos < len(lps) else None
+                if not entry:
+                    raise ServedRequestError(f"deployment {self.deployment}", f"no prompt log-prob at position {pos}")
+                logprobs[pos] = float(entry[str(seq[pos])]["logprob"])
+                if top is not None:
+                    best = [(int(t), float(v["logprob"])) for t, v in entry.items()
+                            if v.get("rank") is not None and v["rank"] <= top_k]
+                    top[pos] = sorted(best, key=lambda e: -e[1])
+            results.append(TokenScores(token_ids=list(seq), logprobs=logprobs, top=top))
+        return results
+
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
+        """Log-probs at `candidates` of the next token (vLLM's `logprob_token_ids`: the whole-vocabulary
+        log-softmax read at those ids, as the in-process engine)."""
+        self._need(Capability.NEXT_TOKEN_LOGPROBS)
+        bodies = [{"model": self.facts.model_id, "prompt": list(map(int, p)), "max_tokens": 1, "temperature": 0.0,
+                   "logprobs": 1, "logprob_token_ids": list(map(int, candidates)), "return_tokens_as_token_ids": True}
+                  for p in prompts]
+        out = []
+        for answer in self._post_many(bodies):
+            first = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+            by_id = {int(k.split(":", 1)[1]): float(v) for k, v in first.items()}
+            out.append([by_id[int(c)] for c in candidates])
+        return out
+
+    # -- description ---------------------------------------------------------------------------------
+
+    def info(self) -> EngineInfo:
+        tok = self._tok
+        add_bos = bool(getattr(tok, "_add_bos", False)) if tok is not None else False
+        bos = getattr(tok, "_bos", None) if tok is not None else None
+        vocab = self.facts.vocab_size
+        if tok is not None and getattr(tok, "_llm", None) is not None:
+            vocab = tok._llm.n_vocab()
+        elif tok is not None and getattr(tok, "_tok", None) is not None:
+            vocab = len(tok._tok)
+        template = None
+        if self._tokens.prompt_format(GenRequest("probe", "", chat=True)) == "chat":
+            template = "local weights' chat template" if tok is not None else "server's chat template"
+        extra: dict[str, Any] = {
+            "server": self.facts.describe(),
+            "base_url": self.client.base_url,
+            "tokens_from": "evalkit (the in-process engine's tokenizer for these weights), sent as token ids"
+            if tok is not None else "the server's /tokenize",
+            "weights_verified": tok is not None,
+            "system_info": f"{self.facts.dialect} {self.facts.version}",  # the cache key's backend part
+            "sampling_reproducibility": "served: depends on the server's batching (llama-server --parallel > 1 and "
+            "vLLM batch requests together; a request's numbers can change with what runs beside it)",
+            "token_check": dict(self._token_check),
+        }
+        if self.server is not None:
+            extra["launched"] = self.server.describe()
+        return EngineInfo(engine=self.name, engine_version=self.facts.version or "unknown",
+                          model_path=self.model_path or self.facts.model_id, add_bos=add_bos, bos_token_id=bos,
+                          chat_template=template, vocab_size=int(vocab or 0),
+                          n_ctx=int(self.facts.n_ctx or self.options.n_ctx), load_s=self._load_s, extra=extra)
+
+    def run_stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = {"requests": self._requests, "failed_requests": self._failed,
+                                 "retried_attempts": self._retry.retried, "token_check": dict(self._token_check)}
+        if self.server is not None:
+            stats["server_peak_rss_mb"] = self.server.high_water_rss() / 2**20
+        return stats
+
+    def server_peak_rss(self) -> int | None:
+        return self.server.high_water_rss() if self.server is not None else None
+
+    def close(self) -> None:
+        try:
+            if getattr(self, "client", None) is not None:
+                self.client.close()
+            if getattr(self, "_tok", None) is not None:
+                self._tok.close()
+        finally:
+            if self.server is not None:
+                self.server.stop()
+
+
+# -- the spec ----------------------------------------------------------------------------------------
+
+
+def _load(model_path: str | None, options: OpenAIOptions) -> OpenAIEngine:
+    return OpenAIEngine(model_path, options)
+
+
+def _tokenizer(model_path: str | None, options: OpenAIOptions) -> Engine:
+    tok = local_tokenizer(model_path, options)
+    if tok is None:  # without weights the server tokenizes: the engine itself (a served model loads nothing)
+        return OpenAIEngine(model_path, options)
+    return tok
+
+
+def deployment_capabilities(deployment: Any) -> tuple[frozenset[Capability], dict[Capability, str]]:
+    """What this deployment's server can do, asked at plan time (a launched one: known from its program)."""
+    options: OpenAIOptions = deployment.options
+    if options.server is not None:
+        from evalkit.engines.launcher import check_program
+
+        check_program(options.server)
+        return LAUNCHED_CAPS[options.server]
+    where = f"deployment {deployment.name}"
+    client = ServerClient(options.base_url or "", api_key(options, where), min(options.timeout_s, 30.0),
+                          RetryPolicy(attempts=1))
+    try:
+        facts = discover(client, options.served_model, where)
+    finally:
+        client.close()
+    return facts.capabilities, facts.reasons
+
+
+def _memory(name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any,
+            workload: Any = None) -> Any:
+    """A launched server's memory is the in-process engine's for the same weights and context; a remote
+    server's is not on this machine."""
+    from evalkit.engines import engine_spec
+
+    if options.server == "llama-server":
+        spec = engine_spec("llamacpp")
+        opts = spec.options_model(n_ctx=options.n_ctx * options.parallel, n_threads=options.threads)
+    elif options.server == "vllm":
+        spec = engine_spec("vllm")
+        opts = spec.options_model(max_model_len=options.n_ctx)
+    else:
+        raise ValueError("a remote server's memory is not on this machine")
+    return spec.memory_model(name, arch, weights_bytes, precision, weights_from, opts, hw)
+
+
+def _hardware(deployment: Any) -> Any:
+    from evalkit.hardware import HardwareUse
+
+    where = "started by evalkit on this machine" if deployment.options.server else f"at {deployment.options.base_url}"
+    return HardwareUse(f"served ({where})", None, None, None, (f"the server decides its precision; {where}",))  # type: ignore[arg-type]
+
+
+def _precision(requested: str | None, capability: tuple[int, int] | None) -> Any:
+    from evalkit.hardware import Precision
+
+    return Precision("served", "the server's own precision (not visible to evalkit)")
+
+
+def _resources(options: Any) -> UnitResources:
+    return UnitResources(num_cpus=float(options.threads or 1) if options.server else 0.5)
+
+
+SPEC = EngineSpec(
+    name="openai",
+    options_model=OpenAIOptions,
+    model_kind="gguf",
+    also_loads=("hf",),
+    loader=_load,  # type: ignore[arg-type]
+    tokenizer_loader=_tokenizer,  # type: ignore[arg-type]
+    numerics_options=("server", "server_args", "n_ctx", "parallel", "cache_prompt", "served_model"),
+    memory_model=_memory,
+    describe_hardware=_hardware,
+    precision=_precision,
+    install_hint="pip install httpx tenacity (and a server: `make peer` builds llama-server; vllm for `vllm serve`)",
+    capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},
+    resources=_resources,
+    package=("httpx",),
+    deployment_capabilities=deployment_capabilities,
+)

