@@ -163,11 +163,27 @@ class HumanEvalSettings(_Strict):
     timeout_s: float = Field(default=10.0, gt=0)
 
 
+# The field comparison's speed protocol (../shared/MOTIVATION.md): 128-token prompts, 256 generated tokens,
+# temperature 0.7, 1/4/8/16 concurrent requests, median of three runs. `cost: {preset: field}`.
+COST_PRESETS: dict[str, dict[str, Any]] = {
+    "field": {"concurrency": [1, 4, 8, 16], "prompt_tokens": 128, "output_tokens": 256, "repeats": 3, "temperature": 0.7},
+}
+
+
 class CostSettings(_Strict):
+    preset: Literal["field"] | None = None  # fills every setting left out from COST_PRESETS
     concurrency: list[PositiveInt] = Field(default=[1, 4, 8, 16], min_length=1)
     prompt_tokens: PositiveInt = 128
     output_tokens: PositiveInt = 256
     repeats: PositiveInt = 3
+    temperature: float | None = Field(default=None, ge=0.0)  # None: the run's sampling temperature
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in COST_PRESETS:
+            return {**COST_PRESETS[data["preset"]], **data}
+        return data
 
 
 class Suites(_Strict):

@@ -75,3 +75,13 @@ def test_launched_server_command_binds_localhost_and_names_its_slots(tmp_path: P
     vargv = list(vplan.argv)
     assert "serve" in vargv and vargv[vargv.index("--host") + 1] == "127.0.0.1"
     assert vargv[vargv.index("--logprobs-mode") + 1] == "raw_logprobs"  # as the in-process vLLM engine
+
+
+def test_cost_field_preset_is_the_field_comparisons_protocol() -> None:
+    from evalkit.config import CostSettings
+
+    field = CostSettings.model_validate({"preset": "field"})
+    assert (field.concurrency, field.prompt_tokens, field.output_tokens, field.repeats, field.temperature) == (
+        [1, 4, 8, 16], 128, 256, 3, 0.7)  # ../shared/MOTIVATION.md, "Speed protocol and figures"
+    assert CostSettings.model_validate({"preset": "field", "concurrency": [1, 4]}).concurrency == [1, 4]  # yours win
+    assert CostSettings().temperature is None  # without a preset the run's sampling decides

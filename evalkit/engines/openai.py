@@ -437,8 +437,15 @@ class OpenAIEngine(Engine):
 
     # -- generation ----------------------------------------------------------------------------------
 
+    def _room(self, ids: list[int]) -> int | None:
+        """Tokens left in one sequence's context after the prompt (None: the server did not say its context)."""
+        return None if not self.facts.n_ctx else int(self.facts.n_ctx) - len(ids)
+
     def _generation_body(self, ids: list[int], req: GenRequest, sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
         max_tokens = req.max_tokens or sampling.max_tokens
+        room = self._room(ids)
+        if room is not None:  # as the in-process engines: generation stops where the context is full
+            max_tokens = min(max_tokens, room)
         if self.facts.dialect == "llama.cpp":
             return "/completion", {
                 "prompt": ids, "n_predict": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
@@ -479,12 +486,17 @@ class OpenAIEngine(Engine):
             out.put((req, ids, fmt, got))
 
         async def run_all() -> None:
-            await asyncio.gather(*(one(r, i, f) for r, i, f in prepared if i))
+            await asyncio.gather(*(one(r, i, f) for r, i, f in pending))
 
-        pending = [(r, i, f) for r, i, f in prepared if i]
+        def fits(ids: list[int]) -> bool:
+            room = self._room(ids)
+            return bool(ids) and (room is None or room > 0)
+
+        pending = [(r, i, f) for r, i, f in prepared if fits(i)]
         for req, ids, fmt in prepared:
-            if not ids:
-                yield GenResult(req.key, ids, "", [], fmt, "empty_prompt", None, time.perf_counter() - arrival)
+            if not fits(ids):  # the finish reasons the in-process engines give
+                yield GenResult(req.key, ids, "", [], fmt, "prompt_too_long" if ids else "empty_prompt", None,
+                                time.perf_counter() - arrival)
         if not pending:
             return
         future = self.client.submit(run_all)
@@ -699,7 +711,10 @@ def _memory(name: str, arch: Any, weights_bytes: int, precision: str, weights_fr
         opts = spec.options_model(max_model_len=options.n_ctx)
     else:
         raise ValueError("a remote server's memory is not on this machine")
-    return spec.memory_model(name, arch, weights_bytes, precision, weights_from, opts, hw)
+    import dataclasses
+
+    row = spec.memory_model(name, arch, weights_bytes, precision, weights_from, opts, hw)
+    return dataclasses.replace(row, engine=f"openai ({options.server})")
 
 
 def _hardware(deployment: Any) -> Any:
