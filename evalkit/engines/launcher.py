@@ -110,7 +110,7 @@ class LaunchPlan:
 
 
 def plan_launch(program: Program, model_path: str, *, n_ctx: int, parallel: int, extra: list[str],
-                served_model: str, threads: int | None) -> LaunchPlan:
+                served_model: str, threads: int | None, flash_attn: bool = False, n_batch: int = 512) -> LaunchPlan:
     """The command line for a deployment's server (the same one at plan time and at start)."""
     if program == "llama-server":
         path = llama_server_path()
@@ -118,6 +118,9 @@ def plan_launch(program: Program, model_path: str, *, n_ctx: int, parallel: int,
                 "--alias", served_model,
                 # -c is the context of all slots together: each of `parallel` slots gets n_ctx.
                 "-c", str(n_ctx * parallel), "--parallel", str(parallel),
+                # The in-process llama.cpp engine's numerics: flash attention off (llama-server's `auto` turns
+                # it on for CPU), one batch size for logical and physical batches.
+                "-fa", "on" if flash_attn else "off", "-b", str(n_batch), "-ub", str(n_batch),
                 "--no-webui", "--metrics", "--slots"]
         if threads:
             argv += ["--threads", str(threads), "--threads-batch", str(threads)]

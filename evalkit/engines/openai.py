@@ -54,6 +54,8 @@ class OpenAIOptions(BaseModel):
     n_ctx: int = Field(default=4096, ge=16)  # context per sequence of a launched server
     parallel: int = Field(default=1, ge=1)  # llama-server --parallel (slots); vLLM batches continuously
     threads: int | None = Field(default=None, ge=1)  # llama-server --threads (None: its default)
+    flash_attn: bool = False  # llama-server -fa (off, as the in-process llama.cpp engine's default)
+    n_batch: int = Field(default=512, ge=1)  # llama-server -b and -ub (the in-process engine's n_batch)
     startup_timeout_s: float = Field(default=600.0, gt=0)
     cache_prompt: bool = False  # llama-server's prompt-prefix reuse (can change results: off, as in-process)
     chat_template: Literal["auto", "none"] = "auto"
@@ -311,7 +313,15 @@ class _Collect(StreamConsumer):
         self.finish: str = "length"
         self.stop_reason: Any = None
         self.completion_tokens: int | None = None
+        self.decoded: int | None = None  # llama-server: tokens it decoded (its stream may leave some ids out)
         self.done = False
+
+    @property
+    def ids_incomplete(self) -> bool:
+        """llama-server streams only the token that completes a UTF-8 character (tools/server: process_token sends
+        nothing while the text ends inside one, send_partial_response sends `tokens` = that one token): the ids
+        of the bytes before it never arrive."""
+        return self.decoded is not None and len(self.tokens) < self.decoded
 
     def _tokens_arrived(self, n: int) -> None:
         if n and self.first is None:
@@ -323,6 +333,8 @@ class _Collect(StreamConsumer):
             self._tokens_arrived(len(toks))
             self.tokens.extend(int(t) for t in toks)
             self.text.append(data.get("content") or "")
+            if data.get("tokens_predicted") is not None:
+                self.decoded = int(data["tokens_predicted"])
             if data.get("stop"):
                 self.finish = {"eos": "stop", "word": "stop", "limit": "length"}.get(data.get("stop_type"), "length")
                 self.end = time.perf_counter()
@@ -382,6 +394,7 @@ class OpenAIEngine(Engine):
         self._token_check = {"checked": 0, "agree": 0, "mismatches": []}
         self._requests = 0
         self._failed = 0
+        self._refetched = 0  # llama-server generations whose ids its stream left out (asked again unstreamed)
 
     def _start_server(self) -> str:
         from evalkit.engines.launcher import check_program, plan_launch, start_server
@@ -392,7 +405,8 @@ class OpenAIEngine(Engine):
             raise ConfigError(f"deployment {self.deployment}", f"server: {opts.server} needs the deployment's weights (model:)")
         check_program(opts.server)
         plan = plan_launch(opts.server, self.model_path, n_ctx=opts.n_ctx, parallel=opts.parallel,
-                           extra=list(opts.server_args), served_model=self.deployment, threads=opts.threads)
+                           extra=list(opts.server_args), served_model=self.deployment, threads=opts.threads,
+                           flash_attn=opts.flash_attn, n_batch=opts.n_batch)
         self.server = start_server(plan, self.deployment, opts.startup_timeout_s)
         return self.server.root_url + "/v1"
 
@@ -501,15 +515,32 @@ class OpenAIEngine(Engine):
             return
         future = self.client.submit(run_all)
         failures: list[str] = []
+        incomplete: list[tuple[GenRequest, list[int], str, _Collect]] = []
         for _ in range(len(pending)):
             req, ids, fmt, got = out.get()
             self._requests += 1
             if isinstance(got, BaseException):
                 self._failed += 1
                 failures.append(f"{req.key}: {got}")
-                continue
-            yield self._result(req, ids, fmt, got, arrival)
+            elif got.ids_incomplete:
+                incomplete.append((req, ids, fmt, got))
+            else:
+                yield self._result(req, ids, fmt, got, arrival)
         future.result()
+        # Ids the stream left out: the same request once more without streaming (same tokens and seed; only its
+        # ids are kept, the timings are the stream's), after every stream ended so no timing is disturbed.
+        for req, ids, fmt, got in incomplete:
+            path, body = self._generation_body(ids, req, sampling)
+            try:
+                whole = self.client.call("POST", path, {**body, "stream": False})
+            except ServedRequestError as e:
+                self._failed += 1
+                failures.append(f"{req.key}: {e}")
+                continue
+            self._refetched += 1
+            got.tokens = [int(t) for t in whole.get("tokens") or []]
+            got.text = [str(whole.get("content") or "")]
+            yield self._result(req, ids, fmt, got, arrival)
         if failures:
             raise ServedRequestError(f"deployment {self.deployment}",
                                      f"{len(failures)} of {len(pending)} request(s) failed after retries; "
@@ -556,7 +587,7 @@ class OpenAIEngine(Engine):
 
             async def one(body: dict[str, Any]) -> Any:
                 async with sem:
-                    return await asyncio.to_thread(self.client.call, "POST", "/v1/completions", body)
+                    return await self.client.acall("POST", "/v1/completions", body)
 
             return list(await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True))
 
@@ -646,6 +677,7 @@ class OpenAIEngine(Engine):
 
     def run_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = {"requests": self._requests, "failed_requests": self._failed,
+                                 "ids_refetched_unstreamed": self._refetched,
                                  "retried_attempts": self._retry.retried, "token_check": dict(self._token_check)}
         if self.server is not None:
             stats["server_peak_rss_mb"] = self.server.high_water_rss() / 2**20
@@ -720,14 +752,15 @@ def _memory(name: str, arch: Any, weights_bytes: int, precision: str, weights_fr
 def _hardware(deployment: Any) -> Any:
     from evalkit.hardware import HardwareUse
 
-    where = "started by evalkit on this machine" if deployment.options.server else f"at {deployment.options.base_url}"
-    return HardwareUse(f"served ({where})", None, None, None, (f"the server decides its precision; {where}",))  # type: ignore[arg-type]
+    options = deployment.options
+    where = f"{options.server} started by evalkit on this machine's CPU" if options.server else f"a server at {options.base_url}"
+    return HardwareUse(f"served ({where})", None, None, _precision(None, None), ())
 
 
 def _precision(requested: str | None, capability: tuple[int, int] | None) -> Any:
     from evalkit.hardware import Precision
 
-    return Precision("served", "the server's own precision (not visible to evalkit)")
+    return Precision("served", "the server computes with its own precision (its weights and settings decide it)")
 
 
 def _resources(options: Any) -> UnitResources:
@@ -741,7 +774,7 @@ SPEC = EngineSpec(
     also_loads=("hf",),
     loader=_load,  # type: ignore[arg-type]
     tokenizer_loader=_tokenizer,  # type: ignore[arg-type]
-    numerics_options=("server", "server_args", "n_ctx", "parallel", "cache_prompt", "served_model"),
+    numerics_options=("server", "server_args", "n_ctx", "parallel", "cache_prompt", "served_model", "flash_attn", "n_batch"),
     memory_model=_memory,
     describe_hardware=_hardware,
     precision=_precision,

@@ -159,6 +159,20 @@ class ServerClient:
         loop = self._ensure_loop()
         return asyncio.run_coroutine_threadsafe(coro_fn(), loop)  # type: ignore[arg-type,return-value]
 
+    async def acall(self, method: str, path: str, body: Any = None) -> Any:
+        """`call` on the client's loop (many at once: scoring requests)."""
+        assert self._async is not None
+        try:
+            async for attempt in AsyncRetrying(**self.retry._kwargs()):
+                with attempt:
+                    resp = await self._async.request(method, self.url(path), json=body)
+                    return self._decode(resp, f"{method} {path}")
+        except RetryError as e:
+            last = e.last_attempt.exception()
+            raise ServedRequestError(f"{method} {path}", f"{_problem(last)} (after {self.retry.attempts} attempts)",
+                                     getattr(last, "status", None), True) from None
+        raise AssertionError("unreachable")
+
     async def stream(self, path: str, body: dict[str, Any], consume: Callable[[], "StreamConsumer"]) -> Any:
         """POST a streaming request and feed each event to a fresh consumer per attempt; retried as a whole
         (a consumer from a failed attempt is dropped). Returns the finishing consumer's `result()`."""
