@@ -122,8 +122,13 @@ def plan_launch(program: Program, model_path: str, *, n_ctx: int, parallel: int,
                 # it on for CPU), one batch size for logical and physical batches.
                 "-fa", "on" if flash_attn else "off", "-b", str(n_batch), "-ub", str(n_batch),
                 "--no-webui", "--metrics", "--slots"]
-        if threads:
-            argv += ["--threads", str(threads), "--threads-batch", str(threads)]
+        if threads is None:
+            from evalkit.hardware import engine_threads
+
+            # As the in-process engine: only the cores other work leaves free. ggml's threads spin at barriers;
+            # llama-server's default (every core) on a busy 2-core machine made 8 prompts take 260 s, not 17.
+            threads = engine_threads()
+        argv += ["--threads", str(threads), "--threads-batch", str(threads)]
         env: dict[str, str] = {}
         if path is not None:  # the peer build's shared libraries sit beside the binary
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(path.parent), os.environ.get("LD_LIBRARY_PATH")]))

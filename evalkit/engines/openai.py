@@ -720,8 +720,9 @@ def deployment_capabilities(deployment: Any) -> tuple[frozenset[Capability], dic
         check_program(options.server)
         return LAUNCHED_CAPS[options.server]
     where = f"deployment {deployment.name}"
+    # A few attempts (a 429 or a dropped connection at plan time is no reason to refuse the run), quickly.
     client = ServerClient(options.base_url or "", api_key(options, where), min(options.timeout_s, 30.0),
-                          RetryPolicy(attempts=1))
+                          RetryPolicy(attempts=min(options.retries + 1, 3), max_s=1.0))
     try:
         facts = discover(client, options.served_model, where)
     finally:
