@@ -102,8 +102,8 @@ def part2(tokens: int, prompt_tokens: int, repeats: int) -> None:
     cfg = {
         "reference": "parallel-1",
         "deployments": [
-            {**base, "name": "parallel-1", "options": {"server": "llama-server", "n_ctx": prompt_tokens + tokens + 16, "parallel": 1}},
-            {**base, "name": "parallel-4", "options": {"server": "llama-server", "n_ctx": prompt_tokens + tokens + 16, "parallel": 4}},
+            {**base, "name": "parallel-1", "options": {"launch": "llama-server", "n_ctx": prompt_tokens + tokens + 16, "parallel": 1}},
+            {**base, "name": "parallel-4", "options": {"launch": "llama-server", "n_ctx": prompt_tokens + tokens + 16, "parallel": 4}},
         ],
         "suites": {"cost": {"concurrency": [1, 4], "prompt_tokens": prompt_tokens, "output_tokens": tokens, "repeats": repeats}},
     }

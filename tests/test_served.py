@@ -56,7 +56,7 @@ def served(name: str, url: str, **options: Any) -> dict[str, Any]:
 
 IN_PROCESS = {"name": "inproc", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048}}
 LAUNCHED = {"name": "launched", "engine": "openai", "model": MODEL,
-            "options": {"server": "llama-server", "n_ctx": 2048, "parallel": 1}}
+            "options": {"launch": "llama-server", "n_ctx": 2048, "parallel": 1}}
 PROMPTS = {"path": str(REPO / "prompts"), "categories": ["code", "reasoning", "translation", "qa"], "limit_per_category": 2}
 COST = {"concurrency": [1, 4], "prompt_tokens": 32, "output_tokens": 16, "repeats": 1}
 

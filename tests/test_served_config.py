@@ -36,7 +36,7 @@ def _run(tmp_path: Path, options: dict, env: dict | None = None) -> tuple[subpro
 def _one_line_exit_2(proc: subprocess.CompletedProcess, out: Path, expect: str) -> None:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(lines) == 1 and expect in lines[0] and "run.yaml" in lines[0], lines
+    assert len(lines) == 1 and expect in lines[0] and "deployment s" in lines[0], lines
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -51,15 +51,15 @@ def test_missing_api_key_variable_is_one_line_exit_2(tmp_path: Path) -> None:
     _one_line_exit_2(proc, out, "EVALKIT_UNSET_KEY_VAR")
 
 
-def test_options_need_exactly_one_of_base_url_and_server() -> None:
+def test_options_need_exactly_one_of_base_url_and_launch() -> None:
     from pydantic import ValidationError
 
     from evalkit.engines.openai import DEFAULT_URL, OpenAIOptions
 
     assert OpenAIOptions().base_url == DEFAULT_URL  # `options:` left out: a server on this machine
-    assert OpenAIOptions(server="llama-server").base_url is None
+    assert OpenAIOptions(launch="llama-server").base_url is None
     with pytest.raises(ValidationError, match="exactly one"):
-        OpenAIOptions(base_url="http://127.0.0.1:8080/v1", server="vllm")
+        OpenAIOptions(base_url="http://127.0.0.1:8080/v1", launch="vllm")
     with pytest.raises(ValidationError):
         OpenAIOptions(api_key_env="sk-this-looks-like-a-key-not-a-variable-name!")
 

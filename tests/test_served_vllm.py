@@ -36,7 +36,7 @@ def served_vs_inprocess(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "deployments": [
             {"name": "vllm-inproc", "engine": "vllm", "model": model, "options": options},
             {"name": "vllm-served", "engine": "openai", "model": model,
-             "options": {"server": "vllm", "n_ctx": 1024, "server_args": SERVE_ARGS, "startup_timeout_s": 400}},
+             "options": {"launch": "vllm", "n_ctx": 1024, "launch_args": SERVE_ARGS, "launch_timeout_s": 400}},
         ],
         "suites": {
             "perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"), "n_ctx": 256, "max_chunks": 2, "top_k": 20},

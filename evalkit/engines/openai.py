@@ -49,14 +49,14 @@ class OpenAIOptions(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0)  # one request (a whole streamed generation)
     retries: int = Field(default=4, ge=0)  # further attempts after a transient failure (429, 5xx, dropped)
     # The launcher (with base_url null): which program serves the deployment's weights, and how.
-    server: Literal["llama-server", "vllm"] | None = None
-    server_args: list[str] = Field(default_factory=list)  # appended to the launcher's command line
+    launch: Literal["llama-server", "vllm"] | None = None
+    launch_args: list[str] = Field(default_factory=list)  # appended to the launcher's command line
     n_ctx: int = Field(default=4096, ge=16)  # context per sequence of a launched server
     parallel: int = Field(default=1, ge=1)  # llama-server --parallel (slots); vLLM batches continuously
-    threads: int | None = Field(default=None, ge=1)  # llama-server --threads (None: its default)
+    launch_threads: int | None = Field(default=None, ge=1)  # llama-server --threads (None: the free cores)
     flash_attn: bool = False  # llama-server -fa (off, as the in-process llama.cpp engine's default)
     n_batch: int = Field(default=512, ge=1)  # llama-server -b and -ub (the in-process engine's n_batch)
-    startup_timeout_s: float = Field(default=600.0, gt=0)
+    launch_timeout_s: float = Field(default=600.0, gt=0)
     cache_prompt: bool = False  # llama-server's prompt-prefix reuse (can change results: off, as in-process)
     chat_template: Literal["auto", "none"] = "auto"
     tokenizer_check: int = Field(default=8, ge=0)  # prompts checked against the server's own tokenization
@@ -65,14 +65,14 @@ class OpenAIOptions(BaseModel):
     @classmethod
     def _default_url(cls, data: Any) -> Any:
         # Options left out entirely: a server on this machine at vLLM's default port.
-        if isinstance(data, dict) and data.get("base_url") is None and data.get("server") is None:
+        if isinstance(data, dict) and data.get("base_url") is None and data.get("launch") is None:
             return {**data, "base_url": DEFAULT_URL}
         return data
 
     @model_validator(mode="after")
     def _one_source(self) -> "OpenAIOptions":
-        if (self.base_url is None) == (self.server is None):
-            raise ValueError("set exactly one of base_url (a running server) and server (llama-server or vllm, "
+        if (self.base_url is None) == (self.launch is None):
+            raise ValueError("set exactly one of base_url (a running server) and launch (llama-server or vllm, "
                              "started by evalkit for the deployment's weights)")
         return self
 
@@ -377,7 +377,7 @@ class OpenAIEngine(Engine):
         key = api_key(options, f"deployment {deployment}")
         base_url = options.base_url
         self._launch: dict[str, Any] | None = None
-        if options.server is not None:
+        if options.launch is not None:
             base_url = self._start_server()
         assert base_url is not None
         self._retry = RetryPolicy(attempts=options.retries + 1)
@@ -400,14 +400,14 @@ class OpenAIEngine(Engine):
         from evalkit.engines.launcher import check_program, plan_launch, start_server
 
         opts = self.options
-        assert opts.server is not None
+        assert opts.launch is not None
         if not self.model_path:
-            raise ConfigError(f"deployment {self.deployment}", f"server: {opts.server} needs the deployment's weights (model:)")
-        check_program(opts.server)
-        plan = plan_launch(opts.server, self.model_path, n_ctx=opts.n_ctx, parallel=opts.parallel,
-                           extra=list(opts.server_args), served_model=self.deployment, threads=opts.threads,
+            raise ConfigError(f"deployment {self.deployment}", f"launch: {opts.launch} needs the deployment's weights (model:)")
+        check_program(opts.launch)
+        plan = plan_launch(opts.launch, self.model_path, n_ctx=opts.n_ctx, parallel=opts.parallel,
+                           extra=list(opts.launch_args), served_model=self.deployment, threads=opts.launch_threads,
                            flash_attn=opts.flash_attn, n_batch=opts.n_batch)
-        self.server = start_server(plan, self.deployment, opts.startup_timeout_s)
+        self.server = start_server(plan, self.deployment, opts.launch_timeout_s)
         return self.server.root_url + "/v1"
 
     # -- tokens -------------------------------------------------------------------------------------
@@ -667,6 +667,8 @@ class OpenAIEngine(Engine):
             "sampling_reproducibility": "served: depends on the server's batching (llama-server --parallel > 1 and "
             "vLLM batch requests together; a request's numbers can change with what runs beside it)",
             "token_check": dict(self._token_check),
+            # What the cache key says the model is when no weights are named (cache.model_identity hashes it).
+            "model_identity": {"model": self.facts.model_id, "server": self.facts.identity, "version": self.facts.version},
         }
         if self.server is not None:
             extra["launched"] = self.server.describe()
@@ -711,23 +713,55 @@ def _tokenizer(model_path: str | None, options: OpenAIOptions) -> Engine:
     return tok
 
 
+_PLANNED: dict[tuple[Any, ...], ServerFacts] = {}  # plan-time discovery, once per server and process
+
+
+def _plan_facts(deployment: Any) -> ServerFacts:
+    options: OpenAIOptions = deployment.options
+    where = f"deployment {deployment.name}"
+    key = (options.base_url, options.served_model, options.api_key_env)
+    if key not in _PLANNED:
+        # A few quick attempts: a 429 or a dropped connection at plan time is no reason to refuse the run.
+        client = ServerClient(options.base_url or "", api_key(options, where), min(options.timeout_s, 30.0),
+                              RetryPolicy(attempts=min(options.retries + 1, 3), max_s=1.0))
+        try:
+            _PLANNED[key] = discover(client, options.served_model, where)
+        finally:
+            client.close()
+    return _PLANNED[key]
+
+
+def check(deployment: Any) -> None:
+    """Plan-time: the launcher's program exists, or the server answers, serves the model and takes the key
+    (ConfigError, one line, exit 2, before a run directory exists)."""
+    options: OpenAIOptions = deployment.options
+    if options.launch is not None:
+        from evalkit.engines.launcher import check_program
+
+        check_program(options.launch)
+        if deployment.model is None:
+            raise ConfigError(f"deployment {deployment.name}", f"launch: {options.launch} needs the weights it serves (model:)")
+        return
+    _plan_facts(deployment)
+
+
 def deployment_capabilities(deployment: Any) -> tuple[frozenset[Capability], dict[Capability, str]]:
     """What this deployment's server can do, asked at plan time (a launched one: known from its program)."""
     options: OpenAIOptions = deployment.options
-    if options.server is not None:
-        from evalkit.engines.launcher import check_program
-
-        check_program(options.server)
-        return LAUNCHED_CAPS[options.server]
-    where = f"deployment {deployment.name}"
-    # A few attempts (a 429 or a dropped connection at plan time is no reason to refuse the run), quickly.
-    client = ServerClient(options.base_url or "", api_key(options, where), min(options.timeout_s, 30.0),
-                          RetryPolicy(attempts=min(options.retries + 1, 3), max_s=1.0))
-    try:
-        facts = discover(client, options.served_model, where)
-    finally:
-        client.close()
+    if options.launch is not None:
+        return LAUNCHED_CAPS[options.launch]
+    facts = _plan_facts(deployment)
     return facts.capabilities, facts.reasons
+
+
+def endpoint(options: OpenAIOptions) -> dict[str, Any]:
+    """Where the model is served, for the manifest (never the API key: only the variable's name)."""
+    if options.launch is not None:
+        from evalkit.engines.launcher import program_version
+
+        return {"launcher": options.launch, "version": program_version(options.launch), "host": "127.0.0.1",
+                "n_ctx": options.n_ctx, "parallel": options.parallel, "launch_args": list(options.launch_args)}
+    return {"base_url": options.base_url, "served_model": options.served_model, "api_key_env": options.api_key_env}
 
 
 def _memory(name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any,
@@ -736,25 +770,29 @@ def _memory(name: str, arch: Any, weights_bytes: int, precision: str, weights_fr
     server's is not on this machine."""
     from evalkit.engines import engine_spec
 
-    if options.server == "llama-server":
+    if options.launch == "llama-server":
         spec = engine_spec("llamacpp")
-        opts = spec.options_model(n_ctx=options.n_ctx * options.parallel, n_threads=options.threads)
-    elif options.server == "vllm":
+        opts = spec.options_model(n_ctx=options.n_ctx * options.parallel, n_threads=options.launch_threads)
+    elif options.launch == "vllm":
         spec = engine_spec("vllm")
         opts = spec.options_model(max_model_len=options.n_ctx)
-    else:
-        raise ValueError("a remote server's memory is not on this machine")
+    else:  # a server evalkit does not run: its memory is not on this machine
+        from evalkit.ledger import SERVER_DEVICES, LedgerRow
+
+        return LedgerRow(name, "openai", precision, weights_from, SERVER_DEVICES, 0, weights_bytes or None, None, None,
+                         None, None, None, None, fits=None, max_context=None, memory_context=None, max_concurrency=None,
+                         notes="served by a server evalkit does not run: its memory is the server's, unknown here")
     import dataclasses
 
     row = spec.memory_model(name, arch, weights_bytes, precision, weights_from, opts, hw)
-    return dataclasses.replace(row, engine=f"openai ({options.server})")
+    return dataclasses.replace(row, engine=f"openai ({options.launch})")
 
 
 def _hardware(deployment: Any) -> Any:
     from evalkit.hardware import HardwareUse
 
     options = deployment.options
-    where = f"{options.server} started by evalkit on this machine's CPU" if options.server else f"a server at {options.base_url}"
+    where = f"{options.launch} started by evalkit on this machine's CPU" if options.launch else f"a server at {options.base_url}"
     return HardwareUse(f"served ({where})", None, None, _precision(None, None), ())
 
 
@@ -765,17 +803,17 @@ def _precision(requested: str | None, capability: tuple[int, int] | None) -> Any
 
 
 def _resources(options: Any) -> UnitResources:
-    return UnitResources(num_cpus=float(options.threads or 1) if options.server else 0.5)
+    return UnitResources(num_cpus=float(options.launch_threads or 1) if options.launch else 0.5)
 
 
 SPEC = EngineSpec(
     name="openai",
     options_model=OpenAIOptions,
-    model_kind="gguf",
-    also_loads=("hf",),
+    model_kind="served",
+    also_loads=("gguf", "hf"),  # the weights a server serves, when the deployment names them
     loader=_load,  # type: ignore[arg-type]
     tokenizer_loader=_tokenizer,  # type: ignore[arg-type]
-    numerics_options=("server", "server_args", "n_ctx", "parallel", "cache_prompt", "served_model", "flash_attn", "n_batch"),
+    numerics_options=("launch", "launch_args", "n_ctx", "parallel", "cache_prompt", "served_model", "flash_attn", "n_batch"),
     memory_model=_memory,
     describe_hardware=_hardware,
     precision=_precision,
@@ -783,5 +821,11 @@ SPEC = EngineSpec(
     capabilities=frozenset(Capability) - {Capability.FULL_DISTRIBUTION},
     resources=_resources,
     package=("httpx",),
+    libraries=("tenacity",),
     deployment_capabilities=deployment_capabilities,
+    check=check,
+    endpoint=endpoint,
+    context_option="n_ctx",
+    concurrency_option="max_concurrency",
+    label="OpenAI-compatible server",
 )
