@@ -243,7 +243,7 @@ def local_tokenizer(model_path: str | None, options: OpenAIOptions) -> Engine | 
         from evalkit.engines.tokenizer import VllmTokenizer
 
         return VllmTokenizer(model_path, options)
-    from evalkit.engines.tokenizer import llamacpp_tokenizer
+    from evalkit.engines.llamacpp import llamacpp_tokenizer
 
     return llamacpp_tokenizer(model_path, options)
 
