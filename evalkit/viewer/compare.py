@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.scoring import records_by_suite, score_context
+from evalkit.sidefiles import SideFile, side_path
 from evalkit.store import RunDir
 from evalkit.suites import enabled_suites
 from evalkit.suites.base import ScoreContext
 from evalkit.viewer.index import SKIP_SUITES, IndexCache
+from evalkit.viewer.safety import inside
 
 MAX_CHANGED = 500
 # Settings that only choose how many items run (a bigger run shares its first items with a smaller one).
@@ -64,7 +66,9 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
             if not shared:
                 continue
             shared_total += len(shared)
-            records = {theirs: [r for r in b if r.item_id in shared], mine: [r for r in a if r.item_id in shared]}
+            # Each side's side files come from its own run directory (records v2), carried in memory by the record.
+            records = {theirs: _carrying_arrays([r for r in b if r.item_id in shared], baseline),
+                       mine: _carrying_arrays([r for r in a if r.item_id in shared], candidate)}
             deployments = {**{k: v for k, v in (ctx.manifest.get("deployments") or {}).items()}}
             sctx = ScoreContext(deployments=[theirs, mine], reference=theirs, config=config, config_file=ctx.config_file,
                                 manifest={**ctx.manifest, "deployment_order": [theirs, mine], "reference": theirs,
@@ -85,6 +89,20 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
             "note": ("the two runs' configs set different `stats:`; intervals use the candidate's" if stats_differ else ""),
             "candidate_deployments": ctx.deployments,
             "baseline_deployments": [str(d) for d in base_manifest["deployment_order"]]}
+
+
+def _carrying_arrays(records: list[Any], run_dir: Path) -> list[Any]:
+    """The records, each that names a side file holding its bytes (`side_file`), read from `run_dir`: the two
+    sides of a comparison live in two run directories, and a suite reads arrays from one at most."""
+    out = []
+    for r in records:
+        sha = getattr(r, "arrays_sha256", None)
+        if sha and getattr(r, "side_file", None) is None:
+            path = side_path(run_dir, sha)
+            if inside(run_dir, path) and path.is_file():
+                r = r.model_copy(update={"side_file": SideFile(sha, path.read_bytes())})
+        out.append(r)
+    return out
 
 
 def _differing_settings(a: dict[str, Any], b: dict[str, Any], suite: str) -> list[str]:
