@@ -108,15 +108,46 @@ _SHA_CACHE: dict[tuple[str, int, int], str] = {}
 
 
 def fingerprint(path: Path) -> ModelFile:
-    """sha256 and size, memoised on (path, size, mtime) within the process."""
+    """sha256 and size, memoised on (path, size, mtime) within the process and, with the files' ctimes too,
+    across processes in the cache (`fingerprints/`): hashing the default run's checkpoints costs seconds on
+    every run otherwise. A ctime changes on any write and cannot be set back, so a changed file is re-hashed."""
     kind = HF_KIND if path.is_dir() else GGUF_KIND
     files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-    size = sum(p.stat().st_size for p in files)
-    mtime = max(int(p.stat().st_mtime_ns) for p in files)
+    stats = [p.stat() for p in files]
+    size = sum(st.st_size for st in stats)
+    mtime = max(int(st.st_mtime_ns) for st in stats)
     key = (str(path.resolve()), size, mtime)
     if key not in _SHA_CACHE:
-        _SHA_CACHE[key] = sha256_of(path)
+        stored_key = [*key, max(int(st.st_ctime_ns) for st in stats), len(files)]
+        _SHA_CACHE[key] = _stored_sha(stored_key) or _store_sha(stored_key, sha256_of(path))
     return ModelFile(path=path, kind=kind, sha256=_SHA_CACHE[key], size_bytes=size)
+
+
+def _sha_file(key: list[Any]) -> Path:
+    name = hashlib.sha256(json.dumps(key).encode("utf-8")).hexdigest()
+    return cache_dir() / "fingerprints" / f"{name}.json"
+
+
+def _stored_sha(key: list[Any]) -> str | None:
+    try:
+        entry = json.loads(_sha_file(key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sha = entry.get("sha256") if isinstance(entry, dict) and entry.get("key") == key else None
+    return sha if isinstance(sha, str) and len(sha) == 64 else None
+
+
+def _store_sha(key: list[Any], sha: str) -> str:
+    """Best effort (a read-only cache only costs the hash next time); temp file + rename, never a torn entry."""
+    target = _sha_file(key)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "sha256": sha}), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        pass
+    return sha
 
 
 def cache_dir() -> Path:
