@@ -89,22 +89,31 @@ def _served_by_cache(run: RunDir, name: str) -> bool:
         return True
     if not work.use_cache:
         return False
-    start = time.perf_counter()
     served: dict[str, list[dict]] = {}  # suite -> records, appended in one batch per suite below
+    seconds: dict[str, float] = {}  # suite -> time spent answering its items
+    last = time.perf_counter()
+
+    def keep(records: list[dict]) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        for r in records:
+            served.setdefault(r["suite"], []).append(r)
+        if records:
+            seconds[records[0]["suite"]] = seconds.get(records[0]["suite"], 0.0) + now - last
+        last = now
+
     described: dict = {}
-    serve_from_cache(work, lambda recs: [served.setdefault(r["suite"], []).append(r) for r in recs],
-                     on_done=described.update)
+    serve_from_cache(work, keep, on_done=described.update)
     if not served:
         return False
-    seconds = time.perf_counter() - start
     progress = RunProgress.load(run.path)
     with run.writer(name) as writer:
         for suite, records in served.items():
             writer.write_batch(records)
             if progress is not None:
-                progress.record(name, suite, len(records), seconds * len(records) / sum(map(len, served.values())))
-            print(f"{name} · {suite}: {len(records)} items in 0.0 s (engine-result cache, no engine started)",
-                  file=sys.stderr, flush=True)
+                progress.record(name, suite, len(records), seconds.get(suite, 0.0))
+            print(f"{name} · {suite}: {len(records)} items in {seconds.get(suite, 0.0):.1f} s (engine-result cache, "
+                  "no engine started)", file=sys.stderr, flush=True)
     with (run.path / "logs" / f"{name}.log").open("a", encoding="utf-8") as log:
         log.write(f"evalkit: {sum(map(len, served.values()))} items answered by the engine-result cache in the "
                   "driver (no worker process, no engine)\n")
