@@ -292,3 +292,26 @@ def test_bad_served_input_is_one_line_exit_2_before_a_run_directory(server, tmp_
         assert len(lines) == 1 and expect in lines[0], (name, lines)
         assert KEY not in proc.stderr
         assert not out.exists() or not any(out.iterdir()), f"{name}: a run directory was written"
+
+
+def test_a_model_without_weights_is_tokenized_by_the_server_and_cached_by_what_it_reports(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`model:` left out: the server tokenizes (its chat template), the manifest says "not verified", and a
+    second run is answered from the cache keyed by what the server reports (no request reaches the server)."""
+    dep = {"name": "remote", "engine": "openai", "options": {"base_url": server.root_url + "/v1", "api_key_env": KEY_ENV}}
+    cfg = write_config(tmp_path / "run.yaml", [dep], {"prompts": {**PROMPTS, "limit_per_category": 1}}, "remote")
+    first = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = run_dir(tmp_path / "a")
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["deployments"]["remote"]["weights"] == "not verified"
+    assert manifest["deployments"]["remote"]["endpoint"]["base_url"] == server.root_url + "/v1"
+    recs = by_item(records(run, "remote"), "prompts")
+    assert len(recs) == 4 and all(r["prompt_format"] == "chat" and r["output_token_ids"] for r in recs.values())
+    engine = json.loads((run / "engines" / "remote.json").read_text())
+    assert engine["extra"]["tokens_from"] == "the server's /tokenize" and engine["extra"]["weights_verified"] is False
+    second = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "b"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = by_item(records(run_dir(tmp_path / "b"), "remote"), "prompts")
+    assert all(r["cached"] for r in again.values())
+    assert {i: r["output_token_ids"] for i, r in again.items()} == {i: r["output_token_ids"] for i, r in recs.items()}
+    assert_key_nowhere(run)
