@@ -18,9 +18,17 @@ Numerics (why each choice):
 - Logits are computed from the decoder's last hidden states in blocks of rows through the output
   embedding (plus the model's final logit soft-capping, when its config has one), so a 262k-token
   vocabulary never needs an n_ctx x vocab matrix at once.
-- Generation is our own loop over the KV cache (greedy argmax, or temperature + top-p sampling with a
-  fresh `torch.Generator` seeded per request): the result of a request never depends on earlier requests,
-  and the checkpoint's `generation_config` defaults (e.g. Gemma's top_k=64) cannot leak in.
+- Generation is our own loop over a KV cache (greedy argmax, or temperature + top-p sampling with a
+  fresh `torch.Generator` seeded per request), so the checkpoint's `generation_config` defaults (e.g.
+  Gemma's top_k=64) cannot leak in. Requests that arrive together decode as one batch (up to
+  `max_batch_size`): prompts left-padded into a static KV cache, a 4-D attention mask written by us (so
+  transformers builds none: no host sync inside a step), and on a CUDA device each decode step replayed
+  as a CUDA graph (one launch instead of ~15 kernels per layer from Python: at batch 1 the step is
+  launch-bound, not bandwidth-bound). Padding and batch shape change rounding (a request's log-probs
+  stay equal to its unbatched ones within the dtype's tolerance: tests/test_hf_engine.py), so a request
+  whose neighbours change may flip a near-tie; `max_batch_size: 1` decodes one request at a time.
+  Models whose sliding window is shorter than max_length keep the one-request loop (a window needs a
+  mask per layer type).
 - torch itself and transformers are imported only when a model loads.
 """
 from __future__ import annotations
@@ -56,6 +64,8 @@ class HfOptions(BaseModel):
     n_threads: int | None = Field(default=None, ge=1)  # torch CPU threads (None: torch's default)
     attn_implementation: Literal["eager", "sdpa"] = "eager"  # eager: plain matmul+softmax, the reference
     chat_template: Literal["auto", "none"] = "auto"
+    max_batch_size: int = Field(default=16, ge=1)  # requests decoded together (1: one at a time)
+    cuda_graphs: bool = True  # replay each decode step as a CUDA graph on a CUDA device
 
 
 def _torch_dtype(name: str) -> "torch.dtype":
@@ -107,6 +117,11 @@ class HfEngine(HfTokens, Engine):
         self._head = self._model.get_output_embeddings()
         self._vocab_size = int(self._head.weight.shape[0])
         self._eog = self._end_of_generation_ids()
+        self._pad = int(self._tok.pad_token_id if self._tok.pad_token_id is not None else min(self._eog, default=0))
+        self._batched, self._batched_why = _batches(text_cfg, options)
+        self._graphs_wanted = options.cuda_graphs and self._device.startswith("cuda")
+        self._mask_dtype = self._model.dtype
+        self._step: _BatchStepper | None = None
 
     def _end_of_generation_ids(self) -> frozenset[int]:
         """EOS from the tokenizer and generation config, plus end-of-turn tokens the vocabulary has."""
@@ -164,7 +179,13 @@ class HfEngine(HfTokens, Engine):
     # -- generation -------------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
-        """Requests one after another (in-process, like llama.cpp); timings from the call's start."""
+        """Requests that arrive together decode in batches of max_batch_size (see the module doc); timings
+        from the call's start (all requests arrive together, each batch waits for the one before)."""
+        if not self._batched:
+            return self._generate_in_turn(requests, sampling)
+        return self._generate_batched(requests, sampling)
+
+    def _generate_in_turn(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
         import torch
 
         def sample(tokens: list[int]) -> Iterator[int]:
@@ -179,6 +200,93 @@ class HfEngine(HfTokens, Engine):
                 ids = torch.tensor([[tok]], dtype=torch.long, device=self._device)
 
         return generate_in_turn(self, requests, sampling, self.options.max_length, sample, self._eog.__contains__)
+
+    def _generate_batched(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
+        arrival = time.perf_counter()
+        todo: list[tuple[GenRequest, list[int], int]] = []  # request, prompt ids, tokens it may generate
+        for req in requests:
+            tokens = self.prompt_token_ids(req)
+            room = self.options.max_length - len(tokens)
+            if not tokens or room <= 0:
+                yield self._result(req, tokens, [], "empty_prompt" if not tokens else "prompt_too_long", None, arrival)
+                continue
+            todo.append((req, tokens, min(req.max_tokens or sampling.max_tokens, room)))
+        size = self.options.max_batch_size
+        for a in range(0, len(todo), size):
+            yield from self._decode_batch(todo[a : a + size], sampling, arrival)
+
+    def _result(self, req: GenRequest, tokens: list[int], out: list[int], finish: str, ttft: float | None,
+                arrival: float, end: float | None = None) -> GenResult:
+        return GenResult(
+            key=req.key, prompt_token_ids=tokens, output_text=self.detokenize(out), output_token_ids=out,
+            prompt_format=self.prompt_format(req), finish_reason=finish, ttft_s=ttft,
+            total_s=(end if end is not None else time.perf_counter()) - arrival,
+        )
+
+    def _decode_batch(self, batch: list[tuple[GenRequest, list[int], int]], sampling: SamplingParams, arrival: float,
+                      on_logits: Any = None) -> Iterator[GenResult]:
+        """One batch: prefill the left-padded prompts, then one decode step per token until every request is
+        done. `on_logits(step, logits)` (tests) sees each step's float32 logits (batch, vocab)."""
+        import torch
+
+        dev, n = self._device, len(batch)
+        width = max(len(t) for _, t, _ in batch)
+        slots = min(self.options.max_length, -(-(width + max(m for _, _, m in batch)) // 128) * 128)
+        step = self._stepper(n, slots)
+        ids = torch.full((n, width), self._pad, dtype=torch.long)
+        for i, (_, t, _) in enumerate(batch):
+            ids[i, width - len(t):] = torch.tensor(t)
+        pads = torch.tensor([width - len(t) for _, t, _ in batch])
+        logits = step.prefill(ids.to(dev), pads.to(dev), width)
+        gens = [torch.Generator(device=dev).manual_seed(sampling.seed) for _ in batch]  # one per request
+        outs: list[list[int]] = [[] for _ in batch]
+        ttft: list[float | None] = [None] * n
+        finish = ["length"] * n
+        ends: list[float | None] = [None] * n
+        live = set(range(n))
+        k = 0
+        while True:
+            if on_logits is not None:
+                on_logits(k, logits)
+            if sampling.temperature <= 0:
+                picks = logits.argmax(dim=-1).tolist()  # one host sync per step for the whole batch
+            else:
+                picks = [_pick(logits[i], sampling, gens[i]) for i in range(n)]
+            now = time.perf_counter()
+            for i in sorted(live):
+                req, _, limit = batch[i]
+                if ttft[i] is None:
+                    ttft[i] = now - arrival
+                tok = int(picks[i])
+                if not req.ignore_eos and tok in self._eog:
+                    finish[i], ends[i] = "stop", now
+                    live.discard(i)
+                    continue
+                outs[i].append(tok)
+                if len(outs[i]) >= limit:
+                    ends[i] = now
+                    live.discard(i)
+            k += 1
+            if not live or width + k > slots:  # the next step would write slot width + k - 1
+                break
+            # Finished rows keep decoding a token nobody reads (a static batch shape; cheaper than re-capturing).
+            logits = step.decode(torch.tensor(picks, dtype=torch.long, device=dev), width + k - 1)
+        for i, (req, tokens, _) in enumerate(batch):
+            yield self._result(req, tokens, outs[i], finish[i], ttft[i], arrival, ends[i])
+
+    def _stepper(self, n: int, slots: int) -> "_BatchStepper":
+        """The decode machinery for a batch of n rows and a cache of `slots` tokens: reused while the shape
+        stays (a captured CUDA graph and its static cache), replaced otherwise (the old one freed first, so
+        memory held tracks the batch in flight)."""
+        if self._step is not None and self._step.shape == (n, slots):
+            return self._step
+        self._step = None
+        if self._device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+        self._step = _BatchStepper(self._model, n, slots, self._device, self._graphs_wanted, self._mask_dtype)
+        return self._step
 
     # -- likelihoods ------------------------------------------------------------------------------
 
@@ -258,7 +366,14 @@ class HfEngine(HfTokens, Engine):
             "architecture": type(self._model).__name__,
             "final_logit_softcapping": self._softcap,
             "end_of_generation_ids": sorted(self._eog),
+            "generation": self._batched_why if not self._batched else (
+                f"batched, up to {self.options.max_batch_size} requests per batch, static KV cache"
+                + (", CUDA graph per decode step" if self._graphs_wanted else "")),
+            "cuda_graphs": None if self._step is None else self._step.graphed,
+            "sampling_reproducibility": REPRODUCIBILITY if self._batched and self.options.max_batch_size > 1 else REPRODUCIBILITY_ALONE,
         }
+        if self._step is not None and self._step.graph_error:
+            extra["cuda_graph_error"] = self._step.graph_error
         if self._chat_template is not None:
             extra["chat_template_sha256"] = hashlib.sha256(self._chat_template.encode()).hexdigest()
         return EngineInfo(
@@ -278,6 +393,7 @@ class HfEngine(HfTokens, Engine):
     def close(self) -> None:
         import gc
 
+        self._step = None
         self._model = None  # type: ignore[assignment]
         gc.collect()
 
@@ -294,6 +410,113 @@ def _pick(logits: "torch.Tensor", sampling: SamplingParams, gen: "torch.Generato
         keep = sorted_p.cumsum(0) - sorted_p < sampling.top_p  # the smallest prefix reaching top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+REPRODUCIBILITY = (
+    "seeded per request (a torch.Generator per request); requests decoded in one batch share matrix shapes, "
+    "so a request's log-probs can differ in the last bits with its neighbours (within the dtype's tolerance) "
+    "and a near-tie may flip; max_batch_size: 1 makes a request's tokens independent of the others"
+)
+REPRODUCIBILITY_ALONE = "bit-identical: one request at a time, seeded per request, whatever ran before"
+
+
+def _batches(text_cfg: Any, options: HfOptions) -> tuple[bool, str]:
+    """Whether this model decodes in batches, and why not when it does not."""
+    window = getattr(text_cfg, "sliding_window", None)
+    types = set(getattr(text_cfg, "layer_types", None) or [])
+    windowed = bool(types - {"full_attention"}) if types else bool(window and getattr(text_cfg, "use_sliding_window", True))
+    if windowed and window and window < options.max_length:
+        return False, f"one request at a time: sliding window {window} < max_length {options.max_length}"
+    return True, ""
+
+
+class _BatchStepper:
+    """Prefill and decode steps for one batch shape over a transformers `StaticCache`.
+
+    The attention mask is ours, 4-D (rows, 1, queries, slots) and additive (0 where a row may look, the
+    dtype's minimum elsewhere): transformers uses a 4-D mask as given, so a step runs no mask-building code
+    (whose checks read tensors on the host and cannot be captured). Left padding: every row writes slot s
+    at step s; a row's positions count its own tokens only. On CUDA, the first decode step runs eagerly on
+    a side stream (the warm-up torch.cuda.graph needs; it also writes that step's real KV) and the next
+    ones replay the captured step; if capture fails the steps stay eager and `graph_error` says why.
+    """
+
+    def __init__(self, model: Any, n: int, slots: int, device: str, graphs: bool, dtype: Any) -> None:
+        import torch
+        import transformers
+
+        self.model, self.shape, self.device = model, (n, slots), device
+        self.cache = transformers.StaticCache(config=model.config, max_cache_len=slots)
+        self.min = torch.finfo(dtype).min
+        self.mask = torch.full((n, 1, 1, slots), self.min, dtype=dtype, device=device)  # decode: one query row
+        self.ids = torch.zeros((n, 1), dtype=torch.long, device=device)
+        self.pos = torch.zeros((n, 1), dtype=torch.long, device=device)
+        self.pads = torch.zeros((n,), dtype=torch.long, device=device)
+        self.want_graph, self.graph, self.graphed, self.graph_error = graphs, None, False, None
+        self.out: Any = None
+
+    def _forward(self, ids: Any, pos: Any, mask: Any) -> Any:
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def prefill(self, ids: Any, pads: Any, width: int) -> Any:
+        import torch
+
+        with torch.inference_mode():  # the cache's tensors are inference tensors: every update happens in here
+            return self._prefill(ids, pads, width)
+
+    def _prefill(self, ids: Any, pads: Any, width: int) -> Any:
+        import torch
+
+        slots = self.shape[1]
+        self.cache.reset()  # also on a reused stepper: zero the counters, same tensors (the graph's addresses)
+        self.pads.copy_(pads)
+        cols = torch.arange(slots, device=self.device)
+        valid = cols[None, :] >= self.pads[:, None]  # (n, slots): slots of a row's own tokens (and later ones)
+        rows = torch.arange(width, device=self.device)
+        causal = cols[None, :] <= rows[:, None]  # (width, slots)
+        allowed = valid[:, None, :] & causal[None, :, :]
+        zero = torch.zeros((), dtype=self.mask.dtype, device=self.device)
+        mask = torch.where(allowed, zero, self.min)[:, None]  # (n, 1, width, slots)
+        pos = (rows[None, :] - self.pads[:, None]).clamp(min=0)
+        self.mask.copy_(mask[:, :, -1:, :])  # the decode mask starts as the last prompt row's
+        return self._forward(ids, pos, mask).float()
+
+    def decode(self, tokens: Any, slot: int) -> Any:
+        """Feed each row's token at cache slot `slot` (= the number of tokens already cached)."""
+        import torch
+
+        with torch.inference_mode():
+            self.ids[:, 0] = tokens
+            self.pos[:, 0] = slot - self.pads
+            self.mask[:, 0, 0, slot] = 0.0
+            if self.graph is not None:
+                self.graph.replay()
+                return self.out.float()
+            if self.want_graph and self.graph_error is None:
+                return self._capture()
+            return self._forward(self.ids, self.pos, self.mask).float()
+
+    def _capture(self) -> Any:
+        import torch
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # the warm-up: this step, for real
+            logits = self._forward(self.ids, self.pos, self.mask).float()
+        torch.cuda.current_stream().wait_stream(stream)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            # The captured step advances the cache's slot counters itself, as the eager step did: capture only
+            # records, so the counters stay where the warm-up left them and the first replay writes the next slot.
+            with torch.cuda.graph(graph):
+                self.out = self._forward(self.ids, self.pos, self.mask)
+            self.graph, self.graphed = graph, True
+        except Exception as e:  # noqa: BLE001 - any capture failure leaves the eager steps, which are correct
+            self.graph_error = _first_line(e)
+            torch.cuda.synchronize()
+        return logits
 
 
 def _first_line(e: BaseException) -> str:
