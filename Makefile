@@ -32,12 +32,12 @@ run: $(STAMP)
 # `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached; skipped when
 # LLAMA_CPP_BIN already points at built tools).
 test: $(STAMP) system-deps $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),$(wildcard $(LLAMA_CPP_BIN)/llama-server)),,peer)
-	$(PY) -m pytest -q -m "not vllm" --durations=25
-	$(PY) -m pytest -q -m vllm --durations=25
+	$(PY) -m pytest -q -m "not vllm and not gpu" --durations=25
+	$(PY) -m pytest -q -m "vllm and not gpu" --durations=25
 
 # The edit-test loop: everything that does not load a model engine.
 quick: $(STAMP)
-	$(PY) -m pytest -q -m "not engine"
+	$(PY) -m pytest -q -m "not engine and not gpu"
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_llamacpp.py

@@ -14,7 +14,7 @@ from evalkit.metrics.stats import StatsSettings  # noqa: F401  (the `stats:` sec
 from evalkit.resources import resource_path
 
 CATEGORIES = ("code", "reasoning", "translation", "qa")
-VARIANTS = ("hf", "fp8-weight", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
+VARIANTS = ("hf", "fp8-weight", "fp8", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 
 
 class _Strict(BaseModel):

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 HF_VARIANT = "hf"  # the GGUF dequantized into a Hugging Face checkpoint
 FP8_WEIGHT_VARIANT = "fp8-weight"  # the hf checkpoint with every linear weight rounded through FP8
-HF_VARIANTS = (HF_VARIANT, FP8_WEIGHT_VARIANT)
+NATIVE_FP8_VARIANT = "fp8"  # the hf engine quantizes it to W8A8 FP8 at load (engines/hf_fp8.py)
+HF_VARIANTS = (HF_VARIANT, FP8_WEIGHT_VARIANT, NATIVE_FP8_VARIANT)
 PROVENANCE = "evalkit_variant.json"
 FP8_E4M3_MAX = 448.0
 # Strings whose tokenization must match llama.cpp's (spaces, newlines, unicode, code, digits, a special token).
@@ -257,6 +258,9 @@ def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, progr
     if variant == "fp8-weight":
         hf_dir = path if kind == HF_KIND else prepare_variant(source, HF_VARIANT, progress=progress)
         return _build_fp8(hf_dir, out, progress)
+    if variant == NATIVE_FP8_VARIANT:
+        hf_dir = path if kind == HF_KIND else prepare_variant(source, HF_VARIANT, progress=progress)
+        return _build_native_fp8(hf_dir, out)
     return _build_gguf(source, path, variant, out)
 
 
@@ -513,6 +517,29 @@ def _build_fp8(hf_dir: Path, out: Path, progress: bool) -> dict[str, Any]:
         "not_found": missing,
         "mean_relative_error": round(sum(rel_err) / len(rel_err), 6),
         "dtype": ",".join(sorted(dtypes)),
+        "model_file": ".",
+    }
+
+
+def _build_native_fp8(hf_dir: Path, out: Path) -> dict[str, Any]:
+    """The `fp8` variant: the hf checkpoint's own files (hard links where the filesystem allows), marked so the
+    hf engine quantizes its linear layers to FP8 at load, on the GPU that will compute with them (as vLLM's
+    online fp8 does from a 16-bit checkpoint): the rounding then happens where the FP8 kernels are, and no
+    second 16-bit copy of the weights is stored."""
+    for f in hf_dir.iterdir():
+        if f.is_file() and f.name != PROVENANCE:
+            try:
+                os.link(f, out / f.name)
+            except OSError:
+                shutil.copy2(f, out / f.name)
+    return {
+        "emulation": False,
+        "description": "native FP8 (W8A8) on the hf engine: at load, every decoder linear weight is rounded to FP8 "
+        "E4M3 with a per-output-channel scale and every activation entering it to E4M3 with a dynamic per-token "
+        "scale; matmuls run on FP8 tensor cores through torch._scaled_mm (compute capability 8.9 or later, "
+        "refused elsewhere). Embeddings, norms and lm_head stay 16-bit.",
+        "quantize_at_load": True,
+        "from_hf": str(hf_dir),
         "model_file": ".",
     }
 

@@ -57,6 +57,21 @@ def require_tool(*names: str, why: str = "") -> str:
     unavailable(f"system tool {' / '.join(names)}" + (f" ({why})" if why else ""), "not on PATH (make system-deps installs it)")
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`gpu` tests need a CUDA device torch can use: without one they go through `unavailable` (a failure
+    under CI=true). They are outside make test's selection; benchmarks/gpu/run_on_device.sh runs them."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    try:
+        import torch
+
+        ok, why = torch.cuda.is_available(), "torch sees no CUDA device"
+    except Exception as e:  # noqa: BLE001
+        ok, why = False, f"torch does not import ({type(e).__name__}: {e})"
+    if not ok:
+        unavailable("a CUDA GPU", why)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

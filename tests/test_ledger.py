@@ -288,7 +288,8 @@ def test_ledger_table_and_plan_text(tmp_path: Path) -> None:
     config = Config.model_validate({
         "reference": "g",
         "deployments": [
-            {"name": "g", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048}},
+            {"name": "g", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048, "n_gpu_layers": 0}},
+            {"name": "g-auto", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048}},  # n_gpu_layers: auto
             {"name": "tiny-fp8", "engine": "vllm", "model": str(tmp_path / "m"), "options": {"quantization": "fp8", "max_model_len": 1024}},
             {"name": "qwen", "engine": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct", "options": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9}},
             {"name": "lost", "engine": "llamacpp", "model": str(tmp_path / "missing.gguf")},
@@ -300,6 +301,8 @@ def test_ledger_table_and_plan_text(tmp_path: Path) -> None:
     hw = SimpleNamespace(gpus=2, gpu_memory_gb=16, ram_gb=None)  # the proposed `hardware:` config field
     rows = {r.deployment: r for r in ledger_table(SimpleNamespace(deployments=config.deployments, hardware=hw), Path("c.yaml"))}
     assert rows["g"].weights_from == "gguf tensors" and rows["g"].fits is True and "n_gpu_layers=0" in rows["g"].notes
+    # auto: every layer on the planned GPUs (llama.cpp spreads layers over every visible GPU without a tensor_split).
+    assert rows["g-auto"].devices.startswith("2x GPU") and "n_gpu_layers=0" not in rows["g-auto"].notes
     assert rows["tiny-fp8"].weights_bytes == non_embedding // 2 + (total - non_embedding)
     # A repo id neither on disk nor in the HF cache: no guess from its name (see the config.json tests below).
     assert rows["qwen"].weights_bytes is None and rows["qwen"].fits is None and "not found" in rows["qwen"].notes

@@ -50,6 +50,7 @@ from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_ac
 if TYPE_CHECKING:
     import torch
 
+FP8_VARIANT = hf_rules.NATIVE_FP8_VARIANT  # "fp8": the native-FP8 variant
 ROW_BLOCK = 64  # logit rows per block: 64 x 262k float32 = 67 MB
 # Token texts that end a turn in common chat templates; llama.cpp counts them as end-of-generation too.
 _END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
@@ -110,6 +111,9 @@ class HfEngine(HfTokens, Engine):
         except (RuntimeError, AssertionError) as e:  # e.g. "Torch not compiled with CUDA enabled"
             raise EngineUnavailableError(f"model {self.model_path}", f"device {self._device!r}: {_first_line(e)}") from None
         self._model.eval()
+        self._fp8 = _native_fp8_variant(self.model_path)
+        if self._fp8:
+            self._quantize_fp8()
         self._load_s = time.perf_counter() - start
         cfg = self._model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -122,6 +126,21 @@ class HfEngine(HfTokens, Engine):
         self._graphs_wanted = options.cuda_graphs and self._device.startswith("cuda")
         self._mask_dtype = self._model.dtype
         self._step: _BatchStepper | None = None
+
+    def _quantize_fp8(self) -> None:
+        """The `fp8` variant: decoder linear layers to W8A8 FP8 (engines/hf_fp8.py), only on FP8 tensor cores."""
+        import torch
+
+        from evalkit.engines import hf_fp8
+
+        capability = torch.cuda.get_device_capability(self._device) if self._device.startswith("cuda") else None
+        if not hf_fp8.native_fp8(capability):
+            where = f"compute capability {capability[0]}.{capability[1]}" if capability else "the CPU"
+            raise EngineUnavailableError(
+                f"model {self.model_path}", f"the fp8 variant computes in native FP8, which needs FP8 tensor cores "
+                f"(compute capability 8.9 or later); this is {where} (the fp8-weight variant measures FP8 rounding in 16-bit)")
+        self._fp8_layers = hf_fp8.quantize_linears(self._model)
+        torch.cuda.empty_cache()  # the 16-bit weights just freed: memory held is what FP8 needs
 
     def _end_of_generation_ids(self) -> frozenset[int]:
         """EOS from the tokenizer and generation config, plus end-of-turn tokens the vocabulary has."""
@@ -366,6 +385,8 @@ class HfEngine(HfTokens, Engine):
             "architecture": type(self._model).__name__,
             "final_logit_softcapping": self._softcap,
             "end_of_generation_ids": sorted(self._eog),
+            "fp8": (f"native W8A8: {self._fp8_layers} linear layers FP8 E4M3 (per-channel weight scales, per-token dynamic "
+                    "activation scales, torch._scaled_mm)") if self._fp8 else None,
             "generation": self._batched_why if not self._batched else (
                 f"batched, up to {self.options.max_batch_size} requests per batch, static KV cache"
                 + (", CUDA graph per decode step" if self._graphs_wanted else "")),
@@ -418,6 +439,19 @@ REPRODUCIBILITY = (
     "and a near-tie may flip; max_batch_size: 1 makes a request's tokens independent of the others"
 )
 REPRODUCIBILITY_ALONE = "bit-identical: one request at a time, seeded per request, whatever ran before"
+
+
+def _native_fp8_variant(model_path: str) -> bool:
+    """Whether `model_path` is evalkit's `fp8` variant (its provenance file says so; read here, not through
+    evalkit.variants, which sits above the engines)."""
+    import json
+    from pathlib import Path
+
+    try:
+        record = json.loads((Path(model_path) / "evalkit_variant.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("variant") == FP8_VARIANT
 
 
 def _batches(text_cfg: Any, options: HfOptions) -> tuple[bool, str]:
@@ -577,9 +611,13 @@ def _hardware(deployment: Any) -> HardwareUse:
     accs = detect_accelerators()
     used = accs[:1] if accs and options.device != "cpu" else []
     capability = used[0].capability if used else None
-    precision = Precision(
-        "not-requested", f"transformers computes in {options.dtype} on the {'GPU' if used else 'CPU'}; log-softmax in float32"
-    )
+    if deployment.model.variant == FP8_VARIANT:
+        mode, refused, text = hf_rules.outcome(capability, FP8_VARIANT, options.dtype)
+        precision = Precision("unavailable" if refused else mode, refused or text)
+    else:
+        precision = Precision(
+            "not-requested", f"transformers computes in {options.dtype} on the {'GPU' if used else 'CPU'}; log-softmax in float32"
+        )
     return HardwareUse(describe_devices(used), capability, None, precision, ())
 
 

@@ -24,7 +24,8 @@ class LlamaCppOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     n_ctx: int = Field(default=4096, ge=0)  # 0: the model's own training context
-    n_gpu_layers: int = Field(default=0, ge=-1)  # -1: every layer
+    # "auto": every layer when this llama-cpp-python build can offload and a GPU answers, else 0 (CPU); -1: every layer.
+    n_gpu_layers: Annotated[int, Field(ge=-1)] | Literal["auto"] = "auto"
     tensor_split: list[Annotated[float, Field(ge=0)]] | None = Field(default=None, min_length=1)
     n_threads: int | None = Field(default=None, ge=1)  # None: every core this process may use (sched_getaffinity)
     n_batch: int = Field(default=512, ge=1)
@@ -69,7 +70,7 @@ class LlamaCppEngine(Engine):
             self._llm = llama_cpp.Llama(
                 model_path=self.model_path,
                 n_ctx=options.n_ctx,
-                n_gpu_layers=options.n_gpu_layers,
+                n_gpu_layers=gpu_layers(options),
                 tensor_split=options.tensor_split,
                 # llama-cpp-python's default is half the logical CPUs for generation: one thread of two here.
                 n_threads=threads,
@@ -333,7 +334,9 @@ class LlamaCppEngine(Engine):
                 "n_threads": self._llm.n_threads,
                 "n_threads_batch": self._llm.n_threads_batch,
                 "sampling_reproducibility": REPRODUCIBILITY,
-                "n_gpu_layers": self.options.n_gpu_layers,
+                "n_gpu_layers": gpu_layers(self.options),
+                "offload": ("every layer on the GPU" if gpu_layers(self.options) < 0 else f"{gpu_layers(self.options)} layers on the GPU")
+                if gpu_layers(self.options) and llama_cpp.llama_supports_gpu_offload() else "CPU",
                 "tensor_split": self.options.tensor_split,
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
             },
@@ -385,7 +388,7 @@ def _doctor() -> list[DoctorRow]:
 def _hardware(deployment: Any) -> HardwareUse:
     accs = detect_accelerators()
     notes: list[str] = []
-    gpu = bool(accs) and deployment.options.n_gpu_layers != 0
+    gpu = bool(accs) and gpu_layers(deployment.options) != 0
     if gpu and not llama_gpu_offload():
         notes.append("n_gpu_layers is set but this llama-cpp-python build has no GPU offload: it runs on the CPU")
         gpu = False
@@ -414,9 +417,24 @@ def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
     return LlamaCppTokenizer()
 
 
+def gpu_layers(options: Any) -> int:
+    """The n_gpu_layers llama.cpp gets: "auto" is -1 (every layer) where this build offloads and a GPU answers,
+    else 0."""
+    if options.n_gpu_layers != "auto":
+        return int(options.n_gpu_layers)
+    return -1 if detect_accelerators() and llama_gpu_offload() else 0
+
+
+def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
+    """The cache keys on the layers really offloaded: "auto" on a GPU machine is not "auto" on a CPU one."""
+    if values.get("n_gpu_layers") == "auto":
+        return {**values, "n_gpu_layers": gpu_layers(LlamaCppOptions(n_gpu_layers="auto"))}
+    return values
+
+
 def _resources(options: Any) -> UnitResources:
     # One process; GPU offload puts layers on the visible GPUs (tensor_split spreads them over several).
-    gpus = 0 if options.n_gpu_layers == 0 else max(1, len([s for s in options.tensor_split or [1.0] if s > 0]))
+    gpus = 0 if gpu_layers(options) == 0 else max(1, len([s for s in options.tensor_split or [1.0] if s > 0]))
     return UnitResources(num_cpus=float(options.n_threads or 1), num_gpus=float(gpus))
 
 
@@ -447,4 +465,5 @@ SPEC = EngineSpec(
     context_option="n_ctx",
     label="llama.cpp",
     doctor=_doctor,
+    effective_numerics=_effective_numerics,
 )

@@ -38,7 +38,9 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
     # 512). evalkit log-softmaxes them in blocks of 32 rows, which is small.
     rows = min(n_ubatch, workload.scored_rows if workload else n_ubatch)
     out_buf = rows * arch.vocab * 4
-    n_gl = int(options.n_gpu_layers)  # -1: every layer (llama.cpp's own meaning of a negative count)
+    # -1: every layer (llama.cpp's own meaning of a negative count); "auto": every layer where there is a GPU
+    # (the engine resolves it on the machine it runs on; the plan, for the planned hardware).
+    n_gl = -1 if options.n_gpu_layers == "auto" else int(options.n_gpu_layers)
     on_gpu = hw.gpus > 0 and n_gl != 0
     notes = []
     if on_gpu:
@@ -61,7 +63,7 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
         per_tok_dev = arch.kv_bytes_per_token(cache_bytes)
         per_device = int(fixed_dev + kv)
         devices = f"CPU {hw.ram_bytes / GB:.1f} GB RAM"
-        if hw.gpus and int(options.n_gpu_layers) == 0:
+        if hw.gpus and n_gl == 0:
             notes.append("n_gpu_layers=0: runs on CPU")
     room = budget - fixed_dev
     max_ctx = mem_ctx = _fits_count(room, per_tok_dev)

@@ -26,9 +26,9 @@ def _layers(n_gpu_layers: int, n_layers: int | None) -> tuple[str, bool]:
 def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = None, version: str | None = None) -> GpuVerdict:
     options = deployment.options
     gpus = int(getattr(hw, "gpus", 1) or 1)
-    n_gl = int(options.n_gpu_layers)
+    n_gl = -1 if options.n_gpu_layers == "auto" else int(options.n_gpu_layers)  # auto: every layer on a GPU
     variant = getattr(deployment.model, "variant", None)
-    gguf = variant if variant not in (None, "hf", "fp8-weight") else None
+    gguf = variant if variant not in (None, "hf", "fp8-weight", "fp8") else None
     precision = f"gguf-{gguf}" if gguf else "gguf"
     what = f"the GGUF's {gguf} blocks" if gguf else "the GGUF's own types"
     notes: list[str] = []
