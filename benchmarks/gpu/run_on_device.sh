@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Runs on the device machine (the `device` tool's run), from the root of the checkout it sends, with the pack
+# (benchmarks/gpu/pack.sh) carried as .gpu/. Work lives in .gpu-work/ (ignored, kept while the machine stays
+# warm); what comes back is written under $OUT. Steps (each fits one call of at most 10 minutes):
+#   build   llama.cpp with CUDA (sm_90): libllama + llama-bench + llama-quantize, once (a carried
+#           .gpu/llama-cuda.tar.xz from an earlier call is unpacked instead); SmolLM2-shaped models; the gpu
+#           tests; llama-bench on Q4_K_M and Q8_0
+#   run     the evalkit GPU run (benchmarks/gpu/h200.yaml): hf bf16, hf fp8, llama.cpp Q4_K_M and Q8_0
+#   qwen    Qwen2.5-7B-shaped bf16 + Q4_K_M: plan vs NVML peak (benchmarks/gpu/h200-qwen.yaml)
+# Every step first makes sure the earlier steps' outputs exist (a cold machine rebuilds what it needs).
+set -uo pipefail
+STEP=${1:?usage: run_on_device.sh build|run|qwen}
+ROOT=$PWD
+PACK=$ROOT/.gpu
+W=$ROOT/.gpu-work
+OUT=${OUT:-$W/out}
+mkdir -p "$W" "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PY=${PY:-python3}
+NPROC=$(nproc)
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+# evalkit (fresh every call: the pack's tree), the wheels, llama-cpp-python's Python package
+rm -rf "$W/evalkit" && mkdir -p "$W/evalkit" && tar -xf "$PACK/evalkit.tar" -C "$W/evalkit"
+if [ ! -f "$W/site/.done" ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" "$PACK"/whl/*.whl && touch "$W/site/.done"
+fi
+if [ ! -d "$W/src" ]; then mkdir -p "$W/src" && tar -xJf "$PACK/llama-src.tar.xz" -C "$W/src"; fi
+LLVER=$(sed -n 's/.*llama-cpp-python==\([0-9.]*\).*/\1/p' "$W/evalkit/pyproject.toml")
+mkdir -p "$W/py" && rm -rf "$W/py/llama_cpp" && cp -r "$W/src/llama_cpp" "$W/py/"
+mkdir -p "$W/py/llama_cpp_python-$LLVER.dist-info" "$W/py/evalkit-0.1.0.dist-info"
+printf 'Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: %s\n' "$LLVER" > "$W/py/llama_cpp_python-$LLVER.dist-info/METADATA"
+printf 'Metadata-Version: 2.1\nName: evalkit\nVersion: 0.1.0\n' > "$W/py/evalkit-0.1.0.dist-info/METADATA"
+export PYTHONPATH=$W/evalkit:$W/py:$W/site
+export LLAMA_CPP_LIB_PATH=$W/build/bin LLAMA_CPP_BIN=$W/build/bin EVALKIT_CACHE_DIR=$W/cache
+BIN=$W/build/bin
+M=$W/models
+CONVERT="$PY $W/evalkit/benchmarks/gpu/convert.py $W/src/vendor/llama.cpp --"
+
+build_llama() {
+  [ -x "$BIN/llama-bench" ] && return 0
+  if [ -f "$PACK/llama-cuda.tar.xz" ]; then
+    say "unpacking the carried CUDA build"; mkdir -p "$BIN" && tar -xJf "$PACK/llama-cuda.tar.xz" -C "$BIN" && return 0
+  fi
+  say "building llama.cpp with CUDA (sm_90) on $NPROC cores"
+  cmake -S "$W/src/vendor/llama.cpp" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=on \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF > "$W/cmake.log" 2>&1 || { tail -30 "$W/cmake.log"; exit 3; }
+  cmake --build "$W/build" --target llama llama-bench llama-quantize -j "$NPROC" > "$W/build.log" 2>&1 || { tail -40 "$W/build.log"; exit 3; }
+  say "built"; ls "$BIN"
+  # Bring the build back (it can be carried to a cold machine instead of rebuilding): libraries and tools.
+  (cd "$BIN" && tar -cJf "$OUT/llama-cuda.tar.xz" --dereference *.so* llama-bench llama-quantize) && ls -la "$OUT/llama-cuda.tar.xz"
+}
+
+smollm_models() {
+  [ -f "$M/smollm2-Q8_0.gguf" ] && [ -f "$M/smollm2-Q4_K_M.gguf" ] && return 0
+  say "SmolLM2-135M-shaped random weights, GGUF bf16, Q8_0, Q4_K_M"
+  $PY "$W/evalkit/benchmarks/gpu/make_model.py" "$PACK/models/smollm2" "$PACK/models/smollm2" "$M/smollm2-hf" || exit 4
+  $CONVERT "$M/smollm2-hf" --outtype bf16 --outfile "$M/smollm2-bf16.gguf" > "$W/convert.log" 2>&1 || { tail -20 "$W/convert.log"; exit 4; }
+  for q in Q8_0 Q4_K_M; do "$BIN/llama-quantize" "$M/smollm2-bf16.gguf" "$M/smollm2-$q.gguf" $q "$NPROC" > "$W/quantize-$q.log" 2>&1 || { tail "$W/quantize-$q.log"; exit 4; }; done
+  ls -la "$M"
+}
+
+case "$STEP" in
+build)
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
+  $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0), 'transformers', transformers.__version__)"
+  build_llama; smollm_models
+  $PY -c "import llama_cpp; print('llama_supports_gpu_offload', llama_cpp.llama_supports_gpu_offload())"
+  say "gpu tests"
+  (cd "$W/evalkit" && EVALKIT_GPU_HF=$M/smollm2-hf EVALKIT_GPU_GGUF=$M/smollm2-Q4_K_M.gguf $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tail -15)
+  say "llama-bench (tg128, pp128, every layer on the GPU, flash attention off as evalkit's default)"
+  "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -m "$M/smollm2-bf16.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench.md" | tail -12
+  ;;
+run)
+  build_llama; smollm_models
+  say "evalkit run benchmarks/gpu/h200.yaml"
+  (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" benchmarks/gpu/h200.yaml > "$W/h200.yaml" && $PY -m evalkit plan "$W/h200.yaml" > "$OUT/plan.txt" 2>&1; cat "$OUT/plan.txt" | tail -20
+   $PY -m evalkit run --config "$W/h200.yaml" --out "$W/reports" --no-cache 2>&1 | tail -40)
+  RUN=$(ls -d "$W"/reports/*/ | tail -1)
+  cp "$RUN/report.md" "$RUN/scores.csv" "$OUT/" 2>/dev/null
+  tar -C "$RUN" -czf "$OUT/run.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
+  ;;
+qwen)
+  build_llama
+  if [ ! -f "$M/qwen7b-Q4_K_M.gguf" ]; then
+    say "Qwen2.5-7B-shaped random weights (bf16, 15 GB), GGUF bf16, Q4_K_M"
+    $PY "$W/evalkit/benchmarks/gpu/make_model.py" "$PACK/models/qwen2.5-7b" "$PACK/models/smollm2" "$M/qwen7b-hf" || exit 4
+    $CONVERT "$M/qwen7b-hf" --outtype bf16 --outfile "$M/qwen7b-bf16.gguf" > "$W/convert-qwen.log" 2>&1 || { tail -20 "$W/convert-qwen.log"; exit 4; }
+    "$BIN/llama-quantize" "$M/qwen7b-bf16.gguf" "$M/qwen7b-Q4_K_M.gguf" Q4_K_M "$NPROC" > "$W/quantize-qwen.log" 2>&1 || { tail "$W/quantize-qwen.log"; exit 4; }
+    rm -f "$M/qwen7b-bf16.gguf"
+  fi
+  say "evalkit plan + cost run benchmarks/gpu/h200-qwen.yaml"
+  (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" benchmarks/gpu/h200-qwen.yaml > "$W/h200-qwen.yaml" && $PY -m evalkit plan "$W/h200-qwen.yaml" --json > "$OUT/plan-qwen.json" 2>&1; $PY -m evalkit plan "$W/h200-qwen.yaml" 2>&1 | tail -12
+   $PY -m evalkit run --config "$W/h200-qwen.yaml" --out "$W/reports-qwen" --no-cache 2>&1 | tail -25)
+  RUN=$(ls -d "$W"/reports-qwen/*/ | tail -1)
+  cp "$RUN/report.md" "$OUT/report-qwen.md" 2>/dev/null; cp "$RUN/scores.csv" "$OUT/scores-qwen.csv" 2>/dev/null
+  tar -C "$RUN" -czf "$OUT/run-qwen.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
+  ;;
+*) echo "unknown step $STEP"; exit 2 ;;
+esac
+say "done $STEP"

@@ -1,0 +1,116 @@
+"""GPU-only checks (marker `gpu`: outside make test and CI's selection; benchmarks/gpu/run_on_device.sh runs
+them on the device with EVALKIT_GPU_HF, a SmolLM2-shaped checkpoint, and EVALKIT_GPU_GGUF, a GGUF of it).
+
+- the hf engine's CUDA-graph decode gives the tokens and log-probs of its eager decode (same shapes, same
+  kernels: only the launches differ), at batch 1 and 4;
+- the fp8 variant computes natively (Fp8Linear on the GPU) and stays close to bf16 on the same weights;
+- llama.cpp offloads every layer with n_gpu_layers auto;
+- what a CUDA context costs (NVML, printed; first, before any other test made one): the ledger's
+  CUDA_CONTEXT_BYTES is calibrated from it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from evalkit.engines.base import GenRequest, SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.engine]
+
+
+def _path(var: str) -> str:
+    p = os.environ.get(var)
+    if not p or not Path(p).exists():
+        pytest.fail(f"{var} must name the model the device script made (got {p!r})")
+    return p
+
+
+def _nvml_used() -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
+
+
+def _decode(engine: Any, prompts: list[list[int]], n: int) -> tuple[list[list[int]], np.ndarray]:
+    import torch
+
+    rows: list[np.ndarray] = []
+    reqs = [(GenRequest(key=str(i), prompt="", chat=False, ignore_eos=True), p, n) for i, p in enumerate(prompts)]
+    res = list(engine._decode_batch(reqs, SamplingParams(temperature=0.0, max_tokens=n), 0.0,
+                                    on_logits=lambda k, lg: rows.append(torch.log_softmax(lg.double(), -1).float().cpu().numpy())))
+    return [r.output_token_ids for r in res], np.stack(rows)
+
+
+def test_cuda_context_cost_printed() -> None:
+    import torch
+
+    before = _nvml_used()
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    after = _nvml_used()
+    print(f"\ntorch CUDA context + cuBLAS handle: NVML used grew {(after - before) / 1e9:.3f} GB "
+          f"(tensors {torch.cuda.memory_allocated() / 1e9:.3f} GB, reserved {torch.cuda.memory_reserved() / 1e9:.3f} GB)")
+    assert after > before
+
+
+def test_cuda_graph_decode_equals_eager_decode() -> None:
+    from evalkit.engines.hf import HfEngine, HfOptions
+
+    path = _path("EVALKIT_GPU_HF")
+    graphed = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024))
+    eager = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024, cuda_graphs=False))
+    prompts = [graphed.tokenize(t, add_bos=True) for t in ("The capital of France is", "Once upon a time, in a land far", "x")]
+    for batch in (prompts[:1], prompts):
+        a_tok, a_lp = _decode(graphed, batch, 24)
+        b_tok, b_lp = _decode(eager, batch, 24)
+        assert graphed.info().extra["cuda_graphs"] is True, graphed.info().extra.get("cuda_graph_error")
+        assert a_tok == b_tok
+        np.testing.assert_allclose(a_lp, b_lp, atol=1e-3)
+
+
+def test_fp8_variant_is_native_and_close_to_bf16(tmp_path: Path) -> None:
+    import torch
+
+    from evalkit.engines.hf import HfEngine, HfOptions
+    from evalkit.engines.hf_fp8 import Fp8Linear
+
+    path = _path("EVALKIT_GPU_HF")
+    fp8_dir = tmp_path / "fp8"
+    fp8_dir.mkdir()
+    for f in Path(path).iterdir():
+        os.symlink(f, fp8_dir / f.name)
+    (fp8_dir / "evalkit_variant.json").write_text('{"variant": "fp8"}')
+    fp8 = HfEngine(str(fp8_dir), HfOptions(dtype="bfloat16", max_length=1024))
+    bf16 = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024))
+    assert sum(isinstance(m, Fp8Linear) for m in fp8._model.modules()) == fp8._fp8_layers > 0
+    assert "native W8A8" in fp8.info().extra["fp8"] and torch.cuda.get_device_capability() >= (8, 9)
+    ids = bf16.tokenize("The quick brown fox jumps over the lazy dog. " * 8, add_bos=True)
+    p = np.concatenate([b for _, b in bf16.token_distributions(ids, 1)]).astype(np.float64)
+    q = np.concatenate([b for _, b in fp8.token_distributions(ids, 1)]).astype(np.float64)
+    kld = float(np.mean(np.sum(np.exp(p) * (p - q), axis=1)))
+    print(f"\nKLD(bf16 || fp8) on {len(ids) - 1} positions: {kld:.3e}")
+    assert 0 < kld < 0.05
+
+
+def test_llamacpp_auto_offloads_every_layer() -> None:
+    import llama_cpp
+
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+
+    assert llama_cpp.llama_supports_gpu_offload()
+    before = _nvml_used()
+    eng = LlamaCppEngine(_path("EVALKIT_GPU_GGUF"), LlamaCppOptions(n_ctx=1024))
+    try:
+        info = eng.info().extra
+        assert info["n_gpu_layers"] == -1 and info["offload"] == "every layer on the GPU"
+        out = list(eng.generate([GenRequest(key="a", prompt="Hello", chat=False, max_tokens=8, ignore_eos=True)],
+                                SamplingParams(max_tokens=8)))[0]
+        assert len(out.output_token_ids) == 8
+        print(f"\nllama.cpp: NVML used grew {(_nvml_used() - before) / 1e9:.3f} GB for {Path(_path('EVALKIT_GPU_GGUF')).stat().st_size / 1e9:.3f} GB of GGUF at n_ctx 1024")
+    finally:
+        eng.close()
