@@ -450,14 +450,22 @@ class Workload:
 
     scored_rows: int = 1
     prompt_logprob_rows: int = 0  # rows of prompt log-probabilities one request asks for (vLLM: the whole chunk)
+    # The cost suite's largest batch: requests that arrive together, and tokens each holds (prompt + output);
+    # an engine that decodes them as one batch (hf) holds their KV cache at once.
+    batch_sequences: int = 1
+    batch_tokens: int = 0
+    batch_prompt_tokens: int = 0
 
 
 def workload_of(config: Any) -> Workload:
-    ppl = getattr(getattr(config, "suites", None), "perplexity", None)
+    suites = getattr(config, "suites", None)
+    ppl, cost = getattr(suites, "perplexity", None), getattr(suites, "cost", None)
+    batch = {"batch_sequences": max(cost.concurrency), "batch_tokens": int(cost.prompt_tokens) + int(cost.output_tokens),
+             "batch_prompt_tokens": int(cost.prompt_tokens)} if cost else {}
     if ppl is None:
-        return Workload()
+        return Workload(**batch)
     n_ctx = int(ppl.n_ctx)
-    return Workload(scored_rows=n_ctx - n_ctx // 2, prompt_logprob_rows=n_ctx)
+    return Workload(scored_rows=n_ctx - n_ctx // 2, prompt_logprob_rows=n_ctx, **batch)
 
 
 def _resolve(source: str, config_file: Path) -> Path | None:

@@ -319,6 +319,8 @@ class CostRecord(Record):
     worker_peak_rss_mb: float | None = None  # MiB, the worker's process-tree high-water (VmHWM) up to this level
     server_peak_rss_mb: float | None = None  # MiB, high-water of a server evalkit started for the deployment
     gpu: list[dict[str, Any]] | None = None
+    # The memory-bandwidth bound of decode: {bytes_per_s, source, weights_bytes, device} (absent before it was recorded)
+    bandwidth: dict[str, Any] | None = None
     startup_s: float
     warmup_s: float
     engine: str

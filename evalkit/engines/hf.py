@@ -142,6 +142,16 @@ class HfEngine(HfTokens, Engine):
         self._fp8_layers = hf_fp8.quantize_linears(self._model)
         torch.cuda.empty_cache()  # the 16-bit weights just freed: memory held is what FP8 needs
 
+    def _weights_read_per_token(self) -> int:
+        """Bytes of weights one decode step reads: every parameter and buffer (FP8 weights and their scales
+        included), less an untied input embedding, of which a step reads one row per sequence."""
+        tensors = {id(t): t for t in [*self._model.parameters(), *self._model.buffers()]}
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        emb = self._model.get_input_embeddings().weight
+        if self._head is None or emb is not self._head.weight:
+            total -= emb.numel() * emb.element_size()
+        return int(total)
+
     def _end_of_generation_ids(self) -> frozenset[int]:
         """EOS from the tokenizer and generation config, plus end-of-turn tokens the vocabulary has."""
         ids: set[int] = set()
@@ -385,6 +395,7 @@ class HfEngine(HfTokens, Engine):
             "architecture": type(self._model).__name__,
             "final_logit_softcapping": self._softcap,
             "end_of_generation_ids": sorted(self._eog),
+            "weights_bytes": self._weights_read_per_token(),
             "fp8": (f"native W8A8: {self._fp8_layers} linear layers FP8 E4M3 (per-channel weight scales, per-token dynamic "
                     "activation scales, torch._scaled_mm)") if self._fp8 else None,
             "generation": self._batched_why if not self._batched else (
@@ -569,15 +580,23 @@ class HfTokenizer(VllmTokenizer):
 def _memory(
     name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any, workload: Any = None
 ) -> Any:
-    """One sequence at a time: weights in `dtype`, a KV cache that grows to max_length, one block of logits
-    (rows are turned into logits ROW_BLOCK at a time whatever the workload asks for)."""
+    """Weights in `dtype`; the KV cache of the larger of one sequence at max_length and the cost suite's largest
+    batch (up to max_batch_size sequences in one static cache of prompt + output tokens, rounded up to 128 as
+    the engine allocates it); one block of logits (rows become logits ROW_BLOCK at a time) and a batched
+    prefill's attention scores (eager: float32 softmax of batch x heads x prompt x slots)."""
     from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, LedgerRow, _fits_count
 
     per = 4 if options.dtype == "float32" else 2
     n_ctx = int(options.max_length)
     swa = min(n_ctx, arch.sliding_window) if arch.sliding_window else None  # transformers caches only the window
     kv = arch.kv_bytes(n_ctx, swa, per)
-    acts = n_ctx * (arch.intermediate + 4 * arch.hidden) * per + 2 * ROW_BLOCK * arch.vocab * 4
+    batch = min(int(options.max_batch_size), workload.batch_sequences) if workload is not None else 1
+    slots = min(n_ctx, -(-workload.batch_tokens // 128) * 128) if workload is not None and workload.batch_tokens else 0
+    scores = 0
+    if batch > 1 and slots:
+        kv = max(kv, batch * arch.kv_bytes(slots, min(slots, swa) if swa else None, per))
+        scores = batch * arch.n_heads * workload.batch_prompt_tokens * slots * 6  # prefill: 16-bit scores + f32 softmax
+    acts = n_ctx * (arch.intermediate + 4 * arch.hidden) * per + 2 * ROW_BLOCK * arch.vocab * 4 + scores
     runtime = GB  # the interpreter with torch and transformers imported
     on_gpu = hw.gpus > 0 and options.device != "cpu"
     if on_gpu:
@@ -596,7 +615,8 @@ def _memory(
         devices=devices, n_devices=1, weights_bytes=weights_bytes, kv_bytes_per_token=per_tok, kv_bytes=kv,
         overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv + overhead), per_device_bytes=int(fixed + kv),
         device_budget_bytes=budget, fits=fixed + kv <= budget, max_context=max_ctx, memory_context=mem_ctx,
-        max_concurrency=1, notes="transformers, one sequence at a time (no batching)",
+        max_concurrency=max(1, batch), notes=(f"transformers, batches of up to {options.max_batch_size} requests in a static KV cache"
+                                              + (f"; {batch} x {slots} tokens for the cost suite" if batch > 1 and slots else "")),
     )
 
 

@@ -339,6 +339,7 @@ class LlamaCppEngine(Engine):
                 if gpu_layers(self.options) and llama_cpp.llama_supports_gpu_offload() else "CPU",
                 "tensor_split": self.options.tensor_split,
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+                "weights_bytes": int(llama_cpp.llama_model_size(self._llm.model)),  # every tensor, as loaded
             },
         )
 

@@ -117,6 +117,13 @@ _DECLARED: list[MetricSpec] = [
     _m("cost", "worker_peak_rss_mb", "MiB", "lower", "continuous", "mb", "none", "process tree high-water RSS since the worker started"),
     _m("cost", "peak_gpu_mem_mb", "MiB", "lower", "continuous", "mb", "none"),
     _m("cost", "power_w", "W", "lower", "continuous", "num", "none"),
+    _m("cost", "decode_tokens_per_s", "tokens/s", "higher", "continuous", "num", "none",
+       "per request, after its first token: (output tokens - 1) / (latency - time to first token), median"),
+    _m("cost", "bandwidth_bound_share", "ratio", "higher", "continuous", "num", "none",
+       "decode tokens/s per request / (memory bandwidth / weight bytes read per token)"),
+    _m("cost", "memory_bandwidth_gb_s", "GB/s", "none", "continuous", "num", "none",
+       "GPU: the table's datasheet figure (evalkit/gpus.py); CPU: measured (numpy copy, bytes read + written)"),
+    _m("cost", "weights_gb", "GB", "none", "continuous", "num", "none", "weight bytes read per decoded token"),
     _m("cost", "max_temp_c", "°C", "none", "continuous", "num", "none"),
     _m("cost", "startup_s", "s", "lower", "continuous", "s", "none", "engine load time"),
     # -- ratings (imported human ratings) --------------------------------------------------------

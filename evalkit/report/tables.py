@@ -219,6 +219,10 @@ def cost_tables(view: RunView) -> list[Table]:
         ("tokens_per_s", "Output tokens/s, all requests together, by concurrent requests"),
         ("ttft_median_s", "Time to first token (median), by concurrent requests"),
         ("latency_p90_s", "Request latency (p90), by concurrent requests"),
+        ("decode_tokens_per_s", "Decode tokens/s per request (after the first token), by concurrent requests"),
+        ("bandwidth_bound_share", "Share of the memory-bandwidth bound (decode tokens/s per request / (bandwidth / weight bytes)), by concurrent requests"),
+        ("peak_gpu_mem_mb", "GPU memory, NVML peak during the level (busiest GPU), by concurrent requests"),
+        ("power_w", "GPU power draw, NVML mean during the level (all GPUs), by concurrent requests"),
     ):
         kind = spec_for("cost", metric).kind
         rows = []

@@ -153,6 +153,47 @@ def _nvml_handles() -> list[Any]:
         return []
 
 
+def memory_bandwidth(info: Any) -> dict[str, Any]:
+    """What bounds decode on the device the engine computes on: bytes/s and where the figure comes from, with
+    the weight bytes read per decoded token (the engine's own count, `weights_bytes` in its description).
+
+    GPU (an engine that reports a CUDA device or llama.cpp offload): the GPU table's datasheet bandwidth for
+    the NVML name. CPU: measured here, a numpy copy of 256 MB (best of 3, bytes read + written)."""
+    extra = info.extra or {}
+    out: dict[str, Any] = {"weights_bytes": extra.get("weights_bytes")}
+    on_gpu = "cuda" in str(extra.get("device", "")) or "GPU" in str(extra.get("offload", ""))
+    if on_gpu:
+        from evalkit.gpus import lookup
+
+        names = _gpu_names()
+        gpu = lookup(names[0]) if names else None
+        if gpu is not None and gpu.bandwidth_gb_s:
+            return out | {"bytes_per_s": gpu.bandwidth_gb_s * 1e9, "device": gpu.name,
+                          "source": f"datasheet: {gpu.name}, {gpu.bandwidth_gb_s:g} GB/s (evalkit/gpus.py)"}
+        return out | {"bytes_per_s": None, "device": names[0] if names else "GPU", "source": "GPU not in evalkit/gpus.py"}
+    src = np.ones(2**28 // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(3))
+    return out | {"bytes_per_s": 2 * src.nbytes / best, "device": "CPU",
+                  "source": f"measured: numpy copy of {src.nbytes / 1e6:.0f} MB, read + write, best of 3"}
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _gpu_names() -> list[str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no pynvml / driver
+        return []
+
+
 def level_metrics(record: dict[str, Any]) -> dict[str, float]:
     """One (level, repeat)'s figures from its raw per-request timings."""
     reqs = record["requests"]
@@ -179,6 +220,16 @@ def level_metrics(record: dict[str, Any]) -> dict[str, float]:
             if r.get("ttft_s") is not None and r["output_tokens"] > 1]
     if itls:
         m |= {"itl_median_s": float(np.median(itls)), "itl_p90_s": float(np.percentile(itls, 90))}
+    decode = [(r["output_tokens"] - 1) / (r["total_s"] - r["ttft_s"]) for r in reqs
+              if r.get("ttft_s") is not None and r["output_tokens"] > 1 and r["total_s"] > r["ttft_s"]]
+    if decode:
+        m["decode_tokens_per_s"] = float(np.median(decode))
+        bw = record.get("bandwidth") or {}
+        if bw.get("bytes_per_s") and bw.get("weights_bytes"):
+            # Each decode step reads every weight once (KV reads are small at these lengths): the bound is bw / bytes.
+            m["bandwidth_bound_share"] = m["decode_tokens_per_s"] * bw["weights_bytes"] / bw["bytes_per_s"]
+            m["memory_bandwidth_gb_s"] = bw["bytes_per_s"] / 1e9
+            m["weights_gb"] = bw["weights_bytes"] / 1e9
     gpus = record.get("gpu")
     if gpus:
         m["peak_gpu_mem_mb"] = max(g["peak_mem_mb"] for g in gpus)
@@ -246,6 +297,7 @@ class CostSuite(Suite["CostSettings"]):
         list(engine.generate(warm, sampling))
         warmup_s = time.perf_counter() - start
         info = engine.info()  # after the warm-up: a lazy engine's real description (this run's start-up)
+        bandwidth = memory_bandwidth(info)
         for item in todo:
             c = item.data["concurrency"]
             reqs = self._requests(engine, item.data["first_request"], c, item.item_id, self.settings.output_tokens)
@@ -281,6 +333,7 @@ class CostSuite(Suite["CostSettings"]):
                 worker_peak_rss_mb=sampler.high_water() / 2**20,
                 server_peak_rss_mb=_server_peak_mb(engine),
                 gpu=sampler.gpu_summary(),
+                bandwidth=bandwidth,
                 startup_s=info.load_s,
                 warmup_s=warmup_s,
                 engine=info.engine,
