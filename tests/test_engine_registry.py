@@ -157,6 +157,6 @@ def test_plan_uses_each_engines_memory_model(tmp_path: Path) -> None:
     config, _ = load_config(f)
     rows = {r.deployment: r for r in ledger_table(config, f)}
     assert {n: r.engine for n, r in rows.items()} == {"l": "llamacpp", "v": "vllm", "h": "hf"}
-    assert rows["h"].max_concurrency == 1 and "one sequence at a time" in rows["h"].notes
+    assert rows["h"].max_concurrency == 1 and "batches of up to 16 requests" in rows["h"].notes  # no cost suite: one sequence
     # float32 weights are twice the bfloat16 ones of the same checkpoint; 16 GB of RAM holds them.
     assert rows["h"].weights_bytes == 2 * rows["v"].weights_bytes and rows["h"].fits is True

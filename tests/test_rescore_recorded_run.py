@@ -53,8 +53,10 @@ def test_every_recorded_score_is_reproduced_exactly(rescored: Path) -> None:
     assert not missing, f"{len(missing)} recorded score lines changed or lost, e.g. {missing[:3]}"
     keys = {tuple(r[:4]) for r in csv.reader(before[1:])}
     added = [r for r in csv.reader(after[1:]) if tuple(r[:4]) not in keys]
-    # Only metrics added since (perplexity's exact-KLD percentiles, cost's inter-token latency), none replacing one.
-    assert all(r[1] == "perplexity" or (r[1], r[3]) in {("cost", "itl_median_s"), ("cost", "itl_p90_s")} for r in added)
+    # Only metrics added since (perplexity's exact-KLD percentiles, cost's inter-token latency and decode tokens/s
+    # per request), none replacing one.
+    assert all(r[1] == "perplexity" or (r[1], r[3]) in {("cost", "itl_median_s"), ("cost", "itl_p90_s"), ("cost", "decode_tokens_per_s")}
+               for r in added)
 
 
 def test_every_recorded_comparison_is_reproduced_value_for_value(rescored: Path) -> None:
