@@ -79,12 +79,10 @@ def test_fp8_variant_is_native_and_close_to_bf16(tmp_path: Path) -> None:
     from evalkit.engines.hf import HfEngine, HfOptions
     from evalkit.engines.hf_fp8 import Fp8Linear
 
+    from evalkit.variants import prepare_variant
+
     path = _path("EVALKIT_GPU_HF")
-    fp8_dir = tmp_path / "fp8"
-    fp8_dir.mkdir()
-    for f in Path(path).iterdir():
-        os.symlink(f, fp8_dir / f.name)
-    (fp8_dir / "evalkit_variant.json").write_text('{"variant": "fp8"}')
+    fp8_dir = prepare_variant(str(Path(path).resolve()), "fp8", progress=False)  # the variant a run would load
     fp8 = HfEngine(str(fp8_dir), HfOptions(dtype="bfloat16", max_length=1024))
     bf16 = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024))
     assert sum(isinstance(m, Fp8Linear) for m in fp8._model.modules()) == fp8._fp8_layers > 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the device machine (the `device` tool's run), from the root of the checkout it sends, with the pack
-# (benchmarks/gpu/pack.sh) carried as .gpu/. Work lives in .gpu-work/ (ignored, kept while the machine stays
+# (benchmarks/gpu/pack.sh) carried as .gpu/. Work lives in .cache/gpu-work/ (ignored, kept while the machine stays
 # warm); what comes back is written under $OUT. Steps (each fits one call of at most 10 minutes):
 #   build   llama.cpp with CUDA (sm_90): libllama + llama-bench + llama-quantize, once (a carried
 #           .gpu/llama-cuda.tar.xz from an earlier call is unpacked instead); SmolLM2-shaped models; the gpu
@@ -12,7 +12,9 @@ set -uo pipefail
 STEP=${1:?usage: run_on_device.sh build|run|qwen}
 ROOT=$PWD
 PACK=$ROOT/.gpu
-W=$ROOT/.gpu-work
+# Under .cache/ (ignored by the repo's .gitignore): the device keeps ignored outputs between warm calls and
+# removes untracked ones that the sent tree lacks (a .gpu-work/ ignored only in .git/info/exclude lost its files).
+W=$ROOT/.cache/gpu-work
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -43,10 +45,12 @@ build_llama() {
   if [ -f "$PACK/llama-cuda.tar.xz" ]; then
     say "unpacking the carried CUDA build"; mkdir -p "$BIN" && tar -xJf "$PACK/llama-cuda.tar.xz" -C "$BIN" && return 0
   fi
+  # Flash-attention kernels are not compiled (GGML_CUDA_FA=OFF: ~100 of the ~120 template files): evalkit's
+  # llama.cpp deployments run with flash_attn off (its default, llama-cpp-python's too) and llama-bench with -fa 0.
   say "building llama.cpp with CUDA (sm_90) on $NPROC cores"
   cmake -S "$W/src/vendor/llama.cpp" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=on \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF > "$W/cmake.log" 2>&1 || { tail -30 "$W/cmake.log"; exit 3; }
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DGGML_CUDA_FA=OFF > "$W/cmake.log" 2>&1 || { tail -30 "$W/cmake.log"; exit 3; }
   cmake --build "$W/build" --target llama llama-bench llama-quantize -j "$NPROC" > "$W/build.log" 2>&1 || { tail -40 "$W/build.log"; exit 3; }
   say "built"; ls "$BIN"
   # Bring the build back (it can be carried to a cold machine instead of rebuilding): libraries and tools.
@@ -78,6 +82,8 @@ run)
   say "evalkit run benchmarks/gpu/h200.yaml"
   (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" benchmarks/gpu/h200.yaml > "$W/h200.yaml" && $PY -m evalkit plan "$W/h200.yaml" > "$OUT/plan.txt" 2>&1; cat "$OUT/plan.txt" | tail -20
    $PY -m evalkit run --config "$W/h200.yaml" --out "$W/reports" --no-cache 2>&1 | tail -40)
+  say "llama-bench on the same GGUFs, same call"
+  "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench-run.md" | tail -6
   RUN=$(ls -d "$W"/reports/*/ | tail -1)
   cp "$RUN/report.md" "$RUN/scores.csv" "$OUT/" 2>/dev/null
   tar -C "$RUN" -czf "$OUT/run.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
