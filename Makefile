@@ -23,6 +23,14 @@ LLAMA_SERVER  := $(PEER_DIR)/build/bin/llama-server
 # venv's llama-cpp-python and the peer tools run the same kernels.
 LLAMA_NO_AMX  := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DCMAKE_C_FLAGS="$(LLAMA_NO_AMX)" -DCMAKE_CXX_FLAGS="$(LLAMA_NO_AMX)"
+# CUDA where there is CUDA: llama.cpp's CUDA backend when nvcc is on PATH *and* a GPU answers (nvidia-smi -L).
+# nvcc alone is not enough: a CUDA build links libcuda, the driver's library, and a machine with the toolkit
+# but no driver (this project's CPU machines have one) could then not import llama_cpp at all. The kernels are
+# compiled for the GPUs present (CMake's "native"). make run/make test on a CPU machine build as before.
+LLAMA_CUDA := $(shell command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo on)
+ifeq ($(LLAMA_CUDA),on)
+LLAMA_CMAKE_ARGS += -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native
+endif
 
 run: $(STAMP)
 	$(PY) -m evalkit run
