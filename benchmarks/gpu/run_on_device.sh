@@ -7,6 +7,7 @@
 #           tests; llama-bench on Q4_K_M and Q8_0
 #   run     the evalkit GPU run (benchmarks/gpu/h200.yaml): hf bf16, hf fp8, llama.cpp Q4_K_M and Q8_0
 #   qwen    Qwen2.5-7B-shaped bf16 + Q4_K_M: plan vs NVML peak (benchmarks/gpu/h200-qwen.yaml)
+#   all     build, run, then Qwen bf16 and the gpu tests as far as the call's 10 minutes allow
 # Every step first makes sure the earlier steps' outputs exist (a cold machine rebuilds what it needs).
 set -uo pipefail
 STEP=${1:?usage: run_on_device.sh build|run|qwen}
@@ -64,44 +65,65 @@ smollm_models() {
   ls -la "$M"
 }
 
+gpu_tests() {
+  say "gpu tests"
+  (cd "$W/evalkit" && EVALKIT_GPU_HF=$M/smollm2-hf EVALKIT_GPU_GGUF=$M/smollm2-Q4_K_M.gguf timeout ${1:-240} $PY -X faulthandler -m pytest -v -s \
+     -p no:cacheprovider -m gpu tests/test_gpu.py > "$OUT/gpu-tests.log" 2>&1; grep -E "PASSED|FAILED|ERROR|passed|failed|NVML|KLD|^E " "$OUT/gpu-tests.log" | head -30)
+}
+
+smollm_run() {
+  say "evalkit run benchmarks/gpu/h200.yaml"
+  (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" "${EVALKIT_GPU_CONFIG:-benchmarks/gpu/h200.yaml}" > "$W/h200.yaml" && $PY -m evalkit plan "$W/h200.yaml" > "$OUT/plan.txt" 2>&1; tail -20 "$OUT/plan.txt"
+   $PY -m evalkit run --config "$W/h200.yaml" --out "$W/reports" --no-cache 2>&1 | grep -v "it/s\]\|s/it\]" | tail -40)
+  RUN=$(ls -d "$W"/reports/*/ | tail -1)
+  cp "$RUN/report.md" "$RUN/scores.csv" "$OUT/" 2>/dev/null
+  tar -C "$RUN" -czf "$OUT/run.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
+  say "llama-bench on the same GGUFs, same call"
+  "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench.md" | tail -6
+}
+
+# Qwen2.5-7B-shaped: bf16 on hf always; Q4_K_M (convert + quantize, minutes) only with `with_q4`.
+qwen_run() {
+  if [ ! -d "$M/qwen7b-hf" ]; then
+    say "Qwen2.5-7B-shaped random weights (bf16, 15 GB)"
+    $PY "$W/evalkit/benchmarks/gpu/make_model.py" "$PACK/models/qwen2.5-7b" "$PACK/models/smollm2" "$M/qwen7b-hf" || return 4
+  fi
+  CFG=benchmarks/gpu/h200-qwen-bf16.yaml
+  if [ "${1:-}" = with_q4 ]; then
+    if [ ! -f "$M/qwen7b-Q4_K_M.gguf" ]; then
+      say "Qwen GGUF bf16, Q4_K_M"
+      $CONVERT "$M/qwen7b-hf" --outtype bf16 --outfile "$M/qwen7b-bf16.gguf" > "$W/convert-qwen.log" 2>&1 || { tail -20 "$W/convert-qwen.log"; return 4; }
+      "$BIN/llama-quantize" "$M/qwen7b-bf16.gguf" "$M/qwen7b-Q4_K_M.gguf" Q4_K_M "$NPROC" > "$W/quantize-qwen.log" 2>&1 || { tail "$W/quantize-qwen.log"; return 4; }
+      rm -f "$M/qwen7b-bf16.gguf"
+    fi
+    CFG=benchmarks/gpu/h200-qwen.yaml
+  fi
+  say "evalkit plan + cost run $CFG"
+  (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" $CFG > "$W/qwen.yaml" && $PY -m evalkit plan "$W/qwen.yaml" --json > "$OUT/plan-qwen.json" 2>&1; $PY -m evalkit plan "$W/qwen.yaml" 2>&1 | tail -8
+   $PY -m evalkit run --config "$W/qwen.yaml" --out "$W/reports-qwen" --no-cache 2>&1 | grep -v "it/s\]\|s/it\]" | tail -25)
+  RUN=$(ls -d "$W"/reports-qwen/*/ | tail -1)
+  cp "$RUN/report.md" "$OUT/report-qwen.md" 2>/dev/null
+  tar -C "$RUN" -czf "$OUT/run-qwen.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
+}
+
+elapsed() { echo $(( $(date +%s) - t0 )); }
+
 case "$STEP" in
 build)
   nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0), 'transformers', transformers.__version__)"
   build_llama; smollm_models
   $PY -c "import llama_cpp; print('llama_supports_gpu_offload', llama_cpp.llama_supports_gpu_offload())"
-  say "gpu tests"
-  (cd "$W/evalkit" && EVALKIT_GPU_HF=$M/smollm2-hf EVALKIT_GPU_GGUF=$M/smollm2-Q4_K_M.gguf timeout 240 $PY -X faulthandler -m pytest -v -s \
-     -p no:cacheprovider -m gpu tests/test_gpu.py > "$OUT/gpu-tests.log" 2>&1; grep -E "PASSED|FAILED|ERROR|passed|failed|NVML|KLD|^E " "$OUT/gpu-tests.log" | head -30)
-  say "llama-bench (tg128, pp128, every layer on the GPU, flash attention off as evalkit's default)"
-  "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -m "$M/smollm2-bf16.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench.md" | tail -12
+  gpu_tests
+  "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tail -6
   ;;
-run)
-  build_llama; smollm_models
-  say "evalkit run benchmarks/gpu/h200.yaml"
-  (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" benchmarks/gpu/h200.yaml > "$W/h200.yaml" && $PY -m evalkit plan "$W/h200.yaml" > "$OUT/plan.txt" 2>&1; cat "$OUT/plan.txt" | tail -20
-   $PY -m evalkit run --config "$W/h200.yaml" --out "$W/reports" --no-cache 2>&1 | tail -40)
-  say "llama-bench on the same GGUFs, same call"
-  "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench-run.md" | tail -6
-  RUN=$(ls -d "$W"/reports/*/ | tail -1)
-  cp "$RUN/report.md" "$RUN/scores.csv" "$OUT/" 2>/dev/null
-  tar -C "$RUN" -czf "$OUT/run.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
-  ;;
-qwen)
-  build_llama
-  if [ ! -f "$M/qwen7b-Q4_K_M.gguf" ]; then
-    say "Qwen2.5-7B-shaped random weights (bf16, 15 GB), GGUF bf16, Q4_K_M"
-    $PY "$W/evalkit/benchmarks/gpu/make_model.py" "$PACK/models/qwen2.5-7b" "$PACK/models/smollm2" "$M/qwen7b-hf" || exit 4
-    $CONVERT "$M/qwen7b-hf" --outtype bf16 --outfile "$M/qwen7b-bf16.gguf" > "$W/convert-qwen.log" 2>&1 || { tail -20 "$W/convert-qwen.log"; exit 4; }
-    "$BIN/llama-quantize" "$M/qwen7b-bf16.gguf" "$M/qwen7b-Q4_K_M.gguf" Q4_K_M "$NPROC" > "$W/quantize-qwen.log" 2>&1 || { tail "$W/quantize-qwen.log"; exit 4; }
-    rm -f "$M/qwen7b-bf16.gguf"
-  fi
-  say "evalkit plan + cost run benchmarks/gpu/h200-qwen.yaml"
-  (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" benchmarks/gpu/h200-qwen.yaml > "$W/h200-qwen.yaml" && $PY -m evalkit plan "$W/h200-qwen.yaml" --json > "$OUT/plan-qwen.json" 2>&1; $PY -m evalkit plan "$W/h200-qwen.yaml" 2>&1 | tail -12
-   $PY -m evalkit run --config "$W/h200-qwen.yaml" --out "$W/reports-qwen" --no-cache 2>&1 | tail -25)
-  RUN=$(ls -d "$W"/reports-qwen/*/ | tail -1)
-  cp "$RUN/report.md" "$OUT/report-qwen.md" 2>/dev/null; cp "$RUN/scores.csv" "$OUT/scores-qwen.csv" 2>/dev/null
-  tar -C "$RUN" -czf "$OUT/run-qwen.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
+run) build_llama; smollm_models; smollm_run ;;
+qwen) build_llama; qwen_run with_q4 ;;
+# Everything one cold machine can do in one call (10 minutes): what does not fit in the time left is skipped.
+all)
+  build_llama; smollm_models; smollm_run
+  if [ "$(elapsed)" -lt 390 ]; then qwen_run; else say "skipped: Qwen (time)"; fi
+  if [ "$(elapsed)" -lt 520 ]; then gpu_tests 60; else say "skipped: gpu tests (time)"; fi
   ;;
 *) echo "unknown step $STEP"; exit 2 ;;
 esac
