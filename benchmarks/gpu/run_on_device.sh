@@ -76,7 +76,7 @@ smollm_run() {
   (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" "${EVALKIT_GPU_CONFIG:-benchmarks/gpu/h200.yaml}" > "$W/h200.yaml" && $PY -m evalkit plan "$W/h200.yaml" > "$OUT/plan.txt" 2>&1; tail -20 "$OUT/plan.txt"
    $PY -m evalkit run --config "$W/h200.yaml" --out "$W/reports" --no-cache 2>&1 | grep -v "it/s\]\|s/it\]" | tail -40)
   RUN=$(ls -d "$W"/reports/*/ | tail -1)
-  cp "$RUN/report.md" "$RUN/scores.csv" "$OUT/" 2>/dev/null
+  cp "$RUN/report.md" "$OUT/" 2>/dev/null  # scores.csv and the rest are in run.tar.gz (8 files come back at most)
   tar -C "$RUN" -czf "$OUT/run.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
   say "llama-bench on the same GGUFs, same call"
   "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench.md" | tail -6
@@ -102,7 +102,6 @@ qwen_run() {
   (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" $CFG > "$W/qwen.yaml" && $PY -m evalkit plan "$W/qwen.yaml" --json > "$OUT/plan-qwen.json" 2>&1; $PY -m evalkit plan "$W/qwen.yaml" 2>&1 | tail -8
    $PY -m evalkit run --config "$W/qwen.yaml" --out "$W/reports-qwen" --no-cache 2>&1 | grep -v "it/s\]\|s/it\]" | tail -25)
   RUN=$(ls -d "$W"/reports-qwen/*/ | tail -1)
-  cp "$RUN/report.md" "$OUT/report-qwen.md" 2>/dev/null
   tar -C "$RUN" -czf "$OUT/run-qwen.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
 }
 
