@@ -541,7 +541,7 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     """What the deployment's weights will occupy: exact from the files that will be loaded when they exist,
     else an estimate from the architecture (labelled), else unknown."""
     from evalkit.engines import engine_spec
-    from evalkit.variants import FP8_WEIGHT_VARIANT, HF_VARIANT
+    from evalkit.variants import FP8_WEIGHT_VARIANT, HF_VARIANT, NATIVE_FP8_VARIANT
 
     source, variant, arch = dep.model.source, dep.model.variant, info.arch
     spec = engine_spec(dep.engine)
@@ -557,6 +557,10 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
                     per, prec = _dtype_bytes(dtype, made.precision)
                     size = made.weights_bytes if per == DTYPE_BYTES.get(made.precision.split("/")[0], 2) else made.arch.n_params * per
                     prec = "BF16 (FP8-rounded values)" if variant == FP8_WEIGHT_VARIANT else prec
+                    if variant == NATIVE_FP8_VARIANT and made.non_embedding_bytes:  # linear layers: 1 byte per weight at load
+                        src = DTYPE_BYTES.get(made.precision.split("/")[0], 2)
+                        size = made.non_embedding_bytes // src + (made.weights_bytes - made.non_embedding_bytes) * per // src
+                        prec = "FP8 W8A8 linear layers"
                     return _Weights(size, prec, f"{made.source} (prepared {variant})", notes=notes)
                 return _Weights(made.weights_bytes, variant, f"gguf tensors (prepared {variant})", notes=notes)
         if variant in GGUF_BPW:
@@ -566,6 +570,8 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
                 notes += (f"evalkit prepares {variant} from a GGUF source only (convert this checkpoint to GGUF first)",)
             size = arch_weight_bytes(arch, variant)
             return _Weights(size, variant, f"estimate: {arch.n_params:,} parameters x {GGUF_BPW[variant]} bits ({variant} mix, not built yet)", True, notes)
+        if variant == NATIVE_FP8_VARIANT:
+            return _Weights(arch_weight_bytes(arch, "FP8"), "FP8 W8A8 linear layers", f"estimate: {arch.n_params:,} parameters, linear layers x 1 byte, embeddings x 2 (fp8 variant, not built yet)", True, notes)
         if variant in (HF_VARIANT, FP8_WEIGHT_VARIANT):
             # Both variants are 16-bit checkpoints (fp8-weight only rounds values through FP8; storage stays 16-bit).
             per, prec = _dtype_bytes(dtype, "BF16")

@@ -51,6 +51,13 @@ if TYPE_CHECKING:
     import torch
 
 FP8_VARIANT = hf_rules.NATIVE_FP8_VARIANT  # "fp8": the native-FP8 variant
+# What the hf engine holds on a GPU beyond weights, KV cache and activations: the CUDA context, the kernels torch
+# and cuBLAS load as the run goes, cuBLAS workspaces, the caching allocator's slack and the CUDA-graph pool.
+# Calibrated on an H200 (driver 580, CUDA 13, torch 2.11, transformers 5.17; benchmarks/gpu, issue 21): NVML's
+# peak minus weights, KV and activations was 1.9 GB (SmolLM2-135M-shaped, bf16, batch 16) and 2.3 GB
+# (Qwen2.5-7B-shaped); the context with one cuBLAS handle alone was 0.77 GB. The earlier 0.5 GB
+# (ledger.CUDA_CONTEXT_BYTES) put the measured peak at 2.3x the prediction for the small model.
+TORCH_GPU_RUNTIME_BYTES = 2_000_000_000
 ROW_BLOCK = 64  # logit rows per block: 64 x 262k float32 = 67 MB
 # Token texts that end a turn in common chat templates; llama.cpp counts them as end-of-generation too.
 _END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
@@ -584,7 +591,7 @@ def _memory(
     batch (up to max_batch_size sequences in one static cache of prompt + output tokens, rounded up to 128 as
     the engine allocates it); one block of logits (rows become logits ROW_BLOCK at a time) and a batched
     prefill's attention scores (eager: float32 softmax of batch x heads x prompt x slots)."""
-    from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, LedgerRow, _fits_count
+    from evalkit.ledger import GB, LedgerRow, _fits_count
 
     per = 4 if options.dtype == "float32" else 2
     n_ctx = int(options.max_length)
@@ -600,7 +607,7 @@ def _memory(
     runtime = GB  # the interpreter with torch and transformers imported
     on_gpu = hw.gpus > 0 and options.device != "cpu"
     if on_gpu:
-        budget, fixed = hw.gpu_memory_bytes, weights_bytes + acts + CUDA_CONTEXT_BYTES
+        budget, fixed = hw.gpu_memory_bytes, weights_bytes + acts + TORCH_GPU_RUNTIME_BYTES
         devices = f"1x GPU {hw.gpu_memory_bytes / GB:.1f} GB"
     else:
         budget, fixed = hw.ram_bytes, weights_bytes + acts + runtime

@@ -15,7 +15,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, ArchSpec, Hardware, LedgerRow, Workload, _fits_count
+from evalkit.ledger import GB, ArchSpec, Hardware, LedgerRow, Workload, _fits_count
+
+# What llama.cpp holds on each GPU beyond weights, KV cache and its compute buffer: the CUDA context with the
+# ggml-cuda kernels loaded and cuBLAS. Calibrated on an H200 (driver 580, CUDA 13, llama.cpp of llama-cpp-python
+# 0.3.36 built for sm_90; benchmarks/gpu, issue 21): NVML's peak minus weights, KV (n_ctx 4096) and the compute
+# buffer llama.cpp reports (97 MiB) was 1.38 GB for both Q4_K_M and Q8_0 of a SmolLM2-135M-shaped model. The
+# earlier 0.5 GB (ledger.CUDA_CONTEXT_BYTES) put the measured peak at 2.1x the prediction.
+LLAMACPP_GPU_RUNTIME_BYTES = 1_380_000_000
 
 # A worker's own resident memory beyond weights, KV and logits. llama.cpp, measured on this machine: Python +
 # evalkit + llama_cpp imports 138 MB, and 64 MB more after a load (small compute-buffer parts, tokenizer).
@@ -50,10 +57,10 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
         if offload < 1:
             notes.append(f"{options.n_gpu_layers}/{arch.n_layers + 1} layers offloaded; the rest in RAM")
         budget = hw.gpu_memory_bytes
-        fixed_dev = share * offload * weights_bytes + logits + acts + CUDA_CONTEXT_BYTES  # logits: last device
+        fixed_dev = share * offload * weights_bytes + logits + acts + LLAMACPP_GPU_RUNTIME_BYTES  # logits: last device
         per_tok_dev = share * offload * arch.kv_bytes_per_token(cache_bytes)
         per_device = int(fixed_dev + share * offload * kv)
-        overhead = logits + acts * n_dev + CUDA_CONTEXT_BYTES * n_dev + out_buf  # out_buf: host RAM
+        overhead = logits + acts * n_dev + LLAMACPP_GPU_RUNTIME_BYTES * n_dev + out_buf  # out_buf: host RAM
         devices = f"{n_dev}x GPU {hw.gpu_memory_bytes / GB:.1f} GB"
     else:
         n_dev, budget = 1, hw.ram_bytes
