@@ -204,6 +204,8 @@ def test_index_follows_a_run_being_written(small_root: Path, tmp_path: Path) -> 
     rec = dict(rd.records("dep1")[0], item_id="qa-99999", output_text="a new answer")
     with rd.writer("dep1") as w:
         w.write_batch([rec])
+    assert cache.get(run) is before  # a run being written is re-indexed at most every few seconds
+    before.built_at -= 60
     after = cache.get(run)
     assert after is not before and after.page(Query(q="a new answer"))["total"] == 1
     (run / "progress.json").write_text(json.dumps({"started": time.time(), "plan": {"dep1": {"prompts": 50}},

@@ -15,6 +15,7 @@ import json
 import math
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -537,18 +538,27 @@ class IndexCache:
             lock = self._locks.setdefault(path, threading.Lock())
         with lock:  # one build per run at a time; a second request waits for it instead of building again
             index = self._indexes.get(path)
-            if index is None or index.signature != signature(path):
+            if index is None or (index.signature != signature(path) and not self._fresh_enough(index)):
+                t = time.monotonic()
                 index = RunIndex.load(path) if self.disk else None
                 if index is None:
                     index = RunIndex(path)
                     if self.disk:  # written after answering: the next viewer start finds it built
                         threading.Thread(target=_save_quietly, args=(index,), daemon=True).start()
+                index.built_at, index.build_s = time.monotonic(), time.monotonic() - t
             with self._lock:
                 self._indexes[path] = index
                 self._indexes.move_to_end(path)
                 while len(self._indexes) > self.keep:
                     self._indexes.popitem(last=False)
             return index
+
+    @staticmethod
+    def _fresh_enough(index: RunIndex) -> bool:
+        """A run still being written changes with every batch: its index is rebuilt at most every few build
+        times (at least 5 s), not on every request."""
+        age = time.monotonic() - getattr(index, "built_at", 0.0)
+        return age < max(5.0, 3 * getattr(index, "build_s", 0.0))
 
     def warm(self, paths: Iterable[Path]) -> None:
         for p in paths:
