@@ -429,6 +429,13 @@ class HfEngine(HfTokens, Engine):
             extra=extra,
         )
 
+    def run_stats(self) -> dict[str, Any]:
+        """Whether the decode steps of this run were CUDA-graph replays (known only once a batch has decoded),
+        so the engine description written after the run says so."""
+        if self._step is None or not self._graphs_wanted:
+            return {}
+        return {"cuda_graphs": self._step.graphed, "cuda_graph_error": self._step.graph_error}
+
     def close(self) -> None:
         import gc
 
