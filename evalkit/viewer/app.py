@@ -294,9 +294,16 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, *, allow_remote
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/{focus}"
-    # Index the newest runs in the background, so the first look at a big run finds it built.
-    threading.Thread(target=app.app.state.cache.warm,  # type: ignore[attr-defined]
-                     args=([run_path(root.resolve(), n) for n in run_names(root.resolve())[:3]],), daemon=True).start()
+    # In the background: import the report's modules (the first run page would wait ~1 s for them) and index
+    # the newest runs, so the first look at a big run finds it built.
+    def warm_up() -> None:
+        import evalkit.report.decision_section  # noqa: F401
+        import evalkit.report.verdict  # noqa: F401
+        import evalkit.report.view  # noqa: F401
+
+        app.app.state.cache.warm([run_path(root.resolve(), n) for n in run_names(root.resolve())[:3]])  # type: ignore[attr-defined]
+
+    threading.Thread(target=warm_up, daemon=True).start()
     print(f"evalkit: viewer at {url} (reports folder {root}; Ctrl-C stops it)", file=sys.stderr, flush=True)
     if ready is not None:
         ready(url)

@@ -157,6 +157,11 @@ async function showRuns() {
 
 async function showRun(name, params) {
   setCrumbs([name, "#/run/" + encodeURIComponent(name)], ["review", "#/review/" + encodeURIComponent(name)]);
+  const state = Object.fromEntries(params.entries());
+  const limit = 50, offset = parseInt(state.offset || "0", 10) || 0;
+  const t0 = performance.now();
+  const pageP = api(`/api/runs/${encodeURIComponent(name)}/items?` + qs({...state, offset, limit}));  // both at once
+  pageP.catch(() => {});  // awaited below; an early failure must not be reported as unhandled
   const ov = await api(`/api/runs/${encodeURIComponent(name)}/overview`);
   const f = ov.facets;
   const head = [el("h1", {text: "Run " + ov.run_id})];
@@ -171,7 +176,6 @@ async function showRun(name, params) {
   if (ov.sureness.length) head.push(el("ul", {}, ov.sureness.map((s) => el("li", {text: s.deployment + ": " + s.text}))));
   ov.errors.forEach((e) => head.push(el("p", {cls: "error", text: e})));
 
-  const state = Object.fromEntries(params.entries());
   const go = (changes) => { location.hash = `#/run/${encodeURIComponent(name)}?` + qs({...state, offset: "", ...changes}); };
   const select = (key, label, options) => el("label", {}, label + " ",
     el("select", {name: key, onchange: (e) => go({[key]: e.target.value})},
@@ -188,9 +192,7 @@ async function showRun(name, params) {
   const matrixBox = el("div", {id: "matrix"}, el("p", {cls: "muted", text: "Loading items…"}));
   main.replaceChildren(...head, el("h2", {text: "Items"}), controls, matrixBox);
 
-  const limit = 50, offset = parseInt(state.offset || "0", 10) || 0;
-  const t0 = performance.now();
-  const page = await api(`/api/runs/${encodeURIComponent(name)}/items?` + qs({...state, offset, limit}));
+  const page = await pageP;
   document.body.dataset.itemsMs = String(Math.round(performance.now() - t0));
   const deps = f.deployments;
   const table = el("table", {cls: "matrix", data: {total: page.total}});
