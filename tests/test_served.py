@@ -135,6 +135,7 @@ def test_served_prompts_match_in_process_tokens_and_outputs(three_ways: Path) ->
         same_output = sum(mine[i]["output_token_ids"] == ref[i]["output_token_ids"] for i in ref)
         assert same_output >= 0.9 * len(ref), f"{dep}: {same_output}/{len(ref)} greedy outputs identical"
         assert all(mine[i]["prompt_format"] == "chat" for i in mine)
+        print(f"{dep}: prompt tokens {same_tokens}/{len(ref)} identical, greedy outputs {same_output}/{len(ref)} identical")
     parity = (three_ways / "parity.csv").read_text()
     assert "external" in parity and "launched" in parity and "8/8 identical" in parity
     engine = json.loads((three_ways / "engines" / "external.json").read_text())
@@ -199,6 +200,8 @@ def test_fault_proxy_at_20_percent_gives_every_item_once_and_the_same_results(se
     assert len(by_item(records(faulty, "srv"), "cost")) == 1
     engine = json.loads((faulty / "engines" / "srv.json").read_text())
     assert engine["retried_attempts"] >= 1
+    print(f"fault proxy: {dict(proxy.counts)}; evalkit retried {engine['retried_attempts']} attempts, "
+          f"{engine['requests']} requests, {engine['failed_requests']} failed; {len(b)} prompt items once each, outputs identical")
     import pandas as pd
 
     sa = pd.read_csv(clean / "scores.csv").query("suite == 'prompts'").set_index(["category", "metric"]).value
@@ -238,6 +241,7 @@ def test_killing_the_launched_server_mid_run_then_resume_loses_nothing(tmp_path:
     assert done.returncode == 0, done.stderr[-3000:]
     after = by_item(records(run, "launched"), "prompts")  # by_item fails on any item recorded twice
     assert len(after) == 12 and all(after[i] == first[i] for i in first)
+    print(f"server killed after {len(first)} of 12 items were recorded; --resume recorded the other {12 - len(first)}")
     assert llama_servers() == before
 
 
