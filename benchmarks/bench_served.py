@@ -86,7 +86,7 @@ def part1(gguf: Path, rounds: int, tokens: int, prompt_tokens: int, concurrency:
                 wall = time.perf_counter() - start
                 assert n == tokens * concurrency, (m, n)
                 rates[m].append(n / wall)
-        print(f"llama-server {server.plan.version}, --parallel {concurrency}; concurrency {concurrency}, "
+        print(f"{server.plan.version}, --parallel {concurrency}; concurrency {concurrency}, "
               f"{prompt_tokens}-token prompts, {tokens} tokens each; {rounds} rounds, load average {os.getloadavg()[0]:.2f}")
         for m, v in rates.items():
             print(f"  {m:24s} {statistics.median(v):8.1f} output tokens/s  (rounds: {', '.join(f'{x:.1f}' for x in v)})")
@@ -133,8 +133,10 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--skip-run", action="store_true", help="part 1 only")
+    ap.add_argument("--only-run", action="store_true", help="part 2 only")
     args = ap.parse_args()
-    part1(resolve_source(args.model), args.rounds, args.tokens, args.prompt_tokens, args.concurrency)
+    if not args.only_run:
+        part1(resolve_source(args.model), args.rounds, args.tokens, args.prompt_tokens, args.concurrency)
     if not args.skip_run:
         part2(args.tokens, args.prompt_tokens, args.rounds)
 

@@ -156,6 +156,8 @@ def test_served_cost_rows_at_each_concurrency(three_ways: Path) -> None:
         c4 = recs["c4/r1"]
         assert len(c4["requests"]) == 4 and all(r["output_tokens"] == 16 for r in c4["requests"])
         assert all(0 < r["ttft_s"] < r["total_s"] for r in c4["requests"])
+    shown = cost[cost.metric.isin(["tokens_per_s", "ttft_median_s", "itl_median_s", "per_request_tokens_per_s"])]
+    print(shown.pivot_table(index=["deployment", "category"], columns="metric", values="value").round(4).to_string())
     launched = scores[(scores.deployment == "launched") & (scores.metric == "server_peak_rss_mb")]
     assert not launched.empty and launched.value.min() > 50  # a 135M model's server holds more than 50 MiB
 
