@@ -64,6 +64,8 @@ def test_vllm_serve_perplexity_within_half_a_percent(served_vs_inprocess: Path) 
 
     s = pd.read_csv(served_vs_inprocess / "scores.csv")
     ppl = s[(s.suite == "perplexity") & (s.metric == "ppl")].set_index("deployment").value
+    print(f"perplexity: in-process {ppl['vllm-inproc']:.4f}, vllm serve {ppl['vllm-served']:.4f}, "
+          f"ratio {ppl['vllm-served'] / ppl['vllm-inproc']:.5f}")
     assert abs(ppl["vllm-served"] / ppl["vllm-inproc"] - 1) < 0.005, ppl.to_dict()
     a, b = _records(served_vs_inprocess, "vllm-inproc", "perplexity"), _records(served_vs_inprocess, "vllm-served", "perplexity")
     assert a.keys() == b.keys() and len(a) == 2
@@ -73,6 +75,7 @@ def test_vllm_serve_mmlu_letters_match(served_vs_inprocess: Path) -> None:
     a, b = _records(served_vs_inprocess, "vllm-inproc", "mmlu"), _records(served_vs_inprocess, "vllm-served", "mmlu")
     assert a.keys() == b.keys() and len(a) >= 20
     same = sum(a[i]["pred"] == b[i]["pred"] for i in a)
+    print(f"MMLU letters identical: {same}/{len(a)}")
     assert same >= 0.95 * len(a), f"{same}/{len(a)} MMLU letters identical"
 
 
