@@ -321,3 +321,34 @@ def test_a_model_without_weights_is_tokenized_by_the_server_and_cached_by_what_i
     assert all(r["cached"] for r in again.values())
     assert {i: r["output_token_ids"] for i, r in again.items()} == {i: r["output_token_ids"] for i, r in recs.items()}
     assert_key_nowhere(run)
+
+
+def test_ctrl_c_in_the_worker_stops_its_launched_server(tmp_path: Path, gguf: Path) -> None:
+    """SIGINT (Ctrl-C reaches the worker; the server, in a session of its own, does not see it) unwinds the
+    worker, whose unit stops the server it started (PR_SET_PDEATHSIG would end it too, once the worker exits:
+    what is asserted is the user's view, no server left; the SIGKILL test covers the death signal alone)."""
+    from evalkit.engines.launcher import llama_server_path
+
+    if llama_server_path() is None:
+        unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
+    cfg = write_config(tmp_path / "run.yaml", [LAUNCHED], {"prompts": {**PROMPTS, "limit_per_category": 6}}, "launched")
+    before = llama_servers()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(tmp_path / "out"),
+                             "--no-cache"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    server = None
+    deadline = time.time() + 120
+    while time.time() < deadline and server is None and proc.poll() is None:
+        new = llama_servers() - before
+        server = next(iter(new), None)
+        time.sleep(0.1)
+    assert server is not None, "no llama-server started"
+    worker = psutil.Process(server).parent()
+    assert worker is not None and "evalkit.worker" in " ".join(worker.cmdline())
+    worker.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    gone = time.time() + 30
+    while time.time() < gone and psutil.pid_exists(server) and psutil.Process(server).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    assert llama_servers() == before
