@@ -40,7 +40,7 @@ def served_vs_inprocess(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
         "suites": {
             "perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"), "n_ctx": 256, "max_chunks": 2, "top_k": 20},
-            "mmlu": {"source": "builtin", "per_subject": 2, "shots": 1},
+            "mmlu": {"source": "builtin", "per_subject": 4, "shots": 1},
             "prompts": {"path": str(REPO / "prompts"), "categories": ["qa"], "limit_per_category": 2},
         },
         "sampling": {"temperature": 0.0, "max_tokens": 16, "seed": 0},
