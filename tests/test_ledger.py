@@ -124,6 +124,17 @@ def test_vllm_on_cpu_gets_an_explicit_kv_cache_whatever_the_node_size() -> None:
     assert huge.fits is False and huge.per_device_bytes > 64 * GB
 
 
+def test_a_mixture_of_experts_checkpoint_still_gets_a_kv_size(tmp_path: Path) -> None:
+    """The plan cannot count an MoE's parameters (unknown, below), but the engine's KV size needs only the
+    attention shape: Qwen2.5-7B's 28 layers x 4 KV heads x 128 x (K, V) x bf16 per token with 64 experts added."""
+    from evalkit.engines.vllm_memory import arch_of_model, vllm_kv_cache_size
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**json.loads((QWEN_DIR / "config.json").read_text()), "num_experts": 64}))
+    size = vllm_kv_cache_size(arch_of_model(tmp_path / "m"), VllmOptions(dtype="bfloat16", max_model_len=1024, max_num_seqs=2), cpu=True)
+    assert size is not None and size.bytes == 2 * 1024 * 28 * 4 * 128 * 2 * 2
+
+
 def test_a_memory_limited_cgroup_is_the_ram_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In a container or CI job with a memory limit, the plan's RAM is the limit (the files as the kernel writes
     them: cgroup v2 `memory.max`, v1 `memory.limit_in_bytes` with its huge 'unlimited' value), never more than RAM."""

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.ledger import (
-    CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, _fits_count, arch_from_hf_config,
-    arch_weight_bytes, gguf_weights,
+    CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, _MOE_KEYS, _fits_count,
+    arch_from_hf_config, arch_weight_bytes, gguf_weights,
 )
 
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
@@ -109,9 +109,17 @@ def _cpu_options(options: Any) -> Any:
 def arch_of_model(path: Path) -> ArchSpec:
     """The architecture of the model vLLM will load: an HF checkpoint directory's config.json or a GGUF's header."""
     path = Path(path)
-    if path.is_dir():
-        return arch_from_hf_config(json.loads((path / "config.json").read_text()), path.name)
-    return gguf_weights(path).arch
+    if not path.is_dir():
+        return gguf_weights(path).arch
+    config = json.loads((path / "config.json").read_text())
+    try:
+        return arch_from_hf_config(config, path.name)
+    except ValueError:
+        if not any(config.get(k) for k in _MOE_KEYS):
+            raise
+        # A mixture-of-experts config: the plan cannot count its parameters, but the KV cache needs only the
+        # attention shape (layers, KV heads, head dim), which the experts do not change.
+        return arch_from_hf_config({k: v for k, v in config.items() if k not in _MOE_KEYS}, path.name)
 
 
 def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
