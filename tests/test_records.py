@@ -160,8 +160,9 @@ def test_real_engine_records_say_whether_and_when_they_were_measured(gemma_engin
     cache = tmp_path / "cache"
 
     # Suites whose cache entry is a whole stored measurement carrying its own time (the cost suite's record,
-    # the reference's full-distribution chunk) rather than an engine result.
-    whole = {id(reference_ppl), id(suites[-1])}
+    # a perplexity chunk: since records v2 its scalars + side-file hash, top-k or full-distribution path alike)
+    # rather than an engine result.
+    whole = {id(suites[1]), id(reference_ppl), id(suites[-1])}
 
     def run() -> tuple[list[tuple[bool, Any]], datetime, datetime]:
         engine = CachedEngine(gemma_engine, parts, root=cache, measurements=True)  # as the worker's
