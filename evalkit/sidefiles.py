@@ -17,13 +17,13 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from evalkit.errors import RunDirError
+from evalkit.fileio import atomic_write_bytes, pid_alive
 
 ARRAYS_DIR = "arrays"  # <run>/arrays/<sha256>.npy, and <cache>/arrays/<sha256>.npy in the result cache
 SUFFIX = ".npy"
@@ -79,16 +79,7 @@ def write_side_file(root: Path, side: SideFile) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     # The writer's pid in the name: a temporary left by a crashed writer is known as garbage (`sweep_temporaries`).
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{side.sha256[:16]}.{os.getpid()}.", suffix=TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(side.data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, side.data, tmp_prefix=f".{side.sha256[:16]}.{os.getpid()}.", tmp_suffix=TMP_SUFFIX)
     _fsync_dir(path.parent)
     return path
 
@@ -100,23 +91,11 @@ def sweep_temporaries(root: Path) -> int:
     for tmp in (Path(root) / ARRAYS_DIR).glob(f".*{TMP_SUFFIX}"):
         parts = tmp.name.split(".")
         pid = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
-        if pid is not None and pid != os.getpid() and _alive(pid):
-            continue
-        if pid == os.getpid():
+        if pid == os.getpid() or (pid is not None and pid_alive(pid)):
             continue
         tmp.unlink(missing_ok=True)
         removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_side_file(root: Path, sha256: str, *, where: str = "records", verify: bool = False) -> np.ndarray:

@@ -15,7 +15,6 @@ import itertools
 import json
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
@@ -25,6 +24,7 @@ from typing import Any, Iterable, Iterator
 from filelock import FileLock, Timeout
 
 from evalkit.errors import RunDirError
+from evalkit.fileio import atomic_write_bytes
 from evalkit.sidefiles import SideFile, sweep_temporaries, write_side_file
 
 SIDE_KEY = "side_file"  # a record dict's in-memory side file (evalkit.sidefiles.SideFile); never written to JSON
@@ -80,21 +80,6 @@ COMPARISON_COLUMNS = [f.name for f in fields(ComparisonRow)]
 
 def record_key(suite: str, item_id: str) -> str:
     return f"{suite}/{item_id}"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory, fsync, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

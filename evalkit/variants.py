@@ -37,6 +37,7 @@ from filelock import FileLock
 from evalkit.config import VARIANTS
 from evalkit.engines import ENGINES, engine_spec
 from evalkit.errors import EvalkitError, VariantError
+from evalkit.fileio import pid_alive
 from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, read_gguf_header, resolve_source
 
 if TYPE_CHECKING:
@@ -222,18 +223,8 @@ def _sweep_stale(base: Path) -> None:
             pid = int(d.name.rsplit("-", 2)[1])
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _provenance(

@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "evalkit"
 # module under pkg (the most specific pattern wins).
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
-        "evalkit.errors", "evalkit.resources", "evalkit.spreadsheet", "evalkit.peer", "evalkit.sandbox",
+        "evalkit.errors", "evalkit.fileio", "evalkit.resources", "evalkit.spreadsheet", "evalkit.peer", "evalkit.sandbox",
         "evalkit.models", "evalkit.gpus",  # gpus: the GPU model table and the plan-time verdict types
         "evalkit.metrics", "evalkit.metrics.*",  # declarations (margin keys too), stats (StatsSettings too), ...
         # The engine contract: the registry (names -> specs, loaded by name), EngineSpec and the Engine types.
