@@ -43,8 +43,10 @@ CONVERT="$PY $W/evalkit/benchmarks/gpu/convert.py $W/src/vendor/llama.cpp --"
 
 build_llama() {
   [ -x "$BIN/llama-bench" ] && return 0
-  if [ -f "$PACK/llama-cuda.tar.xz" ]; then
-    say "unpacking the carried CUDA build"; mkdir -p "$BIN" && tar -xJf "$PACK/llama-cuda.tar.xz" -C "$BIN" && return 0
+  # A build brought back by an earlier call (split in parts of < 16 MiB, the most one returned file may be),
+  # carried in .gpu/: unpacked in seconds instead of built in minutes.
+  if ls "$PACK"/llama-cuda.tar.xz.part-* >/dev/null 2>&1; then
+    say "unpacking the carried CUDA build"; mkdir -p "$BIN" && cat "$PACK"/llama-cuda.tar.xz.part-* | tar -xJ -C "$BIN" && return 0
   fi
   # Flash-attention kernels are not compiled (GGML_CUDA_FA=OFF: ~100 of the ~120 template files): evalkit's
   # llama.cpp deployments run with flash_attn off (its default, llama-cpp-python's too) and llama-bench with -fa 0.
@@ -53,7 +55,11 @@ build_llama() {
     -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DGGML_CUDA_FA=OFF > "$W/cmake.log" 2>&1 || { tail -30 "$W/cmake.log"; exit 3; }
   cmake --build "$W/build" --target llama llama-bench llama-quantize -j "$NPROC" > "$W/build.log" 2>&1 || { tail -40 "$W/build.log"; exit 3; }
-  say "built"  # (43 MB as .tar.xz: over what one call brings back, so a cold machine builds again)
+  say "built"
+  # Bring the build back (about 43 MB as .tar.xz, in parts under 16 MiB) for later calls to carry (pack.sh's DEST).
+  if [ -n "${RETURN_BUILD:-}" ]; then
+    (cd "$BIN" && tar -cf - --exclude='*.a' . | xz -T0 -6 | split -b 15M - "$OUT/llama-cuda.tar.xz.part-") && ls -la "$OUT" && say "build packed"
+  fi
 }
 
 smollm_models() {
