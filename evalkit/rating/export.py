@@ -157,17 +157,7 @@ def export_sheets(
     if fmt not in ("csv", "xlsx") or mode not in COLUMNS:
         raise ValueError(f"unknown format/mode {fmt!r}/{mode!r}")
     run = RunDir.open(Path(run_dir))
-    manifest = run.manifest()
-    run_id, reference = str(manifest["run_id"]), str(manifest["reference"])
-    deployments = _deployment_names(manifest)
-    items = _prompt_items(run, deployments)
-    if not items:
-        raise DataError(str(run.path), "no prompt-suite records to rate")
-    if mode == "pairwise" and (reference not in deployments or len(deployments) < 2):
-        raise DataError(str(run.path), "pairwise rating needs the reference and at least one other deployment")
-    meta = {item_id: _item_meta(outs, reference) for item_id, outs in items.items()}
-    rubric_for = {c: rubric_summary("pairwise" if mode == "pairwise" else c, rubrics_dir)
-                  for c in sorted({m[0] for m in meta.values()})}
+    run_id, reference, deployments, items, meta, rubric_for = _rating_inputs(run, mode, rubrics_dir)
 
     key_path(run.path).parent.mkdir(parents=True, exist_ok=True)
     with FileLock(lock_path(key_path(run.path))):  # browser reviewers add sheets to the same key concurrently
@@ -222,6 +212,23 @@ def _sheet(run_id: str, reference: str, mode: str, seed: int, rater: int | str, 
 BROWSER_DIR = "browser"  # sheets of reviewers rating in `evalkit view`, one per rater id and mode
 
 
+def _rating_inputs(run: RunDir, mode: Mode, rubrics_dir: Path | None) -> tuple[str, str, list[str], dict, dict, dict]:
+    """What every sheet of a run is made from: run id, reference, deployments, prompt items with their
+    outputs, per-item metadata and the rubric summary per category; refuses a run with nothing to rate."""
+    manifest = run.manifest()
+    run_id, reference = str(manifest["run_id"]), str(manifest["reference"])
+    deployments = _deployment_names(manifest)
+    items = _prompt_items(run, deployments)
+    if not items:
+        raise DataError(str(run.path), "no prompt-suite records to rate")
+    if mode == "pairwise" and (reference not in deployments or len(deployments) < 2):
+        raise DataError(str(run.path), "pairwise rating needs the reference and at least one other deployment")
+    meta = {item_id: _item_meta(outs, reference) for item_id, outs in items.items()}
+    rubric_for = {c: rubric_summary("pairwise" if mode == "pairwise" else c, rubrics_dir)
+                  for c in sorted({m[0] for m in meta.values()})}
+    return run_id, reference, deployments, items, meta, rubric_for
+
+
 def browser_sheet(run_dir: Path, rater_id: str, mode: Mode = "absolute", seed: int = 0, *,
                   rubrics_dir: Path | None = None) -> Path:
     """The CSV sheet a reviewer fills in `evalkit view`, made exactly as `export_sheets` makes one (same
@@ -235,17 +242,7 @@ def browser_sheet(run_dir: Path, rater_id: str, mode: Mode = "absolute", seed: i
         if path.exists() and any(e.get("file") == path.name and e.get("rater_index") == f"browser:{rater_id}"
                                  for e in key["sheets"].values()):
             return path
-        manifest = run.manifest()
-        run_id, reference = str(manifest["run_id"]), str(manifest["reference"])
-        deployments = _deployment_names(manifest)
-        items = _prompt_items(run, deployments)
-        if not items:
-            raise DataError(str(run.path), "no prompt-suite records to rate")
-        if mode == "pairwise" and (reference not in deployments or len(deployments) < 2):
-            raise DataError(str(run.path), "pairwise rating needs the reference and at least one other deployment")
-        meta = {item_id: _item_meta(outs, reference) for item_id, outs in items.items()}
-        rubric_for = {c: rubric_summary("pairwise" if mode == "pairwise" else c, rubrics_dir)
-                      for c in sorted({m[0] for m in meta.values()})}
+        run_id, reference, deployments, items, meta, rubric_for = _rating_inputs(run, mode, rubrics_dir)
         sheet_id, entry, table = _sheet(run_id, reference, mode, seed, f"browser:{rater_id}", rater_id, deployments,
                                         items, meta, rubric_for, path.name, "csv")
         key.update(version=KEY_VERSION, run_id=run_id, reference=reference)
