@@ -6,9 +6,9 @@ bytes of WikiText-2 test (../shared/data/wikitext-2-raw/wiki.test.raw), cut back
 character. Prints both PPLs, their relative difference (target: within 0.1%), both wall times and their
 ratio (target: evalkit <= 1.2x). Asserts nothing.
 
-Flash attention: evalkit's engine runs without it (llama-cpp-python's default); llama-perplexity's default
-`-fa auto` turns it on for CPU and that alone moves Gemma 3's PPL by ~0.4%, so the comparison passes
-`-fa off` unless --llama-fa says otherwise.
+Flash attention: `--flash-attn on|off` sets it on both sides (evalkit's `flash_attn` option, llama-perplexity's
+`-fa`); it alone moves Gemma 3's PPL by ~0.4%, so both must agree. Issue 23's figure is measured with it on
+(`--flash-attn on`, llama-perplexity's own CPU default); the default stays off (llama-cpp-python's default).
 
 Wall times are end to end: llama-perplexity's process (load, tokenize, all chunks); evalkit's engine load,
 `PerplexitySuite.run` (records with top-k, k = --top-k) and scoring from the records; and (`--whole-run`, the
@@ -59,11 +59,11 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k: int) -> tuple[float, float, float, float, int]:
+def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k: int, fa: bool) -> tuple[float, float, float, float, int]:
     """(PPL, ±, wall seconds, CPU seconds, chunks) from engine load + suite run + scoring."""
     cpu0 = time.process_time()
     start = time.perf_counter()
-    engine = LlamaCppEngine(str(model), LlamaCppOptions(n_ctx=n_ctx, n_threads=threads, n_batch=n_ctx))
+    engine = LlamaCppEngine(str(model), LlamaCppOptions(n_ctx=n_ctx, n_threads=threads, n_batch=n_ctx, flash_attn=fa))
     suite = PerplexitySuite(PplSettings(text=str(text), n_ctx=n_ctx, max_chunks=None, top_k=top_k), None, text)
     records: list[dict] = []
     suite.run(engine, suite.items(), None, records.extend)  # type: ignore[arg-type]
@@ -75,7 +75,7 @@ def evalkit_perplexity(model: Path, text: Path, n_ctx: int, threads: int, top_k:
     return ppl.value, se, wall, time.process_time() - cpu0, sum(1 for r in records if "n_scored" in r)
 
 
-def evalkit_whole_run(model: Path, text: Path, n_ctx: int, threads: int, d: Path) -> tuple[float, float, float]:
+def evalkit_whole_run(model: Path, text: Path, n_ctx: int, threads: int, fa: bool, d: Path) -> tuple[float, float, float]:
     """(PPL, wall seconds, CPU seconds) of a whole `evalkit run` process (uncached) on a perplexity-only config."""
     import csv
     import os
@@ -83,7 +83,7 @@ def evalkit_whole_run(model: Path, text: Path, n_ctx: int, threads: int, d: Path
     config = d / "ppl-only.yaml"
     config.write_text(f"""reference: g
 deployments:
-  - {{name: g, engine: llamacpp, model: {model}, options: {{n_ctx: {n_ctx}, n_threads: {threads}, n_batch: {n_ctx}}}}}
+  - {{name: g, engine: llamacpp, model: {model}, options: {{n_ctx: {n_ctx}, n_threads: {threads}, n_batch: {n_ctx}, flash_attn: {str(fa).lower()}}}}}
 suites:
   perplexity: {{text: {text}, n_ctx: {n_ctx}, max_chunks: null}}
 """)
@@ -115,9 +115,9 @@ def main() -> None:
     ap.add_argument("--whole-run", action="store_true", help="also time a whole `evalkit run` process (perplexity only)")
     ap.add_argument("--llama-batch", type=int, default=None,
                     help="llama-perplexity's -b (default 2048: n_batch/n_ctx chunks per decode; n_ctx = one chunk per decode, as evalkit)")
-    ap.add_argument("--llama-fa", choices=["off", "on", "auto"], default="off",
-                    help="llama-perplexity's -fa; 'off' matches evalkit's engine (llama-cpp-python runs without "
-                         "flash attention), llama-perplexity's own default 'auto' turns it on for CPU")
+    ap.add_argument("--flash-attn", choices=["off", "on"], default="off",
+                    help="flash attention on both sides (evalkit's flash_attn option, llama-perplexity's -fa); "
+                         "default off: llama-cpp-python's default (llama-perplexity's own 'auto' turns it on for CPU)")
     args = ap.parse_args()
     if not args.text.is_file():
         sys.exit(f"{args.text}: text not found (pass --text)")
@@ -131,15 +131,15 @@ def main() -> None:
         text.write_bytes(cut.encode("utf-8"))
         theirs, ours, whole = [], [], []
         for _ in range(args.rounds):
-            theirs.append(llama_perplexity(args.llama_perplexity, model, text, args.n_ctx, args.threads, args.llama_fa, args.llama_batch))
-            ours.append(evalkit_perplexity(model, text, args.n_ctx, args.threads, args.top_k))
+            theirs.append(llama_perplexity(args.llama_perplexity, model, text, args.n_ctx, args.threads, args.flash_attn, args.llama_batch))
+            ours.append(evalkit_perplexity(model, text, args.n_ctx, args.threads, args.top_k, args.flash_attn == "on"))
             if args.whole_run:
-                whole.append(evalkit_whole_run(model, text, args.n_ctx, args.threads, Path(tmp)))
+                whole.append(evalkit_whole_run(model, text, args.n_ctx, args.threads, args.flash_attn == "on", Path(tmp)))
 
     t_ppl, t_se, t_wall, t_cpu = min(theirs, key=lambda r: r[2])
     e_ppl, e_se, e_wall, e_cpu, chunks = min(ours, key=lambda r: r[2])
     print(f"model {model.name}; text {args.text.name}, first {len(cut.encode('utf-8'))} bytes; n_ctx {args.n_ctx}; "
-          f"{chunks} chunks; {args.threads} threads; top-k {args.top_k}; llama-perplexity -fa {args.llama_fa} -b {args.llama_batch or 'default'}")
+          f"{chunks} chunks; {args.threads} threads; top-k {args.top_k}; flash attention {args.flash_attn} on both sides; llama-perplexity -b {args.llama_batch or 'default'}")
     print(f"llama-perplexity PPL {t_ppl:.4f} ± {t_se:.4f}   wall {t_wall:.2f} s   CPU {t_cpu:.2f} s")
     print(f"evalkit          PPL {e_ppl:.4f} ± {e_se:.4f}   wall {e_wall:.2f} s   CPU {e_cpu:.2f} s")
     print(f"relative PPL difference {100 * (e_ppl - t_ppl) / t_ppl:+.4f}%   (target within ±0.1%)")
