@@ -299,8 +299,12 @@ def bootstrap_indices(n: int, settings: StatsSettings | None = None) -> np.ndarr
 ScoreFn = Callable[[np.ndarray], float]  # summed sufficient statistics -> corpus score
 
 
-def _resampled(item_stats: np.ndarray, score: ScoreFn, idx: np.ndarray) -> np.ndarray:
-    return np.array([score(item_stats[i].sum(axis=0)) for i in idx])
+def _resampled(item_stats: np.ndarray, score: ScoreFn, idx: np.ndarray, block: int = 256) -> np.ndarray:
+    """score() of each resample's summed statistics. Each distinct sum is scored once: resamples of few items
+    repeat (6 items give at most 462 distinct multisets among 2000 resamples) and the score is the costly part."""
+    sums = np.concatenate([item_stats[idx[b : b + block]].sum(axis=1) for b in range(0, len(idx), block)])
+    distinct, where = np.unique(sums, axis=0, return_inverse=True)
+    return np.array([score(row) for row in distinct])[where.reshape(-1)]
 
 
 def corpus_bootstrap_ci(item_stats: np.ndarray, score: ScoreFn,

@@ -184,17 +184,31 @@ class PromptsSuite(Suite["PromptsSettings"]):
         if cat in ("reasoning", "qa"):
             answers = rec.item["answers"]
             return {"exact_match": float(exact_match(out, answers)), "contains": float(contains_answer(out, answers))}
-        if cat == "code":
-            from evalkit.suites.code import score_code_item
-
-            res = score_code_item(out, rec.item, self.settings.code_timeout_s)
-            return {"pass": float(res["passed"]), "sandbox_status": res["status"], "sandbox_detail": res["detail"]}
         return {}
 
     def _per_item(self, records: Records) -> dict[str, dict[str, dict[str, Any]]]:
-        """deployment -> item_id -> per-item scores (memoised: code runs in a sandbox)."""
+        """deployment -> item_id -> per-item scores (memoised: code runs in a sandbox). Each distinct program
+        (answer text + tests) runs once, SANDBOX_WORKERS at a time: deployments often write the same code."""
         if getattr(self, "_memo", None) is None:
-            self._memo = {dep: {r.item_id: self._item_score(r) for r in recs} for dep, recs in records.items()}
+            from concurrent.futures import ThreadPoolExecutor
+
+            from evalkit.suites.code import SANDBOX_WORKERS, score_code_item
+
+            def program(r: PromptRecord) -> tuple[str, str, str | None]:
+                return r.output_text, r.item["tests"], r.item.get("entry_point")
+
+            code = {program(r): r for recs in records.values() for r in recs if r.category == "code"}
+            timeout = self.settings.code_timeout_s
+            with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as pool:
+                ran = dict(zip(code, pool.map(lambda r: score_code_item(r.output_text, r.item, timeout), code.values())))
+
+            def scores(r: PromptRecord) -> dict[str, Any]:
+                if r.category != "code":
+                    return self._item_score(r)
+                res = ran[program(r)]
+                return {"pass": float(res["passed"]), "sandbox_status": res["status"], "sandbox_detail": res["detail"]}
+
+            self._memo = {dep: {r.item_id: scores(r) for r in recs} for dep, recs in records.items()}
         return self._memo
 
     def score(self, records: Records, ctx: ScoreContext) -> list[ScoreRow]:
