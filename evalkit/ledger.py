@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.models import GgufHeader, read_gguf_header  # noqa: F401  (GgufHeader: re-exported for callers)
+from evalkit.models import GgufHeader, ggml_block_size, gguf_file_type_name, read_gguf_header  # noqa: F401  (GgufHeader: re-exported for callers)
 
 GB = 10**9
 GIB = 2**30
@@ -258,16 +258,12 @@ class WeightsInfo:
 
 
 def gguf_tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
-    import gguf  # block sizes per ggml type: (weights per block, bytes per block)
-
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    block, size = ggml_block_size(ggml_type)
     return math.prod(shape) // block * size
 
 
 def gguf_weights(path: Path) -> WeightsInfo:
     """Exact tensor bytes and the architecture from a GGUF's metadata."""
-    import gguf
-
     head = read_gguf_header(path)
     meta = head.meta
     arch = str(meta.get("general.architecture"))
@@ -303,7 +299,7 @@ def gguf_weights(path: Path) -> WeightsInfo:
     )
     file_type = meta.get("general.file_type")
     try:
-        precision = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "?"
+        precision = gguf_file_type_name(int(file_type)) if file_type is not None else "?"
     except ValueError:
         precision = f"file_type {file_type}"
     weights = sum(gguf_tensor_bytes(shape, t) for _, shape, t, _ in head.tensors)

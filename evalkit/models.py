@@ -254,16 +254,42 @@ GGUF_FILE_TYPES = {
 }
 
 
+# ggml tensor types by value: (weights per block, bytes per block), gguf-py's GGML_QUANT_SIZES, so that sizing a
+# GGUF's tensors (the memory ledger, the disk plan) does not import gguf either. A type not listed is looked up
+# in gguf itself; tests/test_ledger.py checks the table against it.
+GGML_BLOCK_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40), 10: (256, 84),
+    11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292), 16: (256, 66), 17: (256, 74),
+    18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1),
+    25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66),
+    39: (32, 17), 40: (64, 36), 41: (128, 18),
+}
+
+
+def ggml_block_size(ggml_type: int) -> tuple[int, int]:
+    """(weights per block, bytes per block) of a ggml tensor type."""
+    if ggml_type in GGML_BLOCK_SIZES:
+        return GGML_BLOCK_SIZES[ggml_type]
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+
+
+def gguf_file_type_name(value: int) -> str:
+    """A `general.file_type` value by name ("Q4_1"); gguf itself names the values the table lacks."""
+    if value in GGUF_FILE_TYPES:
+        return GGUF_FILE_TYPES[value]
+    import gguf
+
+    return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
+
+
 def gguf_file_type(path: Path) -> str | None:
     """The GGUF's `general.file_type` by name ("Q4_1"), as evalkit.variants.gguf_metadata names it."""
     value = read_gguf_header(path).meta.get("general.file_type")
     if value is None:
         return None
-    if value in GGUF_FILE_TYPES:
-        return GGUF_FILE_TYPES[value]
-    import gguf
-
     try:
-        return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
+        return gguf_file_type_name(value)
     except ValueError:
         return str(value)

