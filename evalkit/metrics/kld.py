@@ -211,7 +211,9 @@ def kld_against(ref: EncodedToken, logprobs: np.ndarray) -> float:
     """KL(P_ref || P_dep) for one token: `logprobs` is the deployment's full log-softmax row."""
     q = np.asarray(logprobs)
     lp_ref, p_ref = ref.distribution()
-    kld = float(np.dot(p_ref, lp_ref - q[ref.kept]))
+    # Not np.dot: numpy's BLAS splits a dot product over threads, and on a busy machine their hand-off costs ~8 ms
+    # per call (measured: 2 cores, load 5), 1000x the product itself.
+    kld = float((p_ref * (lp_ref - q[ref.kept])).sum())
     if ref.tail > 0:
         q_tail = float(np.exp(q[~ref.kept]).sum(dtype=np.float64))
         kld += ref.tail * (math.log(ref.tail) - math.log(max(q_tail, 1e-300)))
