@@ -130,3 +130,23 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
     assert by[("c2", "tokens_per_s")] == pytest.approx(total / records[1]["wall_s"])
     assert by[("all", "startup_s")] == info.load_s
     assert {c for c, _ in by} == {"c1", "c2", "all"}
+
+
+def test_cpu_bandwidth_is_measured_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first deployment measures the copy in a child process; the run's others read its figure back."""
+    import subprocess
+
+    from evalkit.suites import cost
+
+    (tmp_path / "logs").mkdir()
+    memo = cost.bandwidth_memo(tmp_path)
+    first = cost._cpu_copy_seconds(memo)
+    assert first[0] == 2**28 and 0 < first[1] < 60 and memo is not None and memo.is_file()
+
+    def no_child(*a: Any, **k: Any) -> Any:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    assert cost._cpu_copy_seconds(memo) == first
+    with pytest.raises(AssertionError, match="measured again"):  # a suite run outside a run measures every time
+        cost._cpu_copy_seconds(None)

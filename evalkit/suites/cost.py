@@ -18,6 +18,8 @@ CachedEngine never does.
 """
 from __future__ import annotations
 
+import json
+import platform
 import random
 import statistics
 import subprocess
@@ -25,6 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -155,12 +158,13 @@ def _nvml_handles() -> list[Any]:
         return []
 
 
-def memory_bandwidth(info: Any) -> dict[str, Any]:
+def memory_bandwidth(info: Any, memo: Path | None = None) -> dict[str, Any]:
     """What bounds decode on the device the engine computes on: bytes/s and where the figure comes from, with
     the weight bytes read per decoded token (the engine's own count, `weights_bytes` in its description).
 
     GPU (an engine that reports a CUDA device or llama.cpp offload): the GPU table's datasheet bandwidth for
-    the NVML name. CPU: measured here, a numpy copy of 256 MB (best of 3, bytes read + written)."""
+    the NVML name. CPU: measured here, a numpy copy of 256 MB (best of 3, bytes read + written), once per run and
+    machine: `memo` keeps it for the run's other deployments (the probe is a process start and 512 MB of pages)."""
     extra = info.extra or {}
     out: dict[str, Any] = {"weights_bytes": extra.get("weights_bytes")}
     on_gpu = "cuda" in str(extra.get("device", "")) or "GPU" in str(extra.get("offload", ""))
@@ -173,7 +177,7 @@ def memory_bandwidth(info: Any) -> dict[str, Any]:
             return out | {"bytes_per_s": gpu.bandwidth_gb_s * 1e9, "device": gpu.name,
                           "source": f"datasheet: {gpu.name}, {gpu.bandwidth_gb_s:g} GB/s (evalkit/gpus.py)"}
         return out | {"bytes_per_s": None, "device": names[0] if names else "GPU", "source": "GPU not in evalkit/gpus.py"}
-    copied_bytes, best = _cpu_copy_seconds()
+    copied_bytes, best = _cpu_copy_seconds(memo)
     return out | {"bytes_per_s": 2 * copied_bytes / best, "device": "CPU",
                   "source": f"measured: numpy copy of {copied_bytes / 1e6:.0f} MB, read + write, best of 3"}
 
@@ -189,11 +193,31 @@ print(src.nbytes, min(once() for _ in range(3)))
 """
 
 
-def _cpu_copy_seconds() -> tuple[int, float]:
-    """(bytes copied, best seconds of 3) for a numpy copy larger than any CPU cache, measured in a child."""
+def _cpu_copy_seconds(memo: Path | None = None) -> tuple[int, float]:
+    """(bytes copied, best seconds of 3) for a numpy copy larger than any CPU cache, measured in a child; read
+    from `memo` when an earlier deployment of the run measured it on this machine (a node that cannot write
+    there simply measures)."""
+    if memo is not None:
+        try:
+            kept = json.loads(memo.read_text(encoding="utf-8"))
+            return int(kept["bytes"]), float(kept["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     proc = subprocess.run([sys.executable, "-c", _COPY_PROBE], capture_output=True, text=True, check=True, timeout=120)
     nbytes, seconds = proc.stdout.split()
+    if memo is not None:
+        from evalkit.store import atomic_write_text
+
+        try:
+            atomic_write_text(memo, json.dumps({"bytes": int(nbytes), "seconds": float(seconds)}) + "\n")
+        except OSError:
+            pass
     return int(nbytes), float(seconds)
+
+
+def bandwidth_memo(run_dir: Path | None) -> Path | None:
+    """Where a run keeps this machine's measured CPU memory bandwidth (None: a suite run outside a run)."""
+    return run_dir / "logs" / f"cpu-bandwidth.{platform.node()}.json" if run_dir is not None else None
 
 
 def _gpu_names() -> list[str]:
@@ -309,7 +333,7 @@ class CostSuite(Suite["CostSettings"]):
         list(engine.generate(warm, sampling))
         warmup_s = time.perf_counter() - start
         info = engine.info()  # after the warm-up: a lazy engine's real description (this run's start-up)
-        bandwidth = memory_bandwidth(info)
+        bandwidth = memory_bandwidth(info, bandwidth_memo(self.binding.run_dir if self.binding is not None else None))
         for item in todo:
             c = item.data["concurrency"]
             reqs = self._requests(engine, item.data["first_request"], c, item.item_id, self.settings.output_tokens)
