@@ -27,6 +27,8 @@ code, so an early `os._exit(0)` or stray output is an error, never a pass.
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 import logging
 import os
 import pwd
@@ -40,8 +42,9 @@ import tempfile
 import textwrap
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -406,14 +409,51 @@ def _kill_group(pgid: int, wait_s: float = 2.0) -> None:
         time.sleep(0.01)
 
 
-def run_tests(code: str, tests: str, entry_point: str | None, timeout_s: float = 10, memory_mb: int = 512) -> SandboxResult:
+def run_tests(code: str, tests: str, entry_point: str | None, timeout_s: float = 10, memory_mb: int = 512,
+              memo: Path | None = None) -> SandboxResult:
     """Run `code` as solution.py, then `tests` against it, in a fresh sandbox (see module docstring).
 
     `tests` are statements run in the solution's namespace (asserts); when they define
     `check(candidate)` (HumanEval) it is called with `entry_point`. Exceptions in the tests -> "failed",
     code that does not load or define `entry_point` -> "error".
+    `memo`: a directory keeping verdicts by content (program, tests, limits, isolation and its python), so
+    re-scoring the same output reads the verdict instead of running the program again. Only the program's own
+    verdicts are kept (passed, failed, error): a timeout or a kill depends on how busy the machine was.
     """
-    return _execute(isolation(), code, tests, entry_point, timeout_s, memory_mb)
+    iso = isolation()
+    if memo is None:
+        return _execute(iso, code, tests, entry_point, timeout_s, memory_mb)
+    key = json.dumps([VERDICT_FORMAT, code, tests, entry_point, float(timeout_s), memory_mb, iso.name,
+                      os.path.realpath(iso.python)])
+    path = memo / f"{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()}.json"
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if kept["status"] in KEPT_VERDICTS:
+            return SandboxResult(kept["status"] == "passed", kept["status"], str(kept["detail"]), float(kept["duration_s"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    result = _execute(iso, code, tests, entry_point, timeout_s, memory_mb)
+    if result.status in KEPT_VERDICTS:
+        from evalkit.fileio import atomic_write_bytes
+
+        try:
+            atomic_write_bytes(path, json.dumps(asdict(result)).encode("utf-8"))
+        except OSError:  # a full or read-only cache costs the memo, not the score
+            pass
+    return result
+
+
+VERDICT_FORMAT = 1  # the kept verdicts' key layout: a change runs the programs again
+KEPT_VERDICTS = ("passed", "failed", "error")
+
+
+def verdict_memo(manifest: Mapping[str, Any] | None) -> Path | None:
+    """Where scoring keeps sandbox verdicts: the result cache's `sandbox/`, for runs that use the cache."""
+    if not manifest or not manifest.get("use_cache"):
+        return None
+    from evalkit.models import cache_dir
+
+    return cache_dir() / "sandbox"
 
 
 def _execute(iso: Isolation, code: str, tests: str, entry_point: str | None, timeout_s: float, memory_mb: int) -> SandboxResult:

@@ -286,3 +286,25 @@ def test_extract_completion_that_closes_an_imagined_fence():
         assert code.startswith(prompt), out
         ok = run_tests(code, "assert neg(3) == -3\n", "neg").passed
         assert ok == ("return -x" in out), (out, code)
+
+
+def test_kept_verdicts_are_read_back_and_timeouts_are_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A re-score reads a program's own verdict from the memo (the program does not run again); a timeout depends
+    on the machine's load and runs again."""
+    memo = tmp_path / "sandbox"
+    ok = run_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2", "f", timeout_s=5, memo=memo)
+    bad = run_tests("def f(x):\n    return x\n", "assert f(1) == 2, 'off by one'", "f", timeout_s=5, memo=memo)
+    slow = run_tests("def f(x):\n    while True: pass\n", "f(1)", "f", timeout_s=0.5, memo=memo)
+    assert (ok.status, bad.status, slow.status) == ("passed", "failed", "timeout")
+    assert len(list(memo.glob("*.json"))) == 2
+
+    def no_run(*a, **k):
+        raise AssertionError("ran again")
+
+    monkeypatch.setattr(sandbox, "_execute", no_run)
+    assert run_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2", "f", timeout_s=5, memo=memo) == ok
+    assert run_tests("def f(x):\n    return x\n", "assert f(1) == 2, 'off by one'", "f", timeout_s=5, memo=memo) == bad
+    with pytest.raises(AssertionError, match="ran again"):  # another limit is another key
+        run_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2", "f", timeout_s=6, memo=memo)
+    with pytest.raises(AssertionError, match="ran again"):
+        run_tests("def f(x):\n    while True: pass\n", "f(1)", "f", timeout_s=0.5, memo=memo)

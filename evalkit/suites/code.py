@@ -18,7 +18,7 @@ from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
 from evalkit.records import HumanEvalRecord, dump_record, provenance, typed
-from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests
+from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests, verdict_memo
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, jsonl_values, paired_with_reference
@@ -34,10 +34,10 @@ SANDBOX_WORKERS = 2  # concurrent sandboxes while scoring (the machine's cores a
 _FIELDS = ("task_id", "prompt", "test", "entry_point")
 
 
-def score_code_item(output: str, item_data: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Run a chat answer's code against a prompts-suite item (`tests`: asserts, `entry_point`)."""
+def score_code_item(output: str, item_data: dict[str, Any], timeout_s: float, memo: Path | None = None) -> dict[str, Any]:
+    """Run a chat answer's code against a prompts-suite item (`tests`: asserts, `entry_point`); `memo`: see run_tests."""
     entry = item_data.get("entry_point")
-    r = run_tests(extract_code(output, entry_point=entry), item_data["tests"], entry, timeout_s=timeout_s)
+    r = run_tests(extract_code(output, entry_point=entry), item_data["tests"], entry, timeout_s=timeout_s, memo=memo)
     return {"passed": r.passed, "status": r.status, "detail": r.detail}
 
 
@@ -119,8 +119,9 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
 
     # -- scoring (records only) -----------------------------------------------------------------
 
-    def _run_all(self, records: Records) -> dict[str, dict[str, SandboxResult]]:
-        """deployment -> item_id -> sandbox result, running each distinct program once."""
+    def _run_all(self, records: Records, ctx: ScoreContext) -> dict[str, dict[str, SandboxResult]]:
+        """deployment -> item_id -> sandbox result, running each distinct program once (verdicts kept in the result
+        cache for runs that use it: `sandbox.verdict_memo`)."""
         keyed: dict[tuple[str, str], tuple[str, str, HumanEvalRecord]] = {}
         for dep, recs in records.items():
             for r in recs:
@@ -128,11 +129,11 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
                 code = extract_code(r.output_text, prompt=r.prompt, entry_point=r.entry_point)
                 keyed[(dep, r.item_id)] = (self._key(code, r), code, r)
         todo = {k: (code, r) for k, code, r in keyed.values() if k not in self._results}
-        timeout = self.settings.timeout_s
+        timeout, memo = self.settings.timeout_s, verdict_memo(ctx.manifest)
 
         def one(key: str) -> tuple[str, SandboxResult]:
             code, r = todo[key]
-            return key, run_tests(code, r.test or "", r.entry_point, timeout_s=timeout)
+            return key, run_tests(code, r.test or "", r.entry_point, timeout_s=timeout, memo=memo)
 
         if todo:
             log.info("humaneval: running %d programs in the sandbox", len(todo))
@@ -160,7 +161,7 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
 
     def score(self, records: Records, ctx: ScoreContext) -> list[ScoreRow]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
-        results = self._run_all(records)
+        results = self._run_all(records, ctx)
         rows = []
         for dep, by_item in results.items():
             rows += pass_fail_scores(dep, self.name, "code", "pass@1", [r.passed for r in by_item.values()], ctx.stats)
@@ -172,7 +173,7 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
         paired = paired_with_reference(records, ref)
         if not paired:
             return []
-        results = self._run_all(records)
+        results = self._run_all(records, ctx)
         rows: list[ComparisonRow] = []
         for dep, pairs in paired.items():
             dep_ok = [results[dep][d.item_id].passed for _, d in pairs]
@@ -183,7 +184,7 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
 
     def item_rows(self, records: Records, ctx: ScoreContext) -> list[dict[str, Any]]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
-        results = self._run_all(records)
+        results = self._run_all(records, ctx)
         ref_by = results.get(ctx.reference, {})
         rows = []
         for dep, recs in records.items():

@@ -186,21 +186,23 @@ class PromptsSuite(Suite["PromptsSettings"]):
             return {"exact_match": float(exact_match(out, answers)), "contains": float(contains_answer(out, answers))}
         return {}
 
-    def _per_item(self, records: Records) -> dict[str, dict[str, dict[str, Any]]]:
+    def _per_item(self, records: Records, ctx: ScoreContext) -> dict[str, dict[str, dict[str, Any]]]:
         """deployment -> item_id -> per-item scores (memoised: code runs in a sandbox). Each distinct program
-        (answer text + tests) runs once, SANDBOX_WORKERS at a time: deployments often write the same code."""
+        (answer text + tests) runs once, SANDBOX_WORKERS at a time: deployments often write the same code; a run
+        that uses the result cache keeps the verdicts there (`sandbox.verdict_memo`) for the next re-score."""
         if getattr(self, "_memo", None) is None:
             from concurrent.futures import ThreadPoolExecutor
 
+            from evalkit.sandbox import verdict_memo
             from evalkit.suites.code import SANDBOX_WORKERS, score_code_item
 
             def program(r: PromptRecord) -> tuple[str, str, str | None]:
                 return r.output_text, r.item["tests"], r.item.get("entry_point")
 
             code = {program(r): r for recs in records.values() for r in recs if r.category == "code"}
-            timeout = self.settings.code_timeout_s
+            timeout, memo = self.settings.code_timeout_s, verdict_memo(ctx.manifest)
             with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as pool:
-                ran = dict(zip(code, pool.map(lambda r: score_code_item(r.output_text, r.item, timeout), code.values())))
+                ran = dict(zip(code, pool.map(lambda r: score_code_item(r.output_text, r.item, timeout, memo), code.values())))
 
             def scores(r: PromptRecord) -> dict[str, Any]:
                 if r.category != "code":
@@ -213,7 +215,7 @@ class PromptsSuite(Suite["PromptsSettings"]):
 
     def score(self, records: Records, ctx: ScoreContext) -> list[ScoreRow]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
-        per_item = self._per_item(records)
+        per_item = self._per_item(records, ctx)
         rows: list[ScoreRow] = []
         for dep, recs in records.items():
             for cat in self.settings.categories:
@@ -241,7 +243,7 @@ class PromptsSuite(Suite["PromptsSettings"]):
         paired = paired_with_reference(records, ref)
         if not paired:
             return []
-        per_item = self._per_item(records)
+        per_item = self._per_item(records, ctx)
         rows: list[ComparisonRow] = []
         for dep, dep_pairs in paired.items():
             for cat in self.settings.categories:
@@ -268,7 +270,7 @@ class PromptsSuite(Suite["PromptsSettings"]):
 
     def item_rows(self, records: Records, ctx: ScoreContext) -> list[dict[str, Any]]:
         records = typed(records)  # raw records lines are parsed here (evalkit.records)
-        per_item = self._per_item(records)
+        per_item = self._per_item(records, ctx)
         rows = []
         for dep, recs in records.items():
             for r in recs:
