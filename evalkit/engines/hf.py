@@ -74,6 +74,10 @@ class HfOptions(BaseModel):
     chat_template: Literal["auto", "none"] = "auto"
     max_batch_size: int = Field(default=16, ge=1)  # requests decoded together (1: one at a time)
     cuda_graphs: bool = True  # replay each decode step as a CUDA graph on a CUDA device
+    # torch.compile the decode step's forward (auto: on a CUDA device, where the step is bound by its kernel count;
+    # never the scoring paths). Like max_batch_size it changes generated tokens' rounding, not what is measured,
+    # so it is not one of the cache key's numerics options.
+    torch_compile: Literal["auto", "on", "off"] = "auto"
 
 
 def _torch_dtype(name: str) -> "torch.dtype":
@@ -131,6 +135,8 @@ class HfEngine(HfTokens, Engine):
         self._pad = int(self._tok.pad_token_id if self._tok.pad_token_id is not None else min(self._eog, default=0))
         self._batched, self._batched_why = _batches(text_cfg, options)
         self._graphs_wanted = options.cuda_graphs and self._device.startswith("cuda")
+        compile_it = options.torch_compile == "on" or (options.torch_compile == "auto" and self._device.startswith("cuda"))
+        self._forward = _DecodeForward(compile_it)
         self._mask_dtype = self._model.dtype
         self._step: _BatchStepper | None = None
 
@@ -274,7 +280,9 @@ class HfEngine(HfTokens, Engine):
             ids[i, width - len(t):] = torch.tensor(t)
         pads = torch.tensor([width - len(t) for _, t, _ in batch])
         logits = step.prefill(ids.to(dev), pads.to(dev), width)
-        gens = [torch.Generator(device=dev).manual_seed(sampling.seed) for _ in batch]  # one per request
+        greedy = sampling.temperature <= 0
+        ahead = dev.startswith("cuda")  # kernels queue: the host can run one step ahead of its reading
+        gens = [] if greedy else [torch.Generator(device=dev).manual_seed(sampling.seed) for _ in batch]  # one per request
         outs: list[list[int]] = [[] for _ in batch]
         ttft: list[float | None] = [None] * n
         finish = ["length"] * n
@@ -283,11 +291,18 @@ class HfEngine(HfTokens, Engine):
         k = 0
         while True:
             if on_logits is not None:
-                on_logits(k, logits)
-            if sampling.temperature <= 0:
-                picks = logits.argmax(dim=-1).tolist()  # one host sync per step for the whole batch
+                on_logits(k, logits.float())
+            if greedy:
+                picks = step.picks()  # the step's argmax, on the device already: one small read per token
             else:
-                picks = [_pick(logits[i], sampling, gens[i]) for i in range(n)]
+                rows = logits.float()
+                picks = [_pick(rows[i], sampling, gens[i]) for i in range(n)]
+                step.feed(picks)
+            # On a GPU the next step (it would write slot width + k) is queued before this one's tokens are looked
+            # at, so it computes while the host does the bookkeeping; a batch ends with one step nobody reads.
+            more = width + k < slots
+            if more and ahead:
+                logits = step.step()
             now = time.perf_counter()
             for i in sorted(live):
                 req, _, limit = batch[i]
@@ -303,10 +318,11 @@ class HfEngine(HfTokens, Engine):
                     ends[i] = now
                     live.discard(i)
             k += 1
-            if not live or width + k > slots:  # the next step would write slot width + k - 1
-                break
             # Finished rows keep decoding a token nobody reads (a static batch shape; cheaper than re-capturing).
-            logits = step.decode(torch.tensor(picks, dtype=torch.long, device=dev), width + k - 1)
+            if not live or not more:
+                break
+            if not ahead:
+                logits = step.step()
         for i, (req, tokens, _) in enumerate(batch):
             yield self._result(req, tokens, outs[i], finish[i], ttft[i], arrival, ends[i])
 
@@ -321,7 +337,8 @@ class HfEngine(HfTokens, Engine):
             import torch
 
             torch.cuda.empty_cache()
-        self._step = _BatchStepper(self._model, n, slots, self._device, self._graphs_wanted, self._mask_dtype)
+        self._step = _BatchStepper(self._model, n, slots, self._device, self._graphs_wanted, self._mask_dtype,
+                                   self._forward)
         return self._step
 
     # -- likelihoods ------------------------------------------------------------------------------
@@ -407,8 +424,10 @@ class HfEngine(HfTokens, Engine):
                     "activation scales, torch._scaled_mm)") if self._fp8 else None,
             "generation": self._batched_why if not self._batched else (
                 f"batched, up to {self.options.max_batch_size} requests per batch, static KV cache"
+                + (", decode forward compiled (torch.compile, inductor)" if self._forward.compiled is not None else "")
                 + (", CUDA graph per decode step" if self._graphs_wanted else "")),
             "cuda_graphs": None if self._step is None else self._step.graphed,
+            **self._compile_stats(),
             "sampling_reproducibility": REPRODUCIBILITY if self._batched and self.options.max_batch_size > 1 else REPRODUCIBILITY_ALONE,
         }
         if self._step is not None and self._step.graph_error:
@@ -430,11 +449,19 @@ class HfEngine(HfTokens, Engine):
         )
 
     def run_stats(self) -> dict[str, Any]:
-        """Whether the decode steps of this run were CUDA-graph replays (known only once a batch has decoded),
-        so the engine description written after the run says so."""
-        if self._step is None or not self._graphs_wanted:
+        """Whether the decode steps of this run were compiled and CUDA-graph replays (known only once a batch has
+        decoded), so the engine description written after the run says so."""
+        stats = self._compile_stats() if self._step is not None else {}
+        if self._step is not None and self._graphs_wanted:
+            stats |= {"cuda_graphs": self._step.graphed, "cuda_graph_error": self._step.graph_error}
+        return stats
+
+    def _compile_stats(self) -> dict[str, Any]:
+        """Whether the decode steps ran compiled, and the time their first calls took (compiles included)."""
+        f = self._forward
+        if f.compiled is None:
             return {}
-        return {"cuda_graphs": self._step.graphed, "cuda_graph_error": self._step.graph_error}
+        return {"decode_compiled": f.active, "decode_compile_error": f.error, "decode_first_calls_s": round(f.first_calls_s, 2)}
 
     def close(self) -> None:
         import gc
@@ -489,37 +516,93 @@ def _batches(text_cfg: Any, options: HfOptions) -> tuple[bool, str]:
     return True, ""
 
 
+def _decode_forward(model: Any, cache: Any, ids: Any, pos: Any, mask: Any) -> Any:
+    """One forward over the cache: each row's last-position logits (rows, vocab), in the model's dtype. A module
+    function, so torch.compile traces it once for every stepper (dynamo keys its compiled code on this code)."""
+    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    return out.logits[:, -1]
+
+
+class _DecodeForward:
+    """The decode step's forward for one engine: `torch.compile`d (inductor) when wanted, else `_decode_forward`.
+
+    Why compile: on a GPU, a CUDA graph removes the launches from Python but still runs every kernel of the
+    eager forward one after another (~1,500 for a 30-layer Llama: RMSNorm alone is 7 kernels, rotary ~12 per
+    layer), and at batch 1 each costs a couple of microseconds whatever its size, so the step is bound by the
+    kernel count, not by the bytes it reads. Inductor fuses the elementwise chains into a few kernels per
+    layer; the CUDA graph then replays those. One compile per engine (dynamo marks batch and cache length
+    dynamic at the second shape it meets, so a run compiles about twice); if compiling fails the steps run
+    the eager forward and `error` says why. The fused kernels round differently from the eager ones (fewer
+    intermediate roundings in 16-bit): decode log-probs stay within the dtype's tolerance (tests/test_gpu.py)."""
+
+    def __init__(self, compile_it: bool) -> None:
+        self.compiled: Any = None
+        if compile_it:
+            import torch
+
+            self.compiled = torch.compile(_decode_forward, fullgraph=True)
+        self.error: str | None = None
+        self.first_calls_s = 0.0  # steps that traced or compiled (a stepper's first), compile time included
+
+    @property
+    def active(self) -> bool:
+        return self.compiled is not None and self.error is None
+
+    def first_call(self, *args: Any) -> Any:
+        """A stepper's first step: compiles (or finds the compiled code) here; eager from now on if that fails.
+        A failure leaves no trace on the cache: with fullgraph, nothing runs until compiling has succeeded."""
+        if not self.active:
+            return _decode_forward(*args)
+        start = time.perf_counter()
+        try:
+            return self.compiled(*args)
+        except Exception as e:  # noqa: BLE001 - any compiler failure leaves the eager forward, which is correct
+            self.error = _first_line(e)
+            return _decode_forward(*args)
+        finally:
+            self.first_calls_s += time.perf_counter() - start
+
+    def __call__(self, *args: Any) -> Any:
+        return self.compiled(*args) if self.active else _decode_forward(*args)
+
+
 class _BatchStepper:
     """Prefill and decode steps for one batch shape over a transformers `StaticCache`.
 
     The attention mask is ours, 4-D (rows, 1, queries, slots) and additive (0 where a row may look, the
     dtype's minimum elsewhere): transformers uses a 4-D mask as given, so a step runs no mask-building code
     (whose checks read tensors on the host and cannot be captured). Left padding: every row writes slot s
-    at step s; a row's positions count its own tokens only. On CUDA, the first decode step runs eagerly on
-    a side stream (the warm-up torch.cuda.graph needs; it also writes that step's real KV) and the next
-    ones replay the captured step; if capture fails the steps stay eager and `graph_error` says why.
+    at step s; a row's positions count its own tokens only.
+
+    A decode step reads nothing back: the slot it writes is a device counter, the positions and the mask's
+    new column are computed from it on the device, and each row's greedy pick is written as the next step's
+    input (sampling overwrites it with `feed`). So the whole step is one CUDA graph, and greedy decoding
+    costs the host one replay and one small read per token. On CUDA, the first decode step runs eagerly on
+    a side stream (the warm-up torch.cuda.graph needs, and torch.compile's compile; it also writes that
+    step's real KV) and the next ones replay the captured step; if capture fails the steps stay eager and
+    `graph_error` says why.
     """
 
-    def __init__(self, model: Any, n: int, slots: int, device: str, graphs: bool, dtype: Any) -> None:
+    def __init__(self, model: Any, n: int, slots: int, device: str, graphs: bool, dtype: Any,
+                 forward: _DecodeForward) -> None:
         import torch
         import transformers
 
-        self.model, self.shape, self.device = model, (n, slots), device
+        self.model, self.shape, self.device, self.forward = model, (n, slots), device, forward
         self.cache = transformers.StaticCache(config=model.config, max_cache_len=slots)
         self.min = torch.finfo(dtype).min
         self.mask = torch.full((n, 1, 1, slots), self.min, dtype=dtype, device=device)  # decode: one query row
-        self.ids = torch.zeros((n, 1), dtype=torch.long, device=device)
+        self.ids = torch.zeros((n, 1), dtype=torch.long, device=device)  # the next step's input tokens
         self.pos = torch.zeros((n, 1), dtype=torch.long, device=device)
         self.pads = torch.zeros((n,), dtype=torch.long, device=device)
+        self.slot = torch.zeros((1,), dtype=torch.long, device=device)  # the cache slot the next step writes
         self.want_graph, self.graph, self.graphed, self.graph_error = graphs, None, False, None
-        self.out: Any = None
-
-    def _forward(self, ids: Any, pos: Any, mask: Any) -> Any:
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1]
+        self.stepped = False  # whether a decode step ran (the first one traces, compiles, captures)
+        self.out: Any = None  # the captured step's logits (the graph's output, rewritten by each replay)
 
     def prefill(self, ids: Any, pads: Any, width: int) -> Any:
+        """The left-padded prompts (n, width) into the cache: their last logits (n, vocab), model dtype."""
         import torch
 
         with torch.inference_mode():  # the cache's tensors are inference tensors: every update happens in here
@@ -540,37 +623,63 @@ class _BatchStepper:
         mask = torch.where(allowed, zero, self.min)[:, None]  # (n, 1, width, slots)
         pos = (rows[None, :] - self.pads[:, None]).clamp(min=0)
         self.mask.copy_(mask[:, :, -1:, :])  # the decode mask starts as the last prompt row's
-        return self._forward(ids, pos, mask).float()
+        logits = _decode_forward(self.model, self.cache, ids, pos, mask)  # eager: prompt widths vary
+        self.ids.copy_(logits.argmax(dim=-1, keepdim=True))
+        self.slot.fill_(width)
+        return logits
 
-    def decode(self, tokens: Any, slot: int) -> Any:
-        """Feed each row's token at cache slot `slot` (= the number of tokens already cached)."""
+    def feed(self, tokens: list[int]) -> None:
+        """Tokens chosen on the host (sampling) as the next step's input, instead of the greedy picks."""
         import torch
 
         with torch.inference_mode():
-            self.ids[:, 0] = tokens
-            self.pos[:, 0] = slot - self.pads
-            self.mask[:, 0, 0, slot] = 0.0
+            self.ids[:, 0] = torch.tensor(tokens, dtype=torch.long, device=self.device)
+
+    def picks(self) -> list[int]:
+        """Each row's greedy pick from the last step (waits for it)."""
+        return self.ids[:, 0].tolist()
+
+    def step(self) -> Any:
+        """One decode step: the rows' `ids` at the cache slot the counter says; their logits (n, vocab), model
+        dtype (on a graph, its output buffer: read it before the next step)."""
+        import torch
+
+        with torch.inference_mode():
             if self.graph is not None:
                 self.graph.replay()
-                return self.out.float()
-            if self.want_graph and self.graph_error is None:
-                return self._capture()
-            return self._forward(self.ids, self.pos, self.mask).float()
+                return self.out
+            if not self.stepped:
+                self.stepped = True
+                if self.want_graph:
+                    return self._capture()
+                return self._step(self.forward.first_call)
+            return self._step(self.forward)
+
+    def _step(self, forward: Any) -> Any:
+        """The step itself, all on the device (capturable): positions and the mask's new column from the slot
+        counter, the forward, the greedy picks as the next input, the counter advanced."""
+        self.pos.copy_((self.slot - self.pads)[:, None])
+        self.mask[:, 0, 0].index_fill_(1, self.slot, 0.0)
+        logits = forward(self.model, self.cache, self.ids, self.pos, self.mask)
+        self.ids.copy_(logits.argmax(dim=-1, keepdim=True))
+        self.slot.add_(1)
+        return logits
 
     def _capture(self) -> Any:
         import torch
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # the warm-up: this step, for real
-            logits = self._forward(self.ids, self.pos, self.mask).float()
+        with torch.cuda.stream(stream):  # the warm-up (and compile): this step, for real
+            logits = self._step(self.forward.first_call)
         torch.cuda.current_stream().wait_stream(stream)
         try:
             graph = torch.cuda.CUDAGraph()
-            # The captured step advances the cache's slot counters itself, as the eager step did: capture only
-            # records, so the counters stay where the warm-up left them and the first replay writes the next slot.
+            # The captured step advances the counters (ours and the cache's) itself, as the eager step did:
+            # capture only records, so they stay where the warm-up left them and the first replay writes the
+            # next slot.
             with torch.cuda.graph(graph):
-                self.out = self._forward(self.ids, self.pos, self.mask)
+                self.out = self._step(self.forward)
             self.graph, self.graphed = graph, True
         except Exception as e:  # noqa: BLE001 - any capture failure leaves the eager steps, which are correct
             self.graph_error = _first_line(e)
