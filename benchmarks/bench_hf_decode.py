@@ -2,9 +2,9 @@
 
 Run by hand (prints figures; asserts nothing about time):
 
-    python benchmarks/bench_hf_decode.py [--model DIR|SOURCE] [--layers N] [--device auto] [--dtype D]
+    python benchmarks/bench_hf_decode.py [--model DIR|SOURCE] [--layers N] [--device auto] [--dtype D] [--threads N]
         [--concurrency 1,16] [--prompt-tokens 128] [--output-tokens 256] [--repeats 3]
-        [--variants compiled,graphs,eager] [--kernels] [--profile]
+        [--variants compiled,graphs,eager] [--score-tokens 512] [--kernels] [--profile]
 
 The cost suite's protocol (its synthetic prompts, fixed output lengths past end-of-generation, greedy), on the
 engine itself (`HfEngine.generate`). Per variant and concurrency, after one unrecorded generate of the same
@@ -19,7 +19,8 @@ shape (it compiles and captures; its time is printed as `first`):
 Variants: `compiled` (torch_compile on, CUDA graphs: the engine's default on a GPU), `graphs` (CUDA graphs
 without compiling: the engine as the H200 run of issue 21 measured it, 265.8 tokens/s at c1), `eager`
 (neither). `--kernels` counts the GPU kernels of one decode step of each forward (torch.profiler);
-`--profile` prints cProfile's top functions for one c1 generate of the first variant.
+`--profile` prints cProfile's top functions for one c1 generate of the first variant; `--score-tokens N`
+times `score_span` over N tokens (the perplexity path, which decoding must not slow down).
 
 On the CPU with `--layers 2` (a random-weight model of the checkpoint's architecture, 2 layers, its full
 vocabulary) the model's compute is small, so `host` and cProfile show what the engine adds per token.
@@ -133,8 +134,10 @@ def run_variant(name: str, path: Path, args: argparse.Namespace) -> dict[int, di
     from evalkit.engines.hf import HfEngine, HfOptions
     from evalkit.suites.cost import level_metrics, memory_bandwidth
 
+    # Options this evalkit lacks are left out, so the same script measures an evalkit from before them (--steps 0).
+    overrides = {k: v for k, v in VARIANTS[name].items() if k in HfOptions.model_fields}
     options = HfOptions(dtype=args.dtype, device=args.device, max_length=4096, max_batch_size=max(args.concurrency),
-                        **VARIANTS[name])
+                        n_threads=args.threads, **overrides)
     engine = HfEngine(str(path), options)
     sampling = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=args.output_tokens, seed=0)
     bandwidth = memory_bandwidth(engine.info())
@@ -173,6 +176,17 @@ def run_variant(name: str, path: Path, args: argparse.Namespace) -> dict[int, di
             print(f"{name:9s} c{c:<3d} total {m['tokens_per_s']:8.1f} tok/s | decode/request {m['decode_tokens_per_s']:7.1f} tok/s "
                   f"(ITL {m['itl_median_s'] * 1e3:6.3f} ms = step {m['step_ms']:6.3f} ms + host {m['host_us']:6.0f} us) | "
                   f"TTFT {m['ttft_median_s'] * 1e3:6.1f} ms | bw share {share} | first {first_s:5.1f} s", flush=True)
+        if args.score_tokens:
+            ids = requests(engine, 0, 1, args.score_tokens, 1)[0].prompt_token_ids
+            engine.score_span(ids, 1, 0)  # warm
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                engine.score_span(ids, 1, 0)
+                sync(engine._device)
+                times.append(time.perf_counter() - t0)
+            print(f"{name:9s} score_span over {len(ids)} tokens (the perplexity path): {statistics.median(times) * 1e3:.1f} ms "
+                  f"({statistics.median(times) / len(ids) * 1e6:.0f} us/token)", flush=True)
         stats = engine.run_stats()
         print(f"{name:9s} engine: {', '.join(f'{k}={v}' for k, v in stats.items()) or 'no graphs/compile'}; "
               f"bandwidth {bandwidth.get('source')}, weights {bandwidth.get('weights_bytes')} B", flush=True)
@@ -197,12 +211,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="a random-weight copy of the architecture with N layers")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on the CPU")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a shared CPU: no waits on a busy core)")
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100, help="steps replayed back to back for `step` (0: not measured)")
     ap.add_argument("--variants", default=None, help="default: compiled,graphs on a GPU, eager on the CPU")
+    ap.add_argument("--score-tokens", type=int, default=0, help="also time score_span over this many tokens")
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()

@@ -3,6 +3,8 @@ them on the device with EVALKIT_GPU_HF, a SmolLM2-shaped checkpoint, and EVALKIT
 
 - the hf engine's CUDA-graph decode gives the tokens and log-probs of its eager decode (same shapes, same
   kernels: only the launches differ), at batch 1 and 4;
+- its compiled decode (torch.compile + CUDA graphs, the default on a GPU) is as close to a float32 decode of
+  the same tokens as the eager bf16 decode is, and generate() through it stops and counts as the eager one;
 - the fp8 variant computes natively (Fp8Linear on the GPU) and stays close to bf16 on the same weights;
 - llama.cpp offloads every layer with n_gpu_layers auto;
 - what a CUDA context costs (NVML, printed; first, before any other test made one): the ledger's
@@ -62,8 +64,8 @@ def test_cuda_graph_decode_equals_eager_decode() -> None:
     from evalkit.engines.hf import HfEngine, HfOptions
 
     path = _path("EVALKIT_GPU_HF")
-    graphed = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024))
-    eager = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024, cuda_graphs=False))
+    graphed = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024, torch_compile="off"))
+    eager = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024, cuda_graphs=False, torch_compile="off"))
     prompts = [graphed.tokenize(t, add_bos=True) for t in ("The capital of France is", "Once upon a time, in a land far", "x")]
     for batch in (prompts[:1], prompts):
         a_tok, a_lp = _decode(graphed, batch, 24)
@@ -71,6 +73,45 @@ def test_cuda_graph_decode_equals_eager_decode() -> None:
         assert graphed.info().extra["cuda_graphs"] is True, graphed.info().extra.get("cuda_graph_error")
         assert a_tok == b_tok
         np.testing.assert_allclose(a_lp, b_lp, atol=1e-3)
+
+
+def _forced(engine: Any, prompts: list[list[int]], path: list[list[int]]) -> np.ndarray:
+    """Log-softmax rows (steps, rows, vocab) of a batch decoded along given tokens (fed, not picked): the
+    prefill's row, then one per decode step, so engines of different numerics see the same inputs."""
+    import torch
+
+    n, width = len(prompts), max(map(len, prompts))
+    step = engine._stepper(n, -(-(width + len(path[0]) + 1) // 128) * 128)
+    ids = torch.tensor([[engine._pad] * (width - len(p)) + p for p in prompts], device=engine._device)
+    pads = torch.tensor([width - len(p) for p in prompts], device=engine._device)
+    rows = [step.prefill(ids, pads, width).double().log_softmax(-1)]
+    for t in range(len(path[0])):
+        step.feed([row[t] for row in path])
+        rows.append(step.step().double().log_softmax(-1))
+    return torch.stack(rows).float().cpu().numpy()
+
+
+def test_compiled_decode_is_as_close_to_float32_as_eager() -> None:
+    from evalkit.engines.hf import HfEngine, HfOptions
+
+    path = _path("EVALKIT_GPU_HF")
+    compiled = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024))  # the default: compiled + graphs
+    eager = HfEngine(path, HfOptions(dtype="bfloat16", max_length=1024, cuda_graphs=False, torch_compile="off"))
+    f32 = HfEngine(path, HfOptions(dtype="float32", max_length=1024, cuda_graphs=False, torch_compile="off"))
+    prompts = [compiled.tokenize(t, add_bos=True) for t in ("The capital of France is", "Once upon a time, in a land far", "x")]
+    tokens, _ = _decode(eager, prompts, 24)
+    for batch, toks in ((prompts[:1], tokens[:1]), (prompts, tokens)):
+        want = _forced(f32, batch, toks)
+        err_compiled = float(np.abs(_forced(compiled, batch, toks) - want).max())
+        err_eager = float(np.abs(_forced(eager, batch, toks) - want).max())
+        print(f"\nbatch {len(batch)}: max |log-prob - float32|: compiled {err_compiled:.2e}, eager {err_eager:.2e}")
+        assert 0 < err_compiled <= 2 * err_eager
+    stats = compiled.run_stats()
+    assert stats["decode_compiled"] is True and stats["cuda_graphs"] is True, stats
+    # generate() runs one step ahead of its reading: its tokens are the argmax of the step that fed each one
+    out, _ = _decode(compiled, prompts, 20)
+    picked = _forced(compiled, prompts, [t[:-1] for t in out]).argmax(-1)  # same shapes and kernels: exact
+    assert [list(map(int, col)) for col in picked.T] == out
 
 
 def test_fp8_variant_is_native_and_close_to_bf16(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@
 #           tests; llama-bench on Q4_K_M and Q8_0
 #   run     the evalkit GPU run (benchmarks/gpu/h200.yaml): hf bf16, hf fp8, llama.cpp Q4_K_M and Q8_0
 #   qwen    Qwen2.5-7B-shaped bf16 + Q4_K_M: plan vs NVML peak (benchmarks/gpu/h200-qwen.yaml)
+#   decode  the hf engine's decode speed (benchmarks/bench_hf_decode.py: c1/c16, compiled vs graphs only, kernels
+#           per step) and its GPU decode tests; needs only the SmolLM2-shaped hf checkpoint (no llama.cpp build)
 #   all     build, run, then Qwen bf16 and the gpu tests as far as the call's 10 minutes allow
 # Every step first makes sure the earlier steps' outputs exist (a cold machine rebuilds what it needs).
 set -uo pipefail
-STEP=${1:?usage: run_on_device.sh build|run|qwen}
+STEP=${1:?usage: run_on_device.sh build|run|qwen|decode|all}
 ROOT=$PWD
 PACK=$ROOT/.gpu
 # Under .cache/ (ignored by the repo's .gitignore): the device keeps ignored outputs between warm calls and
@@ -62,10 +64,16 @@ build_llama() {
   fi
 }
 
+smollm_hf() {
+  [ -f "$M/smollm2-hf/config.json" ] && return 0
+  say "SmolLM2-135M-shaped random weights (hf, bf16)"
+  $PY "$W/evalkit/benchmarks/gpu/make_model.py" "$PACK/models/smollm2" "$PACK/models/smollm2" "$M/smollm2-hf" || exit 4
+}
+
 smollm_models() {
   [ -f "$M/smollm2-Q8_0.gguf" ] && [ -f "$M/smollm2-Q4_K_M.gguf" ] && return 0
-  say "SmolLM2-135M-shaped random weights, GGUF bf16, Q8_0, Q4_K_M"
-  $PY "$W/evalkit/benchmarks/gpu/make_model.py" "$PACK/models/smollm2" "$PACK/models/smollm2" "$M/smollm2-hf" || exit 4
+  say "GGUF bf16, Q8_0, Q4_K_M of the SmolLM2-shaped weights"
+  smollm_hf
   $CONVERT "$M/smollm2-hf" --outtype bf16 --outfile "$M/smollm2-bf16.gguf" > "$W/convert.log" 2>&1 || { tail -20 "$W/convert.log"; exit 4; }
   for q in Q8_0 Q4_K_M; do "$BIN/llama-quantize" "$M/smollm2-bf16.gguf" "$M/smollm2-$q.gguf" $q "$NPROC" > "$W/quantize-$q.log" 2>&1 || { tail "$W/quantize-$q.log"; exit 4; }; done
   ls -la "$M"
@@ -126,6 +134,17 @@ qwen_run() {
 
 elapsed() { echo $(( $(date +%s) - t0 )); }
 
+# The hf engine's decode: tokens/s at c1 and c16, device vs host time per step, compiled vs graphs only (the engine
+# as issue 21's first H200 run had it), GPU kernels per step; then the hf GPU tests (compiled decode numerics).
+hf_decode() {
+  say "bench_hf_decode"
+  (cd "$W/evalkit" && timeout ${1:-360} $PY benchmarks/bench_hf_decode.py --model "$M/smollm2-hf" --device cuda \
+     --concurrency 1,16 --variants compiled,graphs --kernels 2>&1 | grep -v "it/s\]" | tee "$OUT/bench-hf-decode.txt")
+  say "hf gpu tests"
+  (cd "$W/evalkit" && EVALKIT_GPU_HF=$M/smollm2-hf timeout 200 $PY -X faulthandler -m pytest -v -s -p no:cacheprovider -m gpu \
+     tests/test_gpu.py -k "cuda_graph or compiled" > "$OUT/gpu-tests-hf.log" 2>&1; grep -E "PASSED|FAILED|ERROR|passed|failed|float32|^E " "$OUT/gpu-tests-hf.log" | head -20)
+}
+
 case "$STEP" in
 build)
   nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
@@ -137,6 +156,7 @@ build)
   ;;
 run) build_llama; smollm_models; smollm_run ;;
 qwen) build_llama; qwen_run with_q4 ;;
+decode) smollm_hf; hf_decode ;;
 # Everything one cold machine can do in one call (10 minutes): what does not fit in the time left is skipped.
 all)
   build_llama; smollm_models; smollm_run
