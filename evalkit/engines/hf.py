@@ -298,12 +298,12 @@ class HfEngine(HfTokens, Engine):
                 rows = logits.float()
                 picks = [_pick(rows[i], sampling, gens[i]) for i in range(n)]
                 step.feed(picks)
+            now = time.perf_counter()  # these tokens are known now (a first step that compiles comes after)
             # On a GPU the next step (it would write slot width + k) is queued before this one's tokens are looked
             # at, so it computes while the host does the bookkeeping; a batch ends with one step nobody reads.
             more = width + k < slots
             if more and ahead:
                 logits = step.step()
-            now = time.perf_counter()
             for i in sorted(live):
                 req, _, limit = batch[i]
                 if ttft[i] is None:
