@@ -23,8 +23,9 @@ Numerics (why each choice):
   Gemma's top_k=64) cannot leak in. Requests that arrive together decode as one batch (up to
   `max_batch_size`): prompts left-padded into a static KV cache, a 4-D attention mask written by us (so
   transformers builds none: no host sync inside a step), and on a CUDA device each decode step replayed
-  as a CUDA graph (one launch instead of ~15 kernels per layer from Python: at batch 1 the step is
-  launch-bound, not bandwidth-bound). Padding and batch shape change rounding (a request's log-probs
+  as a CUDA graph (one launch instead of ~50 kernels per layer from Python), its forward compiled by
+  torch.compile (inductor fuses those kernels into a few per layer: at batch 1 a small model's step costs
+  a couple of microseconds per kernel, not its bytes; see `_DecodeForward`). Padding and batch shape change rounding (a request's log-probs
   stay equal to its unbatched ones within the dtype's tolerance: tests/test_hf_engine.py), so a request
   whose neighbours change may flip a near-tie; `max_batch_size: 1` decodes one request at a time.
   Models whose sliding window is shorter than max_length keep the one-request loop (a window needs a
@@ -532,7 +533,7 @@ class _DecodeForward:
     layer), and at batch 1 each costs a couple of microseconds whatever its size, so the step is bound by the
     kernel count, not by the bytes it reads. Inductor fuses the elementwise chains into a few kernels per
     layer; the CUDA graph then replays those. One compile per engine (dynamo marks batch and cache length
-    dynamic at the second shape it meets, so a run compiles about twice); if compiling fails the steps run
+    dynamic at the shapes it meets next, so a run compiles about three times); if compiling fails the steps run
     the eager forward and `error` says why. The fused kernels round differently from the eager ones (fewer
     intermediate roundings in 16-bit): decode log-probs stay within the dtype's tolerance (tests/test_gpu.py)."""
 
