@@ -25,9 +25,9 @@ Numerics (why each choice):
   transformers builds none: no host sync inside a step), and on a CUDA device each decode step replayed
   as a CUDA graph (one launch instead of ~50 kernels per layer from Python), its forward compiled by
   torch.compile (inductor fuses those kernels into a few per layer: at batch 1 a small model's step costs
-  a couple of microseconds per kernel, not its bytes; see `_DecodeForward`). Padding and batch shape change rounding (a request's log-probs
-  stay equal to its unbatched ones within the dtype's tolerance: tests/test_hf_engine.py), so a request
-  whose neighbours change may flip a near-tie; `max_batch_size: 1` decodes one request at a time.
+  a couple of microseconds per kernel, not its bytes; see `_DecodeForward`). Padding and batch shape
+  change rounding (a request's log-probs stay equal to its unbatched ones within the dtype's tolerance:
+  tests/test_hf_batched.py), so a request whose neighbours change may flip a near-tie; `max_batch_size: 1` decodes one request at a time.
   Models whose sliding window is shorter than max_length keep the one-request loop (a window needs a
   mask per layer type).
 - torch itself and transformers are imported only when a model loads.
