@@ -138,10 +138,10 @@ elapsed() { echo $(( $(date +%s) - t0 )); }
 # as issue 21's first H200 run had it), GPU kernels per step; then the hf GPU tests (compiled decode numerics).
 hf_decode() {
   say "bench_hf_decode"
-  (cd "$W/evalkit" && timeout ${1:-360} $PY benchmarks/bench_hf_decode.py --model "$M/smollm2-hf" --device cuda \
+  (cd "$W/evalkit" && timeout ${1:-330} $PY benchmarks/bench_hf_decode.py --model "$M/smollm2-hf" --device cuda \
      --concurrency 1,16 --variants compiled,graphs --kernels 2>&1 | grep -v "it/s\]" | tee "$OUT/bench-hf-decode.txt")
   say "hf gpu tests"
-  (cd "$W/evalkit" && EVALKIT_GPU_HF=$M/smollm2-hf timeout 200 $PY -X faulthandler -m pytest -v -s -p no:cacheprovider -m gpu \
+  (cd "$W/evalkit" && EVALKIT_GPU_HF=$M/smollm2-hf timeout 220 $PY -X faulthandler -m pytest -v -s -p no:cacheprovider -m gpu \
      tests/test_gpu.py -k "cuda_graph or compiled" > "$OUT/gpu-tests-hf.log" 2>&1; grep -E "PASSED|FAILED|ERROR|passed|failed|float32|^E " "$OUT/gpu-tests-hf.log" | head -20)
 }
 
