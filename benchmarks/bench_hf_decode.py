@@ -15,7 +15,9 @@ shape (it compiles and captures; its time is printed as `first`):
 - `step`: the device's time per decode step, from the same stepper replaying steps back to back (on a GPU
   the launches queue, so this is the GPU's time; on the CPU it is the whole forward);
 - `host`: the time per token that is not the step (inter-token latency minus `step`): what the engine's
-  Python costs per token on top of the device.
+  Python costs per token on top of the device;
+- on the CPU, `outside forward`: the generate call's time outside the model's forward, per step (every
+  forward timed; synchronous there, so this is exactly what the engine adds to each token).
 Variants: `compiled` (torch_compile on, CUDA graphs: the engine's default on a GPU), `graphs` (CUDA graphs
 without compiling: the engine as the H200 run of issue 21 measured it, 265.8 tokens/s at c1), `eager`
 (neither). `--kernels` counts the GPU kernels of one decode step of each forward (torch.profiler);
@@ -129,6 +131,30 @@ def kernels_per_step(engine: Any, reqs: list[Any], slots: int, compiled: bool) -
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower())
 
 
+def timed_forward(engine: Any, spent: list[float]) -> bool:
+    """On the CPU (synchronous) with an uncompiled forward: add the time of every model forward to spent[0], so
+    what the engine costs per step outside the model is measured directly (prefill's forward included)."""
+    forward = getattr(engine, "_forward", None)
+    if engine._device != "cpu" or (forward is not None and forward.active):
+        return False
+    inner = engine._model.forward
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    engine._model.forward = timed  # an instance attribute: nn.Module.__call__ finds it first
+    return True
+
+
+def untimed_forward(engine: Any, timed: bool) -> None:
+    if timed:
+        del engine._model.forward
+
+
 def run_variant(name: str, path: Path, args: argparse.Namespace) -> dict[int, dict[str, float]]:
     from evalkit.engines.base import SamplingParams
     from evalkit.engines.hf import HfEngine, HfOptions
@@ -161,21 +187,27 @@ def run_variant(name: str, path: Path, args: argparse.Namespace) -> dict[int, di
                 pstats.Stats(prof).sort_stats("tottime").print_stats(20)
             runs = []
             for _ in range(args.repeats):
+                forward_s = [0.0]
+                timed = timed_forward(engine, forward_s)
                 t0 = time.perf_counter()
                 results = list(engine.generate(reqs, sampling))
                 sync(engine._device)
                 wall = time.perf_counter() - t0
+                untimed_forward(engine, timed)
                 runs.append(level_metrics({"requests": [r.__dict__ | {"output_tokens": len(r.output_token_ids)} for r in results],
                                            "wall_s": wall, "peak_rss_mb": 0.0, "bandwidth": bandwidth}))
+                if timed:  # a step per output token (one batch)
+                    runs[-1]["outside_forward_us"] = (wall - forward_s[0]) / args.output_tokens * 1e6
             m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             m["step_ms"] = step_ms(engine, reqs, args.steps) if args.steps else float("nan")
             m["host_us"] = (m["itl_median_s"] * 1e3 - m["step_ms"]) * 1e3
             m["first_s"] = first_s
             out[c] = m
             share = f"{m['bandwidth_bound_share']:.2%}" if "bandwidth_bound_share" in m else "-"
+            outside = f" | outside forward {m['outside_forward_us']:6.0f} us/step" if "outside_forward_us" in m else ""
             print(f"{name:9s} c{c:<3d} total {m['tokens_per_s']:8.1f} tok/s | decode/request {m['decode_tokens_per_s']:7.1f} tok/s "
                   f"(ITL {m['itl_median_s'] * 1e3:6.3f} ms = step {m['step_ms']:6.3f} ms + host {m['host_us']:6.0f} us) | "
-                  f"TTFT {m['ttft_median_s'] * 1e3:6.1f} ms | bw share {share} | first {first_s:5.1f} s", flush=True)
+                  f"TTFT {m['ttft_median_s'] * 1e3:6.1f} ms | bw share {share} | first {first_s:5.1f} s{outside}", flush=True)
         if args.score_tokens:
             ids = requests(engine, 0, 1, args.score_tokens, 1)[0].prompt_token_ids
             engine.score_span(ids, 1, 0)  # warm
@@ -235,7 +267,7 @@ def main() -> None:
     if args.layers:
         tmp = Path(tempfile.mkdtemp(prefix="bench-hf-decode-"))
         path = fewer_layers(path, args.layers, tmp / "model")
-    where = torch.cuda.get_device_name(0) if gpu else f"CPU, {torch.get_num_threads()} threads"
+    where = torch.cuda.get_device_name(0) if gpu else f"CPU, {args.threads or torch.get_num_threads()} threads"
     print(f"hf decode: {path} ({args.layers or 'all'} layers), {args.dtype} on {where}, torch {torch.__version__}; "
           f"prompts {args.prompt_tokens} tokens, {args.output_tokens} output tokens, greedy, medians of {args.repeats}")
     try:
