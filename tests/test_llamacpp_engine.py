@@ -148,6 +148,37 @@ def test_ignore_eos_gives_exactly_max_tokens(smollm_gguf: Path) -> None:
         engine.close()
 
 
+def test_tight_decode_gives_llama_cpp_pythons_tokens(smollm_gguf: Path) -> None:
+    """The engine's own decode loop (llama_decode + llama.cpp's C sampler chain) gives exactly the tokens and text
+    of llama-cpp-python's Llama.generate (evalkit's loop before it), greedy and seeded, on the real SmolLM2 GGUF:
+    requests served in turn through one context, the reference a separate Llama evaluating each prompt afresh."""
+    import llama_cpp
+
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+
+    engine = LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=512, n_threads=2))
+    ref = llama_cpp.Llama(model_path=str(smollm_gguf), n_ctx=512, n_threads=2, n_threads_batch=2, n_batch=512, n_ubatch=512, verbose=False)
+    try:
+        reqs = [GenRequest("code", "Write a Python function that reverses a string."),
+                GenRequest("story", "Once upon a time", chat=False), GenRequest("capital", "What is the capital of Canada?")]
+        for sampling in (SamplingParams(0.0, 1.0, 32, 0), SamplingParams(0.8, 0.9, 32, 3), SamplingParams(1.0, 1.0, 32, 7)):
+            for got in engine.generate(reqs, sampling):
+                ref.reset()
+                ref.set_seed(sampling.seed)
+                want: list[int] = []
+                for tok in ref.generate(got.prompt_token_ids, temp=sampling.temperature, top_p=sampling.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0):
+                    if llama_cpp.llama_vocab_is_eog(ref._model.vocab, tok) or len(want) == sampling.max_tokens:
+                        break
+                    want.append(tok)
+                assert got.output_token_ids == want, (sampling, got.key)
+                assert got.output_text == ref.detokenize(want).decode("utf-8", errors="replace")
+        hot = [r.output_token_ids for r in engine.generate(reqs[1:2], SamplingParams(1.0, 1.0, 32, 7))]
+        assert hot != [r.output_token_ids for r in engine.generate(reqs[1:2], SamplingParams(1.0, 1.0, 32, 8))]  # seeds matter
+    finally:
+        ref.close()
+        engine.close()
+
+
 def test_logprobs_match_a_direct_computation(gemma_engine) -> None:  # type: ignore[no-untyped-def]
     ids = gemma_engine.tokenize("The quick brown fox jumps over the lazy dog.", add_bos=True)
     scores = gemma_engine.score([ids], top_k=5)[0]

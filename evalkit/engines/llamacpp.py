@@ -136,15 +136,36 @@ class LlamaCppEngine(Engine):
         """
         import llama_cpp
 
-        def sample(tokens: list[int]) -> Iterator[int]:
-            self._prefill(tokens)
-            self._llm.set_seed(sampling.seed)  # the dist sampler is rebuilt from this seed by every Llama.generate()
-            # The whole prompt is in the context with its last logits: generate() samples from them directly.
-            return self._llm.generate(tokens, temp=sampling.temperature, top_p=sampling.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0)
-
         vocab = self._llm._model.vocab
-        return generate_in_turn(self, requests, sampling, self.options.n_ctx, sample,
+        return generate_in_turn(self, requests, sampling, self.options.n_ctx, lambda tokens: self._decode(tokens, sampling),
                                 lambda tok: bool(llama_cpp.llama_vocab_is_eog(vocab, tok)))
+
+    def _decode(self, tokens: list[int], sampling: SamplingParams) -> Iterator[int]:
+        """Stream the tokens sampled after `tokens`: llama_decode one token at a time and llama.cpp's C sampler
+        chain, nothing per token in Python but three ctypes calls (llama-cpp-python's Llama.generate spends
+        ~0.3 ms a token around them on a GPU: the done-when is 0.95x of llama-bench's decode)."""
+        import llama_cpp
+
+        llm = self._llm
+        self._prefill(tokens)  # the prompt's last logits are ready: the first token is sampled from them
+        chain = sampler_chain(sampling)
+        ctx, batch, decode, sample = llm._ctx.ctx, llm._batch.batch, llama_cpp.llama_decode, llama_cpp.llama_sampler_sample
+        batch.n_tokens = 1
+        batch.seq_id[0][0], batch.n_seq_id[0], batch.logits[0] = 0, 1, True
+        ids, pos = llm.input_ids, len(tokens)
+        try:
+            tok = sample(chain, ctx, -1)
+            while True:
+                yield tok
+                batch.token[0], batch.pos[0] = tok, pos
+                if rc := decode(ctx, batch):
+                    raise RuntimeError(f"llama_decode returned {rc}")
+                ids[pos] = tok  # Llama's own bookkeeping of what the context holds
+                pos += 1
+                llm.n_tokens = pos
+                tok = sample(chain, ctx, -1)
+        finally:
+            llama_cpp.llama_sampler_free(chain)
 
     _REUSE_ALIGN = 64  # reuse points are multiples of 64, at least 64 rows before the prompt's end
 
@@ -348,6 +369,24 @@ class LlamaCppEngine(Engine):
 
     def close(self) -> None:
         self._llm.close()
+
+
+def sampler_chain(sampling: SamplingParams) -> Any:
+    """llama.cpp's C sampler chain for `sampling` (free it with llama_sampler_free): greedy at temperature 0,
+    else top-p, temperature and a distribution seeded by the request. The samples equal llama-cpp-python's
+    Llama.generate(temp=t, top_p=p, top_k=0, min_p=0, repeat_penalty=1) with that seed (what evalkit used
+    before): its chain adds penalties, top-k, typical and min-p samplers that return at once at those values."""
+    import llama_cpp
+
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if sampling.temperature == 0.0:
+        parts = [llama_cpp.llama_sampler_init_greedy()]
+    else:
+        parts = [llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1), llama_cpp.llama_sampler_init_temp(sampling.temperature),
+                 llama_cpp.llama_sampler_init_dist(sampling.seed)]
+    for part in parts:
+        llama_cpp.llama_sampler_chain_add(chain, part)  # the chain owns (and frees) its parts
+    return chain
 
 
 # -- the spec -------------------------------------------------------------------------------------
