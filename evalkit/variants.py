@@ -620,8 +620,10 @@ def _llama_child(argv: list[str]) -> int:
     """The child side of `_run_llama_helper`. Prints one JSON line on success."""
     import ctypes
 
+    from evalkit.engines.llamacpp import load_llama_cpp
+
     try:
-        import llama_cpp
+        llama_cpp = load_llama_cpp()
     except ImportError:
         return 3
     if argv[0] == "quantize":

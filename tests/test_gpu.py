@@ -137,9 +137,10 @@ def test_fp8_variant_is_native_and_close_to_bf16(tmp_path: Path) -> None:
 
 
 def test_llamacpp_auto_offloads_every_layer() -> None:
-    import llama_cpp
+    # torch (CUDA) is loaded in this process by the hf tests before: the load order that crashed on the H200.
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions, load_llama_cpp
 
-    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+    llama_cpp = load_llama_cpp()
 
     assert llama_cpp.llama_supports_gpu_offload()
     before = _nvml_used()

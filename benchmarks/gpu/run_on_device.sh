@@ -5,14 +5,16 @@
 #   build   llama.cpp with CUDA (sm_90): libllama + llama-bench + llama-quantize, once (a carried
 #           .gpu/llama-cuda.tar.xz from an earlier call is unpacked instead); SmolLM2-shaped models; the gpu
 #           tests; llama-bench on Q4_K_M and Q8_0
-#   run     the evalkit GPU run (benchmarks/gpu/h200.yaml): hf bf16, hf fp8, llama.cpp Q4_K_M and Q8_0
+#   run     the evalkit GPU run (benchmarks/gpu/h200.yaml): hf bf16, hf fp8, llama.cpp Q4_K_M and Q8_0; then
+#           llama-bench and benchmarks/bench_decode.py (evalkit's decode vs tg128) on both GGUFs
 #   qwen    Qwen2.5-7B-shaped bf16 + Q4_K_M: plan vs NVML peak (benchmarks/gpu/h200-qwen.yaml)
 #   decode  the hf engine's decode speed (benchmarks/bench_hf_decode.py: c1/c16, compiled vs graphs only, kernels
 #           per step) and its GPU decode tests; needs only the SmolLM2-shaped hf checkpoint (no llama.cpp build)
+#   llama-decode  llama.cpp: the load-order check and bench_decode.py on both GGUFs (~1 minute once built)
 #   all     build, run, then Qwen bf16 and the gpu tests as far as the call's 10 minutes allow
 # Every step first makes sure the earlier steps' outputs exist (a cold machine rebuilds what it needs).
 set -uo pipefail
-STEP=${1:?usage: run_on_device.sh build|run|qwen|decode|all}
+STEP=${1:?usage: run_on_device.sh build|run|qwen|decode|llama-decode|all}
 ROOT=$PWD
 PACK=$ROOT/.gpu
 # Under .cache/ (ignored by the repo's .gitignore): the device keeps ignored outputs between warm calls and
@@ -90,23 +92,48 @@ smollm_run() {
   (cd "$W/evalkit" && sed "s#@MODELS@#$M#g" "${EVALKIT_GPU_CONFIG:-benchmarks/gpu/h200.yaml}" > "$W/h200.yaml" && $PY -m evalkit plan "$W/h200.yaml" > "$OUT/plan.txt" 2>&1; tail -20 "$OUT/plan.txt"
    $PY -m evalkit run --config "$W/h200.yaml" --out "$W/reports" --no-cache 2>&1 | grep -v "it/s\]\|s/it\]" | tail -40)
   RUN=$(ls -d "$W"/reports/*/ | tail -1)
-  # Known failure (H200, 2026-12-02): a worker that imports evalkit before llama_cpp segfaults inside llama.cpp's
-  # tokenizer set-up while loading the GGUF (llama_model_load_from_file, "init_tokenizer"); llama_cpp imported
-  # first loads it fine (and llama-bench runs). Cause not found in the device time there was. Workaround: resume
-  # the run with llama_cpp preloaded (sitecustomize) so only the llama.cpp units run, then re-score without it
-  # (the preloaded driver aborted at exit once, "free(): invalid pointer"; hf workers must not preload it).
+  # The llama.cpp load crash seen here on 2026-12-02 (a GGUF load segfaulting right after "init_tokenizer" in a
+  # worker that imported evalkit before llama_cpp: libllama's std::regex calls bound to another library's copy)
+  # is fixed in the engine (load_llama_cpp: RTLD_DEEPBIND). A deployment left unfinished says the fix did not
+  # hold; LLAMA_PRELOAD_FALLBACK=1 resumes it with llama_cpp preloaded (sitecustomize), the old workaround.
   unfinished=0
   for f in "$RUN"/records/*.jsonl; do [ -s "$f" ] || unfinished=1; done
   if [ "$unfinished" = 1 ]; then
-    say "resuming the llama.cpp deployments with llama_cpp preloaded (see the comment above)"
-    mkdir -p "$W/preload" && echo "import llama_cpp  # loaded before evalkit's imports" > "$W/preload/sitecustomize.py"
-    (cd "$W/evalkit" && PYTHONPATH=$W/preload:$PYTHONPATH $PY -m evalkit run --resume "$RUN" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -8
-     $PY -m evalkit report "$RUN" 2>&1 | tail -2)
+    say "UNFINISHED deployments in $RUN (see its logs/): $(for f in "$RUN"/records/*.jsonl; do [ -s "$f" ] || basename "$f" .jsonl; done | tr '\n' ' ')"
+    if [ "${LLAMA_PRELOAD_FALLBACK:-0}" = 1 ]; then
+      say "resuming them with llama_cpp preloaded (LLAMA_PRELOAD_FALLBACK=1)"
+      mkdir -p "$W/preload" && echo "import llama_cpp  # loaded before evalkit's imports" > "$W/preload/sitecustomize.py"
+      (cd "$W/evalkit" && PYTHONPATH=$W/preload:$PYTHONPATH $PY -m evalkit run --resume "$RUN" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -8
+       $PY -m evalkit report "$RUN" 2>&1 | tail -2)
+    fi
   fi
   cp "$RUN/report.md" "$OUT/" 2>/dev/null  # scores.csv and the rest are in run.tar.gz (8 files come back at most)
   tar -C "$RUN" -czf "$OUT/run.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
   say "llama-bench on the same GGUFs, same call"
   "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench.md" | tail -6
+  decode_bench
+}
+
+# Issue 21's done-when: evalkit's llama.cpp decode at concurrency 1 >= 0.95x llama-bench tg128, same GGUF, same
+# call (benchmarks/bench_decode.py: llama-bench, raw low-level loops, Llama.generate, evalkit; per-token overhead).
+decode_bench() {
+  say "decode: evalkit vs llama-bench tg128 (benchmarks/bench_decode.py)"
+  rm -f "$OUT/decode.txt"  # one file for both (at most 8 files come back from a call)
+  for q in Q4_K_M Q8_0; do
+    (cd "$W/evalkit" && $PY benchmarks/bench_decode.py --model "$M/smollm2-$q.gguf" --llama-bench "$BIN/llama-bench" --ngl -1 --rounds 3) 2>&1 | tee -a "$OUT/decode.txt" | tail -12
+  done
+}
+
+# The load order that crashed here: torch (CUDA) imported first, then evalkit's llama.cpp engine loads a GGUF.
+load_order_check() {
+  say "llama.cpp load after torch (the 2026-12-02 crash)"
+  (cd "$W/evalkit" && timeout 120 $PY -X faulthandler -c "
+import sys, torch; torch.zeros(1, device='cuda')
+from evalkit.engines.base import GenRequest, SamplingParams
+from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+e = LlamaCppEngine('$M/smollm2-Q4_K_M.gguf', LlamaCppOptions(n_ctx=512, n_gpu_layers=-1))
+r = list(e.generate([GenRequest('a', 'Hello', chat=False, max_tokens=8, ignore_eos=True)], SamplingParams(max_tokens=8)))[0]
+print('load-order check OK: torch first, GGUF loaded on', e.info().extra['offload'], r.output_token_ids)" 2>&1 | tail -15)
 }
 
 # Qwen2.5-7B-shaped: bf16 on hf always; Q4_K_M (convert + quantize, minutes) only with `with_q4`.
@@ -154,12 +181,13 @@ build)
   gpu_tests
   "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tail -6
   ;;
-run) build_llama; smollm_models; smollm_run ;;
+run) build_llama; smollm_models; load_order_check; smollm_run ;;
+llama-decode) build_llama; smollm_models; load_order_check; decode_bench ;;
 qwen) build_llama; qwen_run with_q4 ;;
 decode) smollm_hf; hf_decode ;;
 # Everything one cold machine can do in one call (10 minutes): what does not fit in the time left is skipped.
 all)
-  build_llama; smollm_models; smollm_run
+  build_llama; smollm_models; load_order_check; smollm_run
   if [ "$(elapsed)" -lt 390 ]; then qwen_run; else say "skipped: Qwen (time)"; fi
   if [ "$(elapsed)" -lt 520 ]; then gpu_tests 60; else say "skipped: gpu tests (time)"; fi
   ;;

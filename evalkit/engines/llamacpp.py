@@ -1,11 +1,15 @@
 """llama.cpp engine (llama-cpp-python, in-process): generation, teacher-forced log-probabilities.
 
-The module holds the engine's spec and options; `llama_cpp` itself is imported only when a model loads.
+The module holds the engine's spec and options; `llama_cpp` itself is imported only when a model loads, through
+`load_llama_cpp` (libllama bound to its own C++ symbols first).
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
 from typing import Annotated, Any, Iterator, Literal, Sequence
 
 import numpy as np
@@ -48,6 +52,31 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return logits - lse
 
 
+def load_llama_cpp() -> ModuleType:
+    """`llama_cpp`, its libllama (with libggml and the backends it needs) loaded first with RTLD_DEEPBIND on Linux.
+
+    libllama exports the C++ template code it instantiates (std::regex's among them) as weak symbols, and the
+    dynamic linker binds its calls to the first copy in the process's global scope: a library loaded earlier
+    with RTLD_GLOBAL (torch's CUDA dependencies, say), built by another compiler, then runs in its place. On the
+    H200 a GGUF load crashed so, right after "init_tokenizer" (the BPE pre-tokenizer compiles a std::regex), in
+    any process that had imported evalkit's other dependencies first. DEEPBIND makes libllama look in itself
+    first (tests/test_llamacpp_load_order.py reproduces the crash and shows this prevents it)."""
+    if "llama_cpp" not in sys.modules and hasattr(os, "RTLD_DEEPBIND"):
+        import ctypes
+        from importlib.util import find_spec
+        from pathlib import Path
+
+        spec = find_spec("llama_cpp")
+        if spec is not None and spec.origin is not None:
+            # Where llama_cpp itself looks (llama_cpp/llama_cpp.py): LLAMA_CPP_LIB_PATH, else the package's lib/.
+            lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(spec.origin).parent / "lib") / "libllama.so"
+            if lib.exists():  # llama_cpp's own CDLL of this path then gets this handle
+                ctypes.CDLL(str(lib), mode=os.RTLD_NOW | os.RTLD_DEEPBIND)
+    import llama_cpp
+
+    return llama_cpp
+
+
 # What a seeded request can promise on this engine (manifest and report quote it).
 REPRODUCIBILITY = (
     "bit-identical: a sampler seeded per request, and a prompt prefix is reused from the cache only where every "
@@ -62,7 +91,7 @@ class LlamaCppEngine(Engine):
     def __init__(self, model_path: str, options: LlamaCppOptions) -> None:
         self.options = options
         self.model_path = str(model_path)
-        import llama_cpp
+        llama_cpp = load_llama_cpp()
 
         threads = options.n_threads or engine_threads()
         start = time.perf_counter()
@@ -134,7 +163,7 @@ class LlamaCppEngine(Engine):
 
         ttft_s/total_s are measured from the moment this call started: all requests arrive together.
         """
-        import llama_cpp
+        llama_cpp = load_llama_cpp()
 
         vocab = self._llm._model.vocab
         return generate_in_turn(self, requests, sampling, self.options.n_ctx, lambda tokens: self._decode(tokens, sampling),
@@ -144,7 +173,7 @@ class LlamaCppEngine(Engine):
         """Stream the tokens sampled after `tokens`: llama_decode one token at a time and llama.cpp's C sampler
         chain, nothing per token in Python but three ctypes calls (llama-cpp-python's Llama.generate spends
         ~0.3 ms a token around them on a GPU: the done-when is 0.95x of llama-bench's decode)."""
-        import llama_cpp
+        llama_cpp = load_llama_cpp()
 
         llm = self._llm
         self._prefill(tokens)  # the prompt's last logits are ready: the first token is sampled from them
@@ -336,7 +365,7 @@ class LlamaCppEngine(Engine):
     # -- description ----------------------------------------------------------------------------
 
     def info(self) -> EngineInfo:
-        import llama_cpp
+        llama_cpp = load_llama_cpp()
 
         meta = self._llm.metadata
         return EngineInfo(
@@ -376,7 +405,7 @@ def sampler_chain(sampling: SamplingParams) -> Any:
     else top-p, temperature and a distribution seeded by the request. The samples equal llama-cpp-python's
     Llama.generate(temp=t, top_p=p, top_k=0, min_p=0, repeat_penalty=1) with that seed (what evalkit used
     before): its chain adds penalties, top-k, typical and min-p samplers that return at once at those values."""
-    import llama_cpp
+    llama_cpp = load_llama_cpp()
 
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     if sampling.temperature == 0.0:
@@ -409,9 +438,7 @@ def gguf_precision(q: str | None, capability: tuple[int, int] | None) -> Precisi
 def llama_gpu_offload() -> bool:
     """Whether the installed llama-cpp-python can offload layers to a GPU (False when not installed)."""
     try:
-        import llama_cpp
-
-        return bool(llama_cpp.llama_supports_gpu_offload())
+        return bool(load_llama_cpp().llama_supports_gpu_offload())
     except Exception:
         return False
 
@@ -440,7 +467,7 @@ def _hardware(deployment: Any) -> HardwareUse:
 
 def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
     """LlamaCppEngine's tokenization on a vocabulary-only load (tokenize/prompt_token_ids are its own methods)."""
-    import llama_cpp
+    llama_cpp = load_llama_cpp()
 
     class LlamaCppTokenizer(TokenizerOnly, LlamaCppEngine):
         name = "llamacpp"
