@@ -31,6 +31,7 @@ import llama_cpp
 
 from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions, sampler_chain
+from evalkit.engines.llamacpp_lib import lib_dir
 from evalkit.hardware import engine_threads
 from evalkit.models import resolve_source
 from evalkit.suites.cost import synthetic_prompt
@@ -42,7 +43,10 @@ def llama_bench(exe: str, gguf: str, tokens: int, depth: int, threads: int, ngl:
     """llama-bench's tg<tokens> tokens/s at depth 0 and at `depth` (no sampling: llama_decode + synchronize)."""
     cmd = [exe, "-m", gguf, "-p", "0", "-n", str(tokens), "-d", f"0,{depth}", "-t", str(threads),
            "-ngl", str(99 if ngl < 0 else ngl), "-fa", "0", "-r", str(reps), "-o", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    # On the libllama/libggml evalkit loads (LD_LIBRARY_PATH comes before llama-bench's RUNPATH): the same build.
+    lib = lib_dir()
+    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(lib or ""), os.environ.get("LD_LIBRARY_PATH")]))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return {int(t["n_depth"]): float(t["avg_ts"]) for t in json.loads(proc.stdout)}
 
 

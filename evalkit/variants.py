@@ -620,7 +620,7 @@ def _llama_child(argv: list[str]) -> int:
     """The child side of `_run_llama_helper`. Prints one JSON line on success."""
     import ctypes
 
-    from evalkit.engines.llamacpp import load_llama_cpp
+    from evalkit.engines.llamacpp_lib import load_llama_cpp
 
     try:
         llama_cpp = load_llama_cpp()

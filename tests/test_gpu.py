@@ -138,7 +138,8 @@ def test_fp8_variant_is_native_and_close_to_bf16(tmp_path: Path) -> None:
 
 def test_llamacpp_auto_offloads_every_layer() -> None:
     # torch (CUDA) is loaded in this process by the hf tests before: the load order that crashed on the H200.
-    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions, load_llama_cpp
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+    from evalkit.engines.llamacpp_lib import load_llama_cpp
 
     llama_cpp = load_llama_cpp()
 

@@ -56,13 +56,14 @@ def _child(tmp: Path, interposer: str, mode: str, gguf: Path) -> subprocess.Comp
 
 def test_llama_cpp_loads_whatever_came_first(tmp_path: Path, smollm_gguf: Path) -> None:
     import ctypes
-    from importlib.util import find_spec
+
+    from evalkit.engines.llamacpp_lib import lib_dir
 
     require_module("llama_cpp", "llama.cpp engine")
     cc = require_tool("cc", "gcc", why="builds the interposing library")
-    spec = find_spec("llama_cpp")
-    assert spec is not None and spec.origin is not None
-    libllama = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(spec.origin).parent / "lib") / "libllama.so"
+    lib_path = lib_dir()
+    assert lib_path is not None
+    libllama = lib_path / "libllama.so"
     exported = ctypes.CDLL(str(libllama))
     assert all(hasattr(exported, s) for s in COMPILER_CTORS)  # libllama exports them: they can be interposed
     src = tmp_path / "interpose.c"

@@ -5,11 +5,8 @@ The module holds the engine's spec and options; `llama_cpp` itself is imported o
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
-from types import ModuleType
 from typing import Annotated, Any, Iterator, Literal, Sequence
 
 import numpy as np
@@ -17,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines import llamacpp_rules
+from evalkit.engines.llamacpp_lib import load_llama_cpp
 from evalkit.engines.llamacpp_memory import predict_llamacpp
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import TokenizerOnly
@@ -50,31 +48,6 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     m = logits.max(axis=-1, keepdims=True)
     lse = np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)) + m
     return logits - lse
-
-
-def load_llama_cpp() -> ModuleType:
-    """`llama_cpp`, its libllama (with libggml and the backends it needs) loaded first with RTLD_DEEPBIND on Linux.
-
-    libllama exports the C++ template code it instantiates (std::regex's among them) as weak symbols, and the
-    dynamic linker binds its calls to the first copy in the process's global scope: a library loaded earlier
-    with RTLD_GLOBAL (torch's CUDA dependencies, say), built by another compiler, then runs in its place. On the
-    H200 a GGUF load crashed so, right after "init_tokenizer" (the BPE pre-tokenizer compiles a std::regex), in
-    any process that had imported evalkit's other dependencies first. DEEPBIND makes libllama look in itself
-    first (tests/test_llamacpp_load_order.py reproduces the crash and shows this prevents it)."""
-    if "llama_cpp" not in sys.modules and hasattr(os, "RTLD_DEEPBIND"):
-        import ctypes
-        from importlib.util import find_spec
-        from pathlib import Path
-
-        spec = find_spec("llama_cpp")
-        if spec is not None and spec.origin is not None:
-            # Where llama_cpp itself looks (llama_cpp/llama_cpp.py): LLAMA_CPP_LIB_PATH, else the package's lib/.
-            lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(spec.origin).parent / "lib") / "libllama.so"
-            if lib.exists():  # llama_cpp's own CDLL of this path then gets this handle
-                ctypes.CDLL(str(lib), mode=os.RTLD_NOW | os.RTLD_DEEPBIND)
-    import llama_cpp
-
-    return llama_cpp
 
 
 # What a seeded request can promise on this engine (manifest and report quote it).
