@@ -9,11 +9,13 @@ suite's decode_tokens_per_s), median over rounds; each round runs llama-bench (t
 length) and then every Python method, in an order that rotates between rounds. The Python methods share the
 engine's own Llama (weights, context, threads), decode after a --prompt-tokens prompt (the cost protocol), greedy:
   raw decode         llama_decode of one token at a time and nothing else (llama-bench's loop, from Python)
-  raw decode+sample  the same plus llama.cpp's C greedy sampler (llama_sampler_sample): what any sampling costs
+  raw decode+sample  the same plus llama.cpp's C greedy sampler (llama_sampler_sample; evalkit takes numpy's argmax)
   Llama.generate     llama-cpp-python's high-level generator (evalkit's loop before the tight decode)
   evalkit            LlamaCppEngine.generate at concurrency 1 (GenResult ttft_s / total_s)
-Also printed: each rate as a ratio of tg and the time per token spent beyond llama-bench's, in microseconds (on a
-CPU the per-token compute hides that overhead; on a GPU a token is ~1 ms and the overhead decides the ratio).
+Also printed: each rate as a ratio of tg, the time per token beyond llama-bench's, and for the Python methods
+the time per token spent outside llama_decode (a second run of each with llama_decode timed: the per-token
+Python and sampling cost, which CPU compute and noise hide in the rates; on a GPU a token is ~1 ms and that
+overhead decides the ratio, but there the wait for the GPU falls outside llama_decode too, in the sampler's sync).
 Prints figures; asserts nothing about time. GPU: --ngl -1 (every layer; llama-bench gets -ngl 99).
 """
 from __future__ import annotations
@@ -115,11 +117,33 @@ def main() -> None:
         assert len(res.output_token_ids) == n and res.ttft_s is not None
         return res.total_s - res.ttft_s
 
+    def outside_decode(fn: Callable[[], float]) -> float:
+        """Microseconds per generated token that `fn` spends outside llama_decode's one-token calls."""
+        inner = llama_cpp.llama_decode
+        spent = [0.0]
+
+        def timed(c: object, b: llama_cpp.llama_batch) -> int:
+            if b.n_tokens != 1:  # the prompt's batches: before the first token
+                return int(inner(c, b))
+            t = time.perf_counter()
+            rc = inner(c, b)
+            spent[0] += time.perf_counter() - t
+            return int(rc)
+
+        # The engine looks it up per request, llama-cpp-python's internals per call (in llama_cpp.llama_cpp).
+        llama_cpp.llama_decode = llama_cpp.llama_cpp.llama_decode = timed
+        try:
+            elapsed = fn()
+        finally:
+            llama_cpp.llama_decode = llama_cpp.llama_cpp.llama_decode = inner
+        return 1e6 * (elapsed - spent[0]) / (n - 1)
+
     methods: dict[str, Callable[[], float]] = {
         "raw decode": raw(False), "raw decode+sample": raw(True), "Llama.generate": high_level, "evalkit": evalkit}
     for fn in methods.values():  # warm-up: weights paged in, buffers (and CUDA graphs) made
         fn()
     rates: dict[str, list[float]] = {name: [] for name in methods}
+    outside: dict[str, list[float]] = {name: [] for name in methods}
     bench: dict[int, list[float]] = {}
     names = list(methods)
     for r in range(args.rounds):
@@ -127,6 +151,7 @@ def main() -> None:
             bench.setdefault(depth, []).append(ts)
         for name in names[r % len(names):] + names[: r % len(names)]:
             rates[name].append((n - 1) / methods[name]())
+            outside[name].append(outside_decode(methods[name]))
 
     tg = statistics.median(bench[0])
     tg_d = statistics.median(bench[args.prompt_tokens])
@@ -135,12 +160,13 @@ def main() -> None:
           f"{args.rounds} rounds (medians)  load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"llama-bench {bench_exe}\n")
     print(f"{'':<22}{'tokens/s':>10}{'us/token':>10}{'x tg' + str(n):>9}{'overhead us':>13}"
-          f"{'x tg@d' + str(args.prompt_tokens):>11}{'overhead us':>13}")
+          f"{'x tg@d' + str(args.prompt_tokens):>11}{'overhead us':>13}{'outside decode us':>19}  (min over rounds)")
     rows = [(f"llama-bench tg{n}", tg), (f"llama-bench tg{n}@d{args.prompt_tokens}", tg_d)]
     rows += [(name, statistics.median(v)) for name, v in rates.items()]
     for name, ts in rows:
+        out = f"{min(outside[name]):>19.1f}" if name in outside else ""  # min: preemption only adds
         print(f"{name:<22}{ts:>10.1f}{1e6 / ts:>10.1f}{ts / tg:>9.3f}{1e6 / ts - 1e6 / tg:>13.1f}"
-              f"{ts / tg_d:>11.3f}{1e6 / ts - 1e6 / tg_d:>13.1f}")
+              f"{ts / tg_d:>11.3f}{1e6 / ts - 1e6 / tg_d:>13.1f}{out}")
     print("\nper round tokens/s: " + "; ".join(
         f"{k}: {', '.join(f'{x:.0f}' for x in v)}" for k, v in [(f"tg{n}", bench[0]), *rates.items()]))
     engine.close()
