@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import llama_cpp
-
 from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions, sampler_chain
-from evalkit.engines.llamacpp_lib import lib_dir
+from evalkit.engines.llamacpp_lib import lib_dir, load_llama_cpp
 from evalkit.hardware import engine_threads
 from evalkit.models import resolve_source
 from evalkit.suites.cost import synthetic_prompt
+
+llama_cpp = load_llama_cpp()
 
 PEER_BIN = Path(__file__).resolve().parents[1] / ".cache/peer/llama-cpp-python-0.3.36/build/bin"
 
