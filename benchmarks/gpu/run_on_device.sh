@@ -94,7 +94,7 @@ smollm_run() {
   RUN=$(ls -d "$W"/reports/*/ | tail -1)
   # The llama.cpp load crash seen here on 2026-12-02 (a GGUF load segfaulting right after "init_tokenizer" in a
   # worker that imported evalkit before llama_cpp: libllama's std::regex calls bound to another library's copy)
-  # is fixed in the engine (load_llama_cpp: RTLD_DEEPBIND). A deployment left unfinished says the fix did not
+  # is fixed in the engine (load_llama_cpp: libstdc++ into the global scope first). A deployment left unfinished says the fix did not
   # hold; LLAMA_PRELOAD_FALLBACK=1 resumes it with llama_cpp preloaded (sitecustomize), the old workaround.
   unfinished=0
   for f in "$RUN"/records/*.jsonl; do [ -s "$f" ] || unfinished=1; done

@@ -1,5 +1,5 @@
-"""Loading llama-cpp-python so that libllama binds to its own C++ code (a leaf: the engine, its tokenizer stand-in
-and the variants' quantize/tokenize child all import llama_cpp through it)."""
+"""Loading llama-cpp-python so that libllama's C++ runtime calls reach libstdc++ (a leaf: the engine, its tokenizer
+stand-in and the variants' quantize/tokenize child all import llama_cpp through it)."""
 from __future__ import annotations
 
 import os
@@ -9,19 +9,21 @@ from types import ModuleType
 
 
 def load_llama_cpp() -> ModuleType:
-    """`llama_cpp`, its libllama (with libggml and the backends it needs) loaded first with RTLD_DEEPBIND on Linux.
+    """`llama_cpp`, with libstdc++ first put into the process's global symbol scope (Linux).
 
-    libllama exports the C++ template code it instantiates (std::regex's among them) as weak symbols, and the
-    dynamic linker binds its calls to the first copy in the process's global scope: a library loaded earlier
-    with RTLD_GLOBAL (torch's CUDA dependencies, say), built by another compiler, then runs in its place. On the
-    H200 a GGUF load crashed so, right after "init_tokenizer" (the BPE pre-tokenizer compiles a std::regex), in
-    any process that had imported evalkit's other dependencies first. DEEPBIND makes libllama look in itself
-    first (tests/test_llamacpp_load_order.py reproduces the crash and shows this prevents it)."""
-    lib = None if "llama_cpp" in sys.modules else lib_dir()
-    if lib is not None and (lib / "libllama.so").exists() and hasattr(os, "RTLD_DEEPBIND"):
+    On the H200 (CUDA build) a GGUF load segfaulted right after "init_tokenizer" in any process that had imported
+    numpy before llama_cpp (evalkit's workers do): numpy's extension modules load libstdc++ privately (RTLD_LOCAL),
+    so the C++ runtime calls of libllama's std::regex code (the BPE pre-tokenizer compiles one) bound to copies
+    inside libggml-cuda instead (cuda-gdb: std::codecvt<char16_t>::do_unshift in libggml-cuda.so.0 called from
+    _BracketMatcher::_M_ready). Measured there, numpy imported first: with libstdc++ loaded RTLD_GLOBAL before
+    llama_cpp the load works; without it, and with libllama loaded RTLD_DEEPBIND, it crashes."""
+    if "llama_cpp" not in sys.modules and sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(str(lib / "libllama.so"), mode=os.RTLD_NOW | os.RTLD_DEEPBIND)  # llama_cpp's CDLL gets this handle
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        except OSError:  # no shared libstdc++ (a static build): nothing to bind against
+            pass
     import llama_cpp
 
     return llama_cpp
