@@ -111,7 +111,7 @@ smollm_run() {
   tar -C "$RUN" -czf "$OUT/run.tar.gz" --exclude='distributions' --exclude='*.png' . && ls -la "$OUT"
   say "llama-bench on the same GGUFs, same call"
   "$BIN/llama-bench" -m "$M/smollm2-Q4_K_M.gguf" -m "$M/smollm2-Q8_0.gguf" -ngl 99 -fa 0 -p 128 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama-bench.md" | tail -6
-  decode_bench
+  [ -n "${SKIP_DECODE:-}" ] || decode_bench  # SKIP_DECODE=1: the same call ran `llama-decode` first
 }
 
 # Issue 21's done-when: evalkit's llama.cpp decode at concurrency 1 >= 0.95x llama-bench tg128, same GGUF, same
