@@ -35,7 +35,7 @@ if [ -z "$(ls "$DEST/whl" 2>/dev/null)" ]; then
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$DEST/whl" pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection typing-extensions==4.16.0 \
-    krippendorff openpyxl et-xmlfile platformdirs "gguf>=0.17" diskcache
+    krippendorff openpyxl et-xmlfile platformdirs "gguf>=0.17" diskcache tenacity==9.2.1
 fi
 
 # 4. Model shapes: SmolLM2-135M's config and tokenizer (from the `hf` variant evalkit made of the pkg GGUF)
