@@ -171,3 +171,10 @@ def test_corpus_paired_bootstrap_matches_normal_theory_for_a_mean() -> None:
     p_normal = 2 * sps.norm.sf(abs(d.mean()) / se)
     assert res.p_value == pytest.approx(p_normal, abs=0.01)
     assert res.significant == (p_normal < 0.05)
+
+
+def test_default_z_is_scipys_quantile_to_the_last_bit() -> None:
+    from evalkit.metrics.stats import z_value
+
+    assert z_value() == z_value(0.05) == float(sps.norm.ppf(0.975))
+    assert z_value(0.1) == float(sps.norm.ppf(0.95))
