@@ -16,7 +16,8 @@ Also printed: each rate as a ratio of tg, the time per token beyond llama-bench'
 the time per token spent outside llama_decode (a second run of each with llama_decode timed: the per-token
 Python and sampling cost, which CPU compute and noise hide in the rates; on a GPU a token is ~1 ms and that
 overhead decides the ratio, but there the wait for the GPU falls outside llama_decode too, in the sampler's sync).
-Prints figures; asserts nothing about time. GPU: --ngl -1 (every layer; llama-bench gets -ngl 99).
+Last, evalkit's own per-token cost with warm caches: 2000 greedy tokens with llama_decode's one-token calls
+replaced by a no-op (the logits stay the prompt's), min of 5. Prints figures; asserts nothing about time. GPU: --ngl -1 (every layer; llama-bench gets -ngl 99).
 """
 from __future__ import annotations
 
@@ -138,6 +139,19 @@ def main() -> None:
             llama_cpp.llama_decode = llama_cpp.llama_cpp.llama_decode = inner
         return 1e6 * (elapsed - spent[0]) / (n - 1)
 
+    def no_decode_cost(steps: int = 2000) -> float:
+        """evalkit's us per token with one-token llama_decode calls answered at once (what is left is evalkit's)."""
+        inner = llama_cpp.llama_decode
+        llama_cpp.llama_decode = lambda c, b: 0 if b.n_tokens == 1 else inner(c, b)
+        try:
+            req = GenRequest("py", "", chat=False, max_tokens=steps, prompt_token_ids=tuple(prompt), ignore_eos=True)
+            (res,) = engine.generate([req], SamplingParams(temperature=0.0, max_tokens=steps))
+        finally:
+            llama_cpp.llama_decode = inner
+            engine._forget_context()  # the context holds less than the engine's bookkeeping says
+        assert res.ttft_s is not None
+        return 1e6 * (res.total_s - res.ttft_s) / (steps - 1)
+
     methods: dict[str, Callable[[], float]] = {
         "raw decode": raw(False), "raw decode+sample": raw(True), "Llama.generate": high_level, "evalkit": evalkit}
     for fn in methods.values():  # warm-up: weights paged in, buffers (and CUDA graphs) made
@@ -167,6 +181,7 @@ def main() -> None:
         out = f"{min(outside[name]):>19.1f}" if name in outside else ""  # min: preemption only adds
         print(f"{name:<22}{ts:>10.1f}{1e6 / ts:>10.1f}{ts / tg:>9.3f}{1e6 / ts - 1e6 / tg:>13.1f}"
               f"{ts / tg_d:>11.3f}{1e6 / ts - 1e6 / tg_d:>13.1f}{out}")
+    print(f"evalkit without llama_decode (a no-op; warm caches): {min(no_decode_cost() for _ in range(5)):.1f} us/token (min of 5)")
     print("\nper round tokens/s: " + "; ".join(
         f"{k}: {', '.join(f'{x:.0f}' for x in v)}" for k, v in [(f"tg{n}", bench[0]), *rates.items()]))
     engine.close()
