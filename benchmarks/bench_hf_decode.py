@@ -270,6 +270,12 @@ def main() -> None:
     where = torch.cuda.get_device_name(0) if gpu else f"CPU, {args.threads or torch.get_num_threads()} threads"
     print(f"hf decode: {path} ({args.layers or 'all'} layers), {args.dtype} on {where}, torch {torch.__version__}; "
           f"prompts {args.prompt_tokens} tokens, {args.output_tokens} output tokens, greedy, medians of {args.repeats}")
+    if gpu:  # what torch.compile needs on a GPU: Triton builds its launcher with a C compiler against Python.h
+        import sysconfig
+
+        header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+        print(f"torch.compile needs: C compiler {shutil.which('gcc') or shutil.which('cc') or 'MISSING'}, "
+              f"{header} {'present' if header.exists() else 'MISSING'}")
     try:
         figures = {v: run_variant(v, path, args) for v in args.variants}
     finally:
