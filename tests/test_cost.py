@@ -107,8 +107,21 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
     info = llama.info()
     cached = CachedEngine(llama, key_parts_from_info(info, None, LlamaCppOptions(n_ctx=256)), root=tmp_path / "cache")
     records: list[dict[str, Any]] = []
-    suite.run(cached, suite.items(), SamplingParams(temperature=0.7, top_p=0.9, seed=1), records.extend)
+    batches: list[list[str]] = []
+    generate = llama.generate
+
+    def recording(reqs: Any, sampling: Any) -> Any:
+        batches.append([r.key for r in reqs])
+        return generate(reqs, sampling)
+
+    llama.generate = recording  # type: ignore[method-assign]
+    try:
+        suite.run(cached, suite.items(), SamplingParams(temperature=0.7, top_p=0.9, seed=1), records.extend)
+    finally:
+        del llama.generate
     assert not (tmp_path / "cache").exists()  # timings never go through the cache
+    # every level's batch shape warmed up, unrecorded, before any measured level
+    assert [len(b) for b in batches] == [1, 2, 1, 2] and all(k.startswith("warmup-c") for b in batches[:2] for k in b)
 
     assert [r["item_id"] for r in records] == ["c1/r1", "c2/r1"]
     for rec in records:
