@@ -80,7 +80,6 @@ def time_v(cmd: list[str]) -> tuple[float, int, int]:
 
 
 def measure(run: Path, eval_wall_s: float | None) -> None:
-    manifest = json.loads((run / "manifest.json").read_text())
     print(f"\nrun {run}")
     report_wall, report_rss_kb, rc = time_v([PY, "-m", "evalkit", "report", str(run)])
     print(f"evalkit report (scoring + report, whole process): {report_wall:.1f} s, peak RSS {report_rss_kb / 1024:.0f} MB, rc {rc}")
@@ -91,7 +90,7 @@ def measure(run: Path, eval_wall_s: float | None) -> None:
     side_sizes: dict[str, int] = {}
     for path in (run / "arrays").glob("*.npy"):
         side_sizes[path.stem] = path.stat().st_size
-    print(f"{'deployment':<18} {'chunks':>6} {'tokens':>9} {'record B/chunk (mean/max)':>26} {'side B/token':>13}  KLD  PPL")
+    print(f"{'deployment':<18} {'chunks':>6} {'tokens':>9} {'record B/chunk (mean/max)':>26} {'side B/token':>13}")
     for rec_file in sorted((run / "records").glob("*.jsonl")):
         lines = [ln for ln in rec_file.read_bytes().splitlines() if ln.strip()]
         sizes, tokens, side = [], 0, 0
@@ -111,9 +110,8 @@ def measure(run: Path, eval_wall_s: float | None) -> None:
     scores = run / "scores.csv"
     if scores.exists():
         for line in scores.read_text().splitlines():
-            if re.search(r",(ppl|kld|kld_bound)[,_]", line) or line.startswith("deployment"):
+            if re.search(r",perplexity,text,(ppl|kld_mean|kld_bound_mean|ppl_ratio|top1_agreement),", line) or line.startswith("deployment"):
                 print("  " + line[:200])
-    print(f"manifest schema {manifest.get('schema_version')}, evalkit {manifest.get('evalkit_version', '?')}")
 
 
 def _find(obj: object, key: str) -> object:
