@@ -443,6 +443,19 @@ def run_tests(code: str, tests: str, entry_point: str | None, timeout_s: float =
     return result
 
 
+SANDBOX_WORKERS = 2  # concurrent sandboxes while scoring (the machine's cores are shared)
+
+
+def run_programs(programs: Mapping[Any, tuple[str, str, str | None]], timeout_s: float,
+                 memo: Path | None = None) -> dict[Any, SandboxResult]:
+    """key -> result of run_tests(code, tests, entry_point) for each (code, tests, entry_point), SANDBOX_WORKERS
+    sandboxes at a time; callers key by program so that each distinct program runs once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as pool:
+        return dict(zip(programs, pool.map(lambda p: run_tests(*p, timeout_s=timeout_s, memo=memo), programs.values())))
+
+
 VERDICT_FORMAT = 1  # the kept verdicts' key layout: a change runs the programs again
 KEPT_VERDICTS = ("passed", "failed", "error")
 

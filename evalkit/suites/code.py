@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -18,7 +17,7 @@ from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
 from evalkit.records import HumanEvalRecord, dump_record, provenance, typed
-from evalkit.sandbox import SandboxResult, extract_code, isolation, run_tests, verdict_memo
+from evalkit.sandbox import SandboxResult, extract_code, isolation, run_programs, run_tests, verdict_memo
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, jsonl_values, paired_with_reference
@@ -30,14 +29,18 @@ log = logging.getLogger(__name__)
 
 Records = SuiteRecords[HumanEvalRecord]
 BATCH = 16  # records per flushed batch
-SANDBOX_WORKERS = 2  # concurrent sandboxes while scoring (the machine's cores are shared)
 _FIELDS = ("task_id", "prompt", "test", "entry_point")
+
+
+def code_item_program(output: str, item_data: dict[str, Any]) -> tuple[str, str, str | None]:
+    """(code, tests, entry_point) that run_tests runs for a chat answer to a prompts-suite code item."""
+    entry = item_data.get("entry_point")
+    return extract_code(output, entry_point=entry), item_data["tests"], entry
 
 
 def score_code_item(output: str, item_data: dict[str, Any], timeout_s: float, memo: Path | None = None) -> dict[str, Any]:
     """Run a chat answer's code against a prompts-suite item (`tests`: asserts, `entry_point`); `memo`: see run_tests."""
-    entry = item_data.get("entry_point")
-    r = run_tests(extract_code(output, entry_point=entry), item_data["tests"], entry, timeout_s=timeout_s, memo=memo)
+    r = run_tests(*code_item_program(output, item_data), timeout_s=timeout_s, memo=memo)
     return {"passed": r.passed, "status": r.status, "detail": r.detail}
 
 
@@ -128,17 +131,10 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
                 r = self._with_task(r)
                 code = extract_code(r.output_text, prompt=r.prompt, entry_point=r.entry_point)
                 keyed[(dep, r.item_id)] = (self._key(code, r), code, r)
-        todo = {k: (code, r) for k, code, r in keyed.values() if k not in self._results}
-        timeout, memo = self.settings.timeout_s, verdict_memo(ctx.manifest)
-
-        def one(key: str) -> tuple[str, SandboxResult]:
-            code, r = todo[key]
-            return key, run_tests(code, r.test or "", r.entry_point, timeout_s=timeout, memo=memo)
-
+        todo = {k: (code, r.test or "", r.entry_point) for k, code, r in keyed.values() if k not in self._results}
         if todo:
             log.info("humaneval: running %d programs in the sandbox", len(todo))
-            with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as pool:
-                self._results.update(pool.map(one, list(todo)))
+            self._results.update(run_programs(todo, self.settings.timeout_s, verdict_memo(ctx.manifest)))
         out: dict[str, dict[str, SandboxResult]] = {dep: {} for dep in records}
         for (dep, item_id), (k, _, _) in keyed.items():
             out[dep][item_id] = self._results[k]

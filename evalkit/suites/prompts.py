@@ -188,27 +188,24 @@ class PromptsSuite(Suite["PromptsSettings"]):
 
     def _per_item(self, records: Records, ctx: ScoreContext) -> dict[str, dict[str, dict[str, Any]]]:
         """deployment -> item_id -> per-item scores (memoised: code runs in a sandbox). Each distinct program
-        (answer text + tests) runs once, SANDBOX_WORKERS at a time: deployments often write the same code; a run
+        (answer text + tests) runs once, `sandbox.SANDBOX_WORKERS` at a time: deployments often write the same code; a run
         that uses the result cache keeps the verdicts there (`sandbox.verdict_memo`) for the next re-score."""
         if getattr(self, "_memo", None) is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            from evalkit.sandbox import verdict_memo
-            from evalkit.suites.code import SANDBOX_WORKERS, score_code_item
+            from evalkit.sandbox import run_programs, verdict_memo
+            from evalkit.suites.code import code_item_program
 
             def program(r: PromptRecord) -> tuple[str, str, str | None]:
                 return r.output_text, r.item["tests"], r.item.get("entry_point")
 
-            code = {program(r): r for recs in records.values() for r in recs if r.category == "code"}
-            timeout, memo = self.settings.code_timeout_s, verdict_memo(ctx.manifest)
-            with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as pool:
-                ran = dict(zip(code, pool.map(lambda r: score_code_item(r.output_text, r.item, timeout, memo), code.values())))
+            programs = {program(r): code_item_program(r.output_text, r.item)
+                        for recs in records.values() for r in recs if r.category == "code"}
+            ran = run_programs(programs, self.settings.code_timeout_s, verdict_memo(ctx.manifest))
 
             def scores(r: PromptRecord) -> dict[str, Any]:
                 if r.category != "code":
                     return self._item_score(r)
                 res = ran[program(r)]
-                return {"pass": float(res["passed"]), "sandbox_status": res["status"], "sandbox_detail": res["detail"]}
+                return {"pass": float(res.passed), "sandbox_status": res.status, "sandbox_detail": res.detail}
 
             self._memo = {dep: {r.item_id: scores(r) for r in recs} for dep, recs in records.items()}
         return self._memo
