@@ -133,6 +133,9 @@ class PerplexityRecord(Record):
     store_bytes: int | None = None
     store_sha256: str | None = None
     kld_reference: str | None = None
+    # Where the chunk's token ids are the KLD reference's (named) because this deployment's own tokenizer
+    # splits the text differently there (a reader scores the reference's tokens).
+    tokens_from: str | None = None
     # v1 only: the arrays inline.
     token_ids: list[int] | None = None
     nll: list[float] | None = None

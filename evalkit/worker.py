@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, TextIO
+from typing import Any, Callable, Protocol
 
 from evalkit.capabilities import runnable_suites
 from evalkit.config import Config
@@ -28,6 +28,7 @@ from evalkit.progress import RunProgress
 from evalkit.store import RunDir, atomic_write_text, record_key
 from evalkit.suites import enabled_suites
 from evalkit.suites.base import Item, RunBinding, Suite
+from evalkit.terminal import TERMINAL, say
 
 
 @dataclass
@@ -181,19 +182,6 @@ def write_description(run: RunDir, deployment: str, described: dict[str, Any], u
     atomic_write_text(path, json.dumps(out, indent=2, default=str) + "\n")
 
 
-def _terminal() -> TextIO:
-    """Where evalkit's own progress goes: the local executor's terminal when it handed us one (our stdout and
-    stderr then go to the engine log, with everything vLLM and llama.cpp print), else stderr."""
-    fd = os.environ.get("EVALKIT_PROGRESS_FD")
-    if fd:
-        try:
-            return os.fdopen(int(fd), "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
-        except (OSError, ValueError):
-            pass
-    return sys.stderr
-
-
-TERMINAL = _terminal()
 
 
 class FileSink:
@@ -265,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_deployment(Path(args[0]), args[1])
     except EvalkitError as e:
-        _say(f"evalkit: error: {e}")
+        say(f"evalkit: error: {e}")
         return EXIT_USER_ERROR
     except OSError as e:
         import errno
@@ -273,19 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # The disk filled outside the records writer (engine description, progress): one line, finished items kept.
-        _say(f"evalkit: error: {e.filename or args[0]}: no space left on the device ({e.strerror}); free space and --resume")
+        say(f"evalkit: error: {e.filename or args[0]}: no space left on the device ({e.strerror}); free space and --resume")
         return EXIT_USER_ERROR
     return 0
-
-
-def _say(line: str) -> None:
-    """One line to the user's terminal and to the engine log (which may sit on a disk that is full)."""
-    if TERMINAL is not sys.stderr:  # the user sees it, not only the engine log
-        print(line, file=TERMINAL, flush=True)
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Exact KLD store (evalkit.metrics.kld) and llama.cpp's statistics block, without a model."""
 from __future__ import annotations
 
+import hashlib
+
 import math
 from pathlib import Path
 from typing import Any
@@ -217,8 +219,11 @@ def test_suite_exact_kld_path_and_cached_rerun(tmp_path: Path, monkeypatch: pyte
                               run_dir, n) for n, f in fakes.items()}
 
     recs = run_all(tmp_path / "run1")
-    assert sorted(p.name for p in store_dir(tmp_path / "run1", "ref").iterdir()) == ["chunk-0000.evkld", "chunk-0001.evkld"]
     tokens = fakes["ref"].tokenize((tmp_path / "t.txt").read_text(), True)
+    text_sha = hashlib.sha256((tmp_path / "t.txt").read_bytes()).hexdigest()
+    assert sorted(p.name for p in store_dir(tmp_path / "run1", "ref").iterdir()) == [
+        "chunk-0000.evkld", "chunk-0001.evkld", f"tokens-{text_sha[:16]}.npy"]  # the readers score these ids
+    assert np.load(store_dir(tmp_path / "run1", "ref") / f"tokens-{text_sha[:16]}.npy").tolist() == tokens
     view = {n: [inline(r, tokens=tokens, bos=2) for r in rs] for n, rs in recs.items()}
     direct, same = [], []
     for r in view["ref"]:

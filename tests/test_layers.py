@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "evalkit"
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
         "evalkit.errors", "evalkit.fileio", "evalkit.resources", "evalkit.spreadsheet", "evalkit.peer", "evalkit.sandbox",
-        "evalkit.models", "evalkit.gpus",  # gpus: the GPU model table and the plan-time verdict types
+        "evalkit.models", "evalkit.gpus", "evalkit.terminal",  # gpus: the GPU model table and the plan-time verdict types
         "evalkit.metrics", "evalkit.metrics.*",  # declarations (margin keys too), stats (StatsSettings too), ...
         # The engine contract: the registry (names -> specs, loaded by name), EngineSpec and the Engine types.
         # config validates each engine's options against it; the engine modules themselves are above config.

@@ -33,6 +33,8 @@ from typing import BinaryIO, Iterator, Sequence
 
 import numpy as np
 
+from evalkit.errors import DataError
+
 MAGIC = b"EVKLD01\n"
 FORMAT_VERSION = 1
 WINDOW = 24.0  # nats below the maximum log-prob that are kept individually (llama.cpp: 16)
@@ -156,7 +158,7 @@ class DistributionWriter:
         self._tmp.unlink(missing_ok=True)
 
 
-class StoreMismatch(Exception):
+class StoreMismatch(DataError):
     """The stored reference was made for other tokens, another vocabulary or another format."""
 
 
@@ -168,14 +170,16 @@ class DistributionReader:
         self._f: BinaryIO = open(path, "rb")
         if self._f.read(len(MAGIC)) != MAGIC:
             self._f.close()
-            raise StoreMismatch(f"{path}: not an evalkit distribution store")
+            raise StoreMismatch(str(path), "not an evalkit distribution store")
         (size,) = struct.unpack("<I", self._f.read(4))
         self.meta = json.loads(self._f.read(size))
         want = {"version": FORMAT_VERSION, "vocab": vocab, "first": first, "tokens_sha256": tokens_sha256(token_ids)}
         bad = [k for k, v in want.items() if self.meta.get(k) != v]
         if bad:
             self._f.close()
-            raise StoreMismatch(f"{path}: stored reference differs in {', '.join(bad)}")
+            raise StoreMismatch(str(path), f"the stored reference differs in {', '.join(bad)}" + (
+                " (the KLD reference's tokenizer split this chunk differently and this run has no list of its tokens"
+                " for the readers to score: re-run the reference)" if "tokens_sha256" in bad else ""))
         self.vocab = vocab
         self.n_tokens = int(self.meta["n_tokens"])
 

@@ -16,6 +16,7 @@ from records alone (`evalkit.metrics.likelihood`).
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import shutil
@@ -32,6 +33,7 @@ from evalkit.config import resolve_data_path
 from evalkit.engines import gives_full_distributions
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import ConfigError, DataError
+from evalkit.fileio import atomic_write_bytes
 from evalkit.metrics.kld import FORMAT_VERSION as KLD_FORMAT
 from evalkit.metrics.kld import (DistributionReader, DistributionWriter, StoreMismatch, bytes_per_token_bound, kld_against,
                                  tokens_sha256)
@@ -53,6 +55,7 @@ from evalkit.sidefiles import SideFile, side_path, write_side_file
 from evalkit.store import MANIFEST, SIDE_KEY, ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
+from evalkit.terminal import say
 
 if TYPE_CHECKING:  # the settings model of this suite (config `suites.perplexity`)
     from evalkit.config import PerplexitySettings
@@ -207,13 +210,45 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         if (must_read or (is_reference and self.config is not None and store is not None)) and not getattr(self, "cache_pass", False):
             stream = Streaming.of(self, store, binding.deployment, is_reference)  # type: ignore[union-attr,arg-type]
         with stream if stream is not None else nullcontext():
+            retokenized: frozenset[int] = frozenset()
+            if is_reference and store is not None:
+                write_reference_tokens(store, text_sha, tokens)
+            elif must_read and store is not None:
+                tokens, retokenized = self._reference_tokens(engine, tokens, store, text_sha, owner, stream)
+                n_chunks = chunk_count(len(tokens), s.n_ctx, s.max_chunks)
             self._run_chunks(engine, items, emit, tokens, n_chunks, bos, first, distributions, store, owner, is_reference,
-                             must_read, top_k, text_sha, stream)
+                             must_read, top_k, text_sha, stream, retokenized)
+
+    def _reference_tokens(self, engine: Engine, own: list[int], store: Path, text_sha: str, owner: str | None,
+                          stream: "Streaming | None") -> tuple[list[int], frozenset[int]]:
+        """The token ids an exact-KLD reader scores: the KLD reference's, so that both score the same tokens
+        (llama-perplexity --kl-divergence reads them from its base file too), and the chunks where this
+        deployment's own tokenizer splits the text differently (a GGUF's tokenizer and tokenizer.json can part
+        ways far into a long text). Own tokens where the reference's list is not there (a run directory from
+        before it was written, or the driver's cache pass before the reference ran)."""
+        path = reference_tokens_path(store, text_sha)
+        if not path.is_file() and (stream is None or not stream.wait_for(path)):
+            return own, frozenset()
+        ref = np.load(path).tolist()
+        if ref == own:
+            return own, frozenset()
+        s = self.settings
+        n = chunk_count(len(ref), s.n_ctx, s.max_chunks)
+        # Position 0 of every chunk is BOS either way: compare the rest.
+        differ = frozenset(i for i in range(n)
+                           if own[i * s.n_ctx + 1 : (i + 1) * s.n_ctx] != ref[i * s.n_ctx + 1 : (i + 1) * s.n_ctx])
+        if differ:
+            at = next((i for i, (a, b) in enumerate(zip(own, ref)) if a != b), min(len(own), len(ref)))
+            who = self.binding.deployment if self.binding is not None else engine.info().model
+            say(f"evalkit: perplexity: {who}: its tokenizer splits the text differently from the KLD reference "
+                f"{owner}'s from token {at:,} on ({len(differ)} of {n} chunks differ): every chunk is scored on the "
+                f"reference's tokens, so KLD and PPL compare the same tokens (llama-perplexity --kl-divergence does too)")
+        return ref, differ
 
     def _run_chunks(self, engine: Engine, items: Sequence[Item], emit: Emit, tokens: list[int], n_chunks: int,
                     bos: int | None, first: int, distributions: "Distributions | None", store: Path | None,
                     owner: str | None, is_reference: bool, must_read: bool, top_k: int, text_sha: str,
-                    stream: "Streaming | None") -> None:
+                    stream: "Streaming | None", retokenized: frozenset[int] = frozenset()) -> None:
         s = self.settings
         info = engine.info()
         binding = self.binding
@@ -260,6 +295,7 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                 "n_bytes": len(engine.detokenize(chunk[first:]).encode("utf-8")),
                 "n_text_tokens": len(tokens),
                 "text_sha256": text_sha,
+                **({"tokens_from": owner} if index in retokenized else {}),
                 "timings": {"score_s": score_s, "total_s": time.perf_counter() - start},
                 **prov,
             })
@@ -267,13 +303,12 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             if stream is not None and not is_reference:
                 stream.sweep()  # the record is on disk: chunks every reader has now recorded are deleted
         if waiting and is_reference:
-            print(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending: streaming KLD's readers stopped reading "
-                  f"(the window of {s.kld_window} chunks stays full); --resume measures them", file=sys.stderr, flush=True)
+            say(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending: streaming KLD's readers stopped reading "
+                f"(the window of {s.kld_window} chunks stays full); --resume measures them")
         elif waiting:
-            print(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending ({', '.join(waiting[:20])}"
-                  f"{', ...' if len(waiting) > 20 else ''}): the KLD reference "
-                  f"{owner} has not stored their distributions (it did not finish); --resume measures them",
-                  file=sys.stderr, flush=True)
+            say(f"evalkit: perplexity: {len(waiting)} chunk(s) left pending ({', '.join(waiting[:20])}"
+                f"{', ...' if len(waiting) > 20 else ''}): the KLD reference "
+                f"{owner} has not stored their distributions (it did not finish); --resume measures them")
 
     # -- scoring --------------------------------------------------------------------------------
 
@@ -516,6 +551,18 @@ def store_dir(run_dir: Path, reference: str) -> Path:
     return run_dir / STORE_DIR / reference
 
 
+def reference_tokens_path(store: Path, text_sha: str) -> Path:
+    """The KLD reference's tokenization of the whole text (int32 .npy, BOS first), beside its chunk stores:
+    its readers score these ids. Streaming KLD never deletes it (4 bytes per token of the text)."""
+    return store / f"tokens-{text_sha[:16]}.npy"
+
+
+def write_reference_tokens(store: Path, text_sha: str, tokens: list[int]) -> None:
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(tokens, dtype="<i4"))
+    atomic_write_bytes(reference_tokens_path(store, text_sha), buf.getvalue())
+
+
 def store_bytes_upper_bound(n_tokens: int, vocab: int) -> int:
     """Most bytes the reference's store can take for `n_tokens` scored tokens (the dense layout: llama.cpp's
     2 bytes per vocabulary id); the bitmap layout takes less whenever the distribution has a long tail."""
@@ -739,7 +786,7 @@ def score_chunk_full(
     try:
         for start, rows in distributions(chunk, first):
             if rows.shape[1] != vocab:
-                raise StoreMismatch(f"engine gave {rows.shape[1]} log-probs per token, its vocabulary has {vocab}")
+                raise StoreMismatch(str(path), f"the engine gave {rows.shape[1]} log-probs per token, its vocabulary has {vocab}")
             m = rows.shape[0]
             if done + m > n:
                 raise ValueError(f"engine gave more than {n} distributions for {n} scored tokens")
