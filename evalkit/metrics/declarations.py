@@ -92,9 +92,8 @@ _DECLARED: list[MetricSpec] = [
        "questions scored by four continuations (letters not single tokens)"),
     # -- longcontext -----------------------------------------------------------------------------
     _m("longcontext", "recall_accuracy", "share", "higher", "rate", "pct", "mcnemar", "pass key recalled"),
-    _m("longcontext", "seq_rep_2", "share", "lower", "continuous", "pct", "paired_bootstrap", "repeated word 2-grams"),
-    _m("longcontext", "seq_rep_3", "share", "lower", "continuous", "pct", "paired_bootstrap", "repeated word 3-grams"),
-    _m("longcontext", "seq_rep_4", "share", "lower", "continuous", "pct", "paired_bootstrap", "repeated word 4-grams"),
+    *[_m("longcontext", f"seq_rep_{n}", "share", "lower", "continuous", "pct", "paired_bootstrap", f"repeated word {n}-grams")
+      for n in (2, 3, 4)],
     _m("longcontext", "distinct_2", "share", "higher", "continuous", "pct", "paired_bootstrap", "distinct word 2-grams"),
     _m("longcontext", "skipped_items", "items", "none", "count", "count", "none", "items that did not fit the context"),
     # -- humaneval -------------------------------------------------------------------------------
