@@ -124,7 +124,7 @@ def test_drift_summary_is_llamacpps_block() -> None:
     for name, frac in (("p75", 0.75), ("p25", 0.25)):
         assert s.delta_p_percentiles[name] == pytest.approx(_llamacpp_percentile(dp, frac), rel=1e-5, abs=1e-9)
     srt = np.sort(kld)
-    assert s.kld_median == pytest.approx(srt[n // 2])  # odd count: the middle value
+    assert s.kld_percentiles["median"] == pytest.approx(srt[n // 2])  # odd count: the middle value
     assert (s.kld_max, s.kld_min) == (srt[-1], srt[0])
     # mean_and_uncertainty: sqrt((E[x²] - E[x]²) / (n - 1)); RMS Δp ± = 0.5 / rms * SE(Δp²); same top ± Wald.
     assert s.kld_se == pytest.approx(math.sqrt((np.mean(kld**2) - kld.mean() ** 2) / (n - 1)))

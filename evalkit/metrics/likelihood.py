@@ -298,22 +298,6 @@ class DriftSummary:
     delta_p_min: float
     delta_p_percentiles: dict[str, float]
 
-    @property
-    def kld_median(self) -> float:
-        return self.kld_percentiles["median"]
-
-    @property
-    def kld_p90(self) -> float:
-        return self.kld_percentiles["p90"]
-
-    @property
-    def kld_p95(self) -> float:
-        return self.kld_percentiles["p95"]
-
-    @property
-    def kld_p99(self) -> float:
-        return self.kld_percentiles["p99"]
-
 
 def _percentiles(x: np.ndarray, table: tuple[tuple[str, float], ...]) -> dict[str, float]:
     """llama.cpp's `percentile`: linear interpolation at fraction * (n - 1) (numpy's default method); its
