@@ -85,6 +85,23 @@ def fill(run: Path, sheet: Path, out: Path, value: Callable[[dict[str, Any]], st
     return write_csv(out, rows)
 
 
+def fill_pairwise(run: Path, sheet: Path, out: Path) -> Path:
+    """Fill a pairwise sheet as our rater would: the reference beats Q4 everywhere; FP8 ties on the 2 code items
+    and wins the other 6 (its choices in lower case: the import reads them either way)."""
+    rows = read_csv(sheet)
+    h = rows[0]
+    entry = key(run)["sheets"][rows[1][0]]
+    for r in rows[1:]:
+        planned = entry["rows"][r[h.index("row_id")]]
+        if planned["deployment"] == Q4:
+            r[h.index("choice")] = "A" if planned["A"] == REF else "B"
+        elif planned["item_id"].startswith("code"):
+            r[h.index("choice")] = "Tie"
+        else:
+            r[h.index("choice")] = "a" if planned["A"] == FP8 else "b"
+    return write_csv(out, rows)
+
+
 def imported_state(run: Path) -> dict[str, bytes]:
     d = run / "ratings" / "imported"
     return {p.name: p.read_bytes() for p in sorted(d.glob("*"))} if d.exists() else {}
@@ -223,19 +240,7 @@ def test_import_and_aggregate_absolute(run: Path, tmp_path: Path) -> None:
 
 def test_import_pairwise_win_rates(run: Path, tmp_path: Path) -> None:
     (sheet,) = export_sheets(run, raters=1, mode="pairwise")
-    rows = read_csv(sheet)
-    h = rows[0]
-    entry = key(run)["sheets"][rows[1][0]]
-    for r in rows[1:]:
-        planned = entry["rows"][r[h.index("row_id")]]
-        # The rater prefers the reference over Q4 everywhere; FP8 ties on code and wins elsewhere.
-        if planned["deployment"] == Q4:
-            r[h.index("choice")] = "A" if planned["A"] == REF else "B"
-        elif planned["item_id"].startswith("code"):
-            r[h.index("choice")] = "Tie"
-        else:
-            r[h.index("choice")] = "a" if planned["A"] == FP8 else "b"
-    import_sheets(run, [write_csv(tmp_path / "pw.csv", rows)])
+    import_sheets(run, [fill_pairwise(run, sheet, tmp_path / "pw.csv")])
     pw = aggregate(run)["pairwise"].set_index(["deployment", "category"])
     assert pw.loc[(Q4, "all"), ["win_rate", "tie_rate", "loss_rate"]].tolist() == [0.0, 0.0, 1.0]
     assert pw.loc[(FP8, "all"), ["wins", "ties", "losses"]].tolist() == [6, 2, 0]

@@ -11,7 +11,7 @@ from evalkit.rating.export import export_sheets
 from evalkit.rating.aggregate import refresh_tidy_tables
 from evalkit.rating.import_ import import_sheets
 from evalkit.store import RunDir
-from test_rating import FP8, Q4, REF, key, make_run, read_csv, write_csv
+from test_rating import FP8, Q4, REF, fill_pairwise, key, make_run, read_csv, write_csv
 
 HEADER = "deployment,suite,category,metric,value,ci_low,ci_high,n\n"
 OTHER_ROW = "x,mmlu,all,accuracy,0.5,0.1,0.9,20\n"  # an existing row of another suite: must stay byte for byte
@@ -77,18 +77,7 @@ def test_pairwise_win_tie_loss_and_differences_in_tidy_tables(tmp_path: Path) ->
         "deployment,reference,suite,category,metric,value,reference_value,diff,ci_low,ci_high,p_value,n,method,significant\n",
         encoding="utf-8")
     (sheet,) = export_sheets(run, raters=1, mode="pairwise")
-    rows = read_csv(sheet)
-    h = rows[0]
-    entry = key(run)["sheets"][rows[1][0]]
-    for r in rows[1:]:
-        planned = entry["rows"][r[h.index("row_id")]]
-        if planned["deployment"] == Q4:  # reference preferred everywhere
-            r[h.index("choice")] = "A" if planned["A"] == REF else "B"
-        elif planned["item_id"].startswith("code"):  # FP8 ties on the 2 code items, wins the other 6
-            r[h.index("choice")] = "Tie"
-        else:
-            r[h.index("choice")] = "a" if planned["A"] == FP8 else "b"
-    import_sheets(run, [write_csv(tmp_path / "pw.csv", rows)])
+    import_sheets(run, [fill_pairwise(run, sheet, tmp_path / "pw.csv")])
     refresh_tidy_tables(run)
     scores = {(r["deployment"], r["category"], r["metric"]): float(r["value"])
               for r in _rows(run / "scores.csv") if r["suite"] == "ratings"}
