@@ -69,6 +69,23 @@ def synthetic_prompt(engine: Engine, index: int, n_tokens: int) -> list[int]:
     return ids[:n_tokens]
 
 
+def _rss_of(p: psutil.Process) -> int:
+    """A process's current RSS; 0 once it has exited."""
+    try:
+        return p.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def _high_water_of(p: psutil.Process) -> int:
+    """A process's VmHWM (Linux's /proc), else its current RSS."""
+    try:
+        with open(f"/proc/{p.pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return _rss_of(p)
+
+
 class ResourceSampler:
     """Samples RSS of this process tree (and GPU memory, power, temperature via NVML) in a thread."""
 
@@ -81,32 +98,19 @@ class ResourceSampler:
         self._gpus = _nvml_handles()
         self._gpu: list[dict[str, Any]] = [{"peak_mem": 0, "power": [], "temp": 0} for _ in self._gpus]
 
-    def _rss(self) -> int:
+    def _tree(self) -> list[psutil.Process]:
         # vLLM runs its engine core in child processes; shared pages are counted once per process.
-        total = 0
-        for p in [self._proc, *self._proc.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                continue
-        return total
+        return [self._proc, *self._proc.children(recursive=True)]
+
+    def _rss(self) -> int:
+        return sum(_rss_of(p) for p in self._tree())
 
     def high_water(self) -> int:
         """The process tree's high-water RSS: each living process's VmHWM (its own peak since it started,
         kept by the kernel) summed. Unlike the sampled peak it sees transients between samples and before
         this level (model load, log-softmax arrays of a perplexity chunk); the memory ledger is checked
         against it. Outside Linux: the current RSS."""
-        total = 0
-        for p in [self._proc, *self._proc.children(recursive=True)]:
-            try:
-                with open(f"/proc/{p.pid}/status") as f:
-                    total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-            except (OSError, StopIteration, ValueError):
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    continue
-        return total
+        return sum(_high_water_of(p) for p in self._tree())
 
     def sample(self) -> None:
         self.peak_rss = max(self.peak_rss, self._rss())
