@@ -209,6 +209,11 @@ def _supported_dtypes(capability: tuple[int, int]) -> list[str]:
     return [FP32]
 
 
+def _fallback_note(rs: RuleSet, capability: tuple[int, int], checkpoint: str, fallback: str) -> str:
+    return (f"the checkpoint is {checkpoint}, which capability {_cap(capability)} lacks: vLLM {rs.version} falls back to "
+            f"{fallback} with a warning [{rs.sources['auto_dtype']}]")
+
+
 def _resolve_dtype(rs: RuleSet, capability: tuple[int, int], requested: str, checkpoint: str | None, model_type: str | None,
                    notes: list[str]) -> str | None:
     if requested != "auto":
@@ -222,8 +227,7 @@ def _resolve_dtype(rs: RuleSet, capability: tuple[int, int], requested: str, che
         if rs.auto_dtype == "checkpoint" or dtype in _supported_dtypes(capability):
             return dtype
         fallback = _supported_dtypes(capability)[0]
-        notes.append(f"the checkpoint is {dtype}, which capability {_cap(capability)} lacks: vLLM {rs.version} falls back to "
-                     f"{fallback} with a warning [{rs.sources['auto_dtype']}]")
+        notes.append(_fallback_note(rs, capability, dtype, fallback))
         return fallback
     supported = [d for d in _supported_dtypes(capability) if not (d == FP16 and model_type in rs.float16_refused)]
     preferred = supported[0]
@@ -231,8 +235,7 @@ def _resolve_dtype(rs: RuleSet, capability: tuple[int, int], requested: str, che
         return preferred
     if config_dtype in supported:
         return config_dtype
-    notes.append(f"the checkpoint is {config_dtype}, which capability {_cap(capability)} lacks: vLLM {rs.version} falls "
-                 f"back to {preferred} with a warning [{rs.sources['auto_dtype']}]")
+    notes.append(_fallback_note(rs, capability, config_dtype, preferred))
     return preferred
 
 
