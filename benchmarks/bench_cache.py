@@ -3,6 +3,8 @@
     python benchmarks/bench_cache.py                      # the embedded default config (~10 min first run)
     python benchmarks/bench_cache.py --config my.yaml     # any config
     python benchmarks/bench_cache.py --reduced            # the default's two llama.cpp deployments, small suites
+    python benchmarks/bench_cache.py --gemma              # issue 23's config: Gemma 3 270M on llama.cpp and vLLM,
+                                                          # prompts and cost (benchmarks/cache_gemma.yaml)
 
 The result cache is a fresh temporary EVALKIT_CACHE_DIR, so the first run does all engine work; prepared
 model variants are linked in from the usual cache dir (preparing them is not what is measured). Prints
@@ -24,6 +26,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+GEMMA_CONFIG = REPO / "benchmarks" / "cache_gemma.yaml"
 
 
 def user_cache_dir() -> Path:
@@ -78,6 +81,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, help="config to run (default: the embedded default)")
     ap.add_argument("--reduced", action="store_true", help="the default's llama.cpp deployments with small suites")
+    ap.add_argument("--gemma", action="store_true", help=f"the issue-23 config ({GEMMA_CONFIG.relative_to(REPO)})")
     ap.add_argument("--keep", type=Path, help="work in this (new) directory and keep it: both run directories, "
                     "their terminal output (<label>.console.log) and the result cache")
     args = ap.parse_args()
@@ -91,7 +95,7 @@ def main() -> int:
         variants = user_cache_dir() / "variants"
         if variants.is_dir():
             (cache / "variants").symlink_to(variants, target_is_directory=True)
-        config = reduced_config(tmp_path / "reduced.yaml") if args.reduced else args.config
+        config = reduced_config(tmp_path / "reduced.yaml") if args.reduced else GEMMA_CONFIG if args.gemma else args.config
         env = {**os.environ, "EVALKIT_CACHE_DIR": str(cache)}
         out = tmp_path / "runs"
         out.mkdir()
