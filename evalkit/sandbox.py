@@ -420,18 +420,25 @@ def run_tests(code: str, tests: str, entry_point: str | None, timeout_s: float =
     re-scoring the same output reads the verdict instead of running the program again. Only the program's own
     verdicts are kept (passed, failed, error): a timeout or a kill depends on how busy the machine was.
     """
-    iso = isolation()
     if memo is None:
-        return _execute(iso, code, tests, entry_point, timeout_s, memory_mb)
-    key = json.dumps([VERDICT_FORMAT, code, tests, entry_point, float(timeout_s), memory_mb, iso.name,
-                      os.path.realpath(iso.python)])
-    path = memo / f"{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()}.json"
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-        if kept["status"] in KEPT_VERDICTS:
-            return SandboxResult(kept["status"] == "passed", kept["status"], str(kept["detail"]), float(kept["duration_s"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+        return _execute(isolation(), code, tests, entry_point, timeout_s, memory_mb)
+
+    def kept_path(name: str, python: str) -> Path:
+        key = json.dumps([VERDICT_FORMAT, code, tests, entry_point, float(timeout_s), memory_mb, name, os.path.realpath(python)])
+        return memo / f"{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()}.json"
+
+    # The isolation the last probe on this machine chose keys the lookup, so a re-score whose every verdict is
+    # kept probes nothing (the probe runs a sandboxed program: 0.15-0.4 s); a miss probes, as before.
+    last = _last_probe(memo)
+    kept = _kept_verdict(kept_path(*last)) if last is not None else None
+    if kept is not None:
+        return kept
+    iso = isolation()
+    _keep_probe(memo, iso)
+    path = kept_path(iso.name, iso.python)
+    kept = _kept_verdict(path)
+    if kept is not None:
+        return kept
     result = _execute(iso, code, tests, entry_point, timeout_s, memory_mb)
     if result.status in KEPT_VERDICTS:
         from evalkit.fileio import atomic_write_bytes
@@ -441,6 +448,53 @@ def run_tests(code: str, tests: str, entry_point: str | None, timeout_s: float =
         except OSError:  # a full or read-only cache costs the memo, not the score
             pass
     return result
+
+
+def _kept_verdict(path: Path) -> SandboxResult | None:
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if kept["status"] in KEPT_VERDICTS:
+            return SandboxResult(kept["status"] == "passed", kept["status"], str(kept["detail"]), float(kept["duration_s"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+PROBE_FILE = "isolation.json"  # in the verdict memo: what the last probe chose, and on what it chose it
+
+
+def _probe_inputs() -> list[Any]:
+    """What a probe's choice depends on besides the kernel's answer: the candidates, in order, and the kernel."""
+    import platform
+
+    return [[[name, list(prefix), python] for name, prefix, _, _ in _candidate_prefixes() for python in _candidate_pythons()],
+            platform.release()]
+
+
+def _last_probe(memo: Path) -> tuple[str, str] | None:
+    """(isolation name, python) the last probe chose with these same candidates on this kernel, else None."""
+    try:
+        kept = json.loads((memo / PROBE_FILE).read_text(encoding="utf-8"))
+        if kept["inputs"] == _probe_inputs():
+            return str(kept["name"]), str(kept["python"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _keep_probe(memo: Path, iso: Isolation) -> None:
+    from evalkit.fileio import atomic_write_bytes
+
+    kept = {"inputs": _probe_inputs(), "name": iso.name, "python": iso.python}
+    try:
+        if json.loads((memo / PROBE_FILE).read_text(encoding="utf-8")) == kept:
+            return
+    except (OSError, ValueError):
+        pass
+    try:
+        atomic_write_bytes(memo / PROBE_FILE, json.dumps(kept).encode("utf-8"))
+    except OSError:
+        pass
 
 
 SANDBOX_WORKERS = 2  # concurrent sandboxes while scoring (the machine's cores are shared)

@@ -178,3 +178,36 @@ def test_default_z_is_scipys_quantile_to_the_last_bit() -> None:
 
     assert z_value() == z_value(0.05) == float(sps.norm.ppf(0.975))
     assert z_value(0.1) == float(sps.norm.ppf(0.95))
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.10])
+def test_wilson_is_scipys_interval_to_the_last_bit(alpha: float) -> None:
+    for n in range(1, 41):
+        for k in range(n + 1):
+            ci = sps.binomtest(k, n).proportion_ci(confidence_level=1.0 - alpha, method="wilson")
+            assert wilson_ci(k, n, alpha) == (float(ci.low), float(ci.high)), (k, n)
+
+
+def test_kept_scipy_answers_are_read_back_bit_for_bit_without_scipy(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    # One pass/fail comparison with discordant pairs (McNemar p, Clopper-Pearson, BCa bootstrap), computed with
+    # the memo on in one process and read back in another, which must not import scipy.stats to answer it.
+    code = f"""
+import sys
+from pathlib import Path
+from evalkit.metrics.stats import compare_pass_fail, scipy_memo
+dep = [1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 0]
+ref = [1, 1, 1, 0, 1, 1, 1, 0, 1, 0, 1, 1]
+with scipy_memo(Path({str(tmp_path)!r})):
+    r = compare_pass_fail(dep, ref)
+print(repr((r.p_value, r.ci_low, r.ci_high, r.bootstrap.ci_low, r.bootstrap.ci_high)))
+print("scipy.stats" in sys.modules)
+"""
+    first, second = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+                     for _ in range(2))
+    direct = compare_pass_fail([1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 0], [1, 1, 1, 0, 1, 1, 1, 0, 1, 0, 1, 1])
+    expected = repr((direct.p_value, direct.ci_low, direct.ci_high, direct.bootstrap.ci_low, direct.bootstrap.ci_high))
+    assert first[:2] == [expected, "True"] and second[:2] == [expected, "False"]
+    assert len(list(tmp_path.glob("*.json"))) == 3

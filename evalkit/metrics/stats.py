@@ -14,9 +14,14 @@ Three paired comparisons, chosen per metric by its declaration (`metrics.declara
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +50,54 @@ def _scipy_stats():  # type: ignore[no-untyped-def]
     from scipy import stats
 
     return stats
+
+
+# scipy's answers kept by their arguments: a fully cached re-run scores the same records again, and importing
+# scipy.stats for its few McNemar tests and bootstraps took longer than the rest of its scoring. Each answer is a
+# pure function of the call's arguments and scipy's version, so it is read back bit for bit instead of recomputed.
+# evalkit.scoring turns this on (the result cache's `scipy/`) for runs that use the result cache.
+MEMO_FORMAT = 1  # the kept answers' key layout: a change computes them again
+_memo_dir: Path | None = None
+
+
+@contextmanager
+def scipy_memo(where: Path | None) -> Iterator[None]:
+    """Keep scipy's answers under `where` (None: compute every one) for the calls made inside the block."""
+    global _memo_dir
+    before, _memo_dir = _memo_dir, where
+    try:
+        yield
+    finally:
+        _memo_dir = before
+
+
+@lru_cache(maxsize=1)
+def _scipy_version() -> str:
+    from importlib.metadata import version  # not scipy.__version__: that imports scipy
+
+    return version("scipy")
+
+
+def _kept(call: str, args: list[Any], compute: Callable[[], list[Any]]) -> list[Any]:
+    """compute(), or the answer kept for (call, args) under this scipy; floats survive JSON exactly (repr)."""
+    if _memo_dir is None:
+        return compute()
+    key = json.dumps([MEMO_FORMAT, call, args, _scipy_version()])
+    path = _memo_dir / f"{hashlib.sha256(key.encode('utf-8')).hexdigest()}.json"
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if kept["key"] == key:
+            return list(kept["answer"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    answer = compute()
+    from evalkit.fileio import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(path, json.dumps({"key": key, "answer": answer}).encode("utf-8"))
+    except OSError:  # a full or read-only cache costs the memo, not the score
+        pass
+    return answer
 
 
 def normal_two_sided_p(z: float) -> float:
@@ -94,8 +147,21 @@ def wilson_ci(k: int, n: int, alpha: float = DEFAULT.alpha) -> tuple[float, floa
     """
     if n <= 0:
         return (math.nan, math.nan)
-    ci = _scipy_stats().binomtest(int(k), int(n)).proportion_ci(confidence_level=1.0 - alpha, method="wilson")
-    return (float(ci.low), float(ci.high))
+    # scipy.stats.binomtest(k, n).proportion_ci(method="wilson"), written out (scipy's _binom_wilson_conf_int, to
+    # the last bit: tests/test_stats.py) so that no scipy.stats import is needed for it.
+    k, n = int(k), int(n)
+    confidence = 1.0 - alpha
+    if confidence == 1.0 - DEFAULT.alpha:
+        z = _Z_DEFAULT
+    else:
+        from scipy.special import ndtri
+
+        z = float(ndtri(0.5 + 0.5 * confidence))
+    p = k / n
+    denom = 2 * (n + z**2)
+    center = (2 * n * p + z**2) / denom
+    delta = z / denom * math.sqrt(4 * n * p * (1 - p) + z**2)
+    return (0.0 if k == 0 else center - delta, 1.0 if k == n else center + delta)
 
 
 # -- continuous per-item values --------------------------------------------------------------------
@@ -143,11 +209,15 @@ def paired_bootstrap_diff(
     def mean_diff(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
         return u.mean(axis=axis) - v.mean(axis=axis)
 
-    res = _scipy_stats().bootstrap(
-        (x, y), mean_diff, paired=True, vectorized=True, confidence_level=1.0 - s.alpha,
-        n_resamples=s.bootstrap_samples, method=method, rng=np.random.default_rng(s.seed),
-    )
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    def interval() -> list[float]:
+        res = _scipy_stats().bootstrap(
+            (x, y), mean_diff, paired=True, vectorized=True, confidence_level=1.0 - s.alpha,
+            n_resamples=s.bootstrap_samples, method=method, rng=np.random.default_rng(s.seed),
+        )
+        return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+    low, high = _kept("bootstrap_mean_diff", [x.tolist(), y.tolist(), s.alpha, s.bootstrap_samples, s.seed, method],
+                      interval)
     if not (math.isfinite(low) and math.isfinite(high)):  # BCa can fail on very lumpy data
         return paired_bootstrap_diff(a, b, s, method="percentile")
     return PairedDiff(diff, low, high, n, f"paired bootstrap ({method}, {s.bootstrap_samples} resamples)")
@@ -198,7 +268,7 @@ def mcnemar_flips(reference_correct: Sequence[bool], deployment_correct: Sequenc
     w2r = int(np.sum(~ref & dep))
     m = r2w + w2r
     # Exact McNemar = two-sided binomial (sign) test on the discordant pairs; no discordant pair -> 1.
-    p = float(_scipy_stats().binomtest(w2r, m, 0.5).pvalue) if m else 1.0
+    p = _kept("binomtest_p", [w2r, m], lambda: [float(_scipy_stats().binomtest(w2r, m, 0.5).pvalue)])[0] if m else 1.0
     return Flips(n=int(ref.size), both_right=int(np.sum(ref & dep)), both_wrong=int(np.sum(~ref & ~dep)),
                  right_to_wrong=r2w, wrong_to_right=w2r, p_value=p)
 
@@ -216,9 +286,13 @@ def mcnemar_interval(flips: Flips, alpha: float = DEFAULT.alpha) -> tuple[float 
         return None, None
     if m == 0:
         return 0.0, 0.0
-    ci = _scipy_stats().binomtest(flips.wrong_to_right, m, 0.5).proportion_ci(confidence_level=1.0 - alpha, method="exact")
+    def exact() -> list[float]:
+        ci = _scipy_stats().binomtest(flips.wrong_to_right, m, 0.5).proportion_ci(confidence_level=1.0 - alpha, method="exact")
+        return [float(ci.low), float(ci.high)]
+
+    low, high = _kept("clopper_pearson", [flips.wrong_to_right, m, alpha], exact)
     scale = m / n
-    return scale * (2 * float(ci.low) - 1), scale * (2 * float(ci.high) - 1)
+    return scale * (2 * low - 1), scale * (2 * high - 1)
 
 
 @dataclass(frozen=True)

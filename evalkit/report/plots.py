@@ -2,23 +2,33 @@
 
 Every figure is drawn from the same frames the tables use (RunView): nothing is recomputed. Each function
 returns None or [] when its data are absent, so a run with one suite renders only that suite's plots.
+
+Figures drawn from a plain spec (`_drawn`: the numbers, labels and colours a figure shows) are kept by the
+spec's hash in the result cache: a re-run whose figures show the same numbers imports no matplotlib and draws
+nothing (drawing took about a second of a fully cached re-run).
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, better_note, isnum
 from evalkit.report.view import RunView, measured_peak
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 DPI = 110
 REFERENCE_COLOR = "#444444"
@@ -37,7 +47,64 @@ class Plot:
         return base64.b64encode(self.png).decode("ascii")
 
 
+# -- kept figures --------------------------------------------------------------------------------
+
+FIGURE_FORMAT = 1  # the kept figures' key layout: a change draws them again
+_memo_dir: Path | None = None
+
+
+@contextmanager
+def figure_memo(where: Path | None) -> Iterator[None]:
+    """Keep figures drawn from a spec under `where` (None: draw every one) inside the block."""
+    global _memo_dir
+    before, _memo_dir = _memo_dir, where
+    try:
+        yield
+    finally:
+        _memo_dir = before
+
+
+@lru_cache(maxsize=1)
+def _drawing_code() -> str:
+    """What else a kept figure depends on: this module's code (the drawing) and matplotlib's version."""
+    from importlib.metadata import version  # not matplotlib.__version__: that imports matplotlib
+
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest() + " matplotlib " + version("matplotlib")
+
+
+def _drawn(kind: str, spec: dict[str, Any], draw: Callable[[dict[str, Any]], bytes]) -> bytes:
+    """draw(spec), or the PNG kept for the same (kind, spec) by the same drawing code."""
+    if _memo_dir is None:
+        return draw(spec)
+    key = json.dumps([FIGURE_FORMAT, kind, spec, _drawing_code()], sort_keys=True)
+    path = _memo_dir / f"{hashlib.sha256(key.encode('utf-8')).hexdigest()}.png"
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    png = draw(spec)
+    from evalkit.fileio import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(path, png)
+    except OSError:  # a full or read-only cache costs the memo, not the report
+        pass
+    return png
+
+
+def _style(view: RunView) -> dict[str, Any]:
+    """The deployments in order with their colours and legend labels: the part of a spec every figure shares."""
+    return {"deployments": list(view.deployments), "colors": colors(view),
+            "labels": {d: _label(view, d) for d in view.deployments}}
+
+
+# -- drawing -------------------------------------------------------------------------------------
+
+
 def _figure(width: float, height: float, ncols: int = 1, nrows: int = 1) -> tuple[Figure, list[Axes]]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
@@ -68,12 +135,12 @@ def _label(view: RunView, dep: str) -> str:
     return f"{dep} (reference)" if dep == view.reference else dep
 
 
-def _dots(ax: Axes, view: RunView, groups: Sequence[str], values: dict[str, list[tuple[float, float, float]]],
+def _dots(ax: Axes, style: dict[str, Any], groups: Sequence[str], values: dict[str, Sequence[Sequence[float]]],
           scale: float = 1.0, horizontal: bool = False) -> None:
     """One point per deployment and group with its 95% interval, deployments side by side within a group."""
-    deps = [d for d in view.deployments if d in values]
+    deps = [d for d in style["deployments"] if d in values]
     width = 0.7 / max(1, len(deps))
-    col = colors(view)
+    col = style["colors"]
     for k, dep in enumerate(deps):
         pos = np.arange(len(groups)) + (k - (len(deps) - 1) / 2) * width
         v = np.array([x[0] for x in values[dep]], dtype=float) * scale
@@ -81,7 +148,7 @@ def _dots(ax: Axes, view: RunView, groups: Sequence[str], values: dict[str, list
         hi = np.array([x[2] for x in values[dep]], dtype=float) * scale
         err = np.vstack([np.where(np.isfinite(lo), v - lo, 0), np.where(np.isfinite(hi), hi - v, 0)])
         kw: dict[str, Any] = dict(fmt="o", color=col[dep], ecolor=col[dep], elinewidth=1.6, capsize=3, ms=5,
-                                  label=_label(view, dep))
+                                  label=style["labels"][dep])
         if horizontal:
             ax.errorbar(v, pos, xerr=err, **kw)
         else:
@@ -119,16 +186,25 @@ def prompts_plot(view: RunView) -> Plot | None:
     panels = [p for p in ((shares, "share of items (%)" + (better_note("prompts", shares[0][2]) if shares else ""), 100.0),
                           ([(m.replace("_", " ").replace("chrf", "chrF").replace("bleu", "BLEU"), "translation", m)
                             for m in mt], "score (0–100)" + (better_note("prompts", mt[0]) if mt else ""), 1.0)) if p[0]]
+    spec = {"style": _style(view), "panels": [
+        {"groups": [c[0] for c in cols], "ylabel": ylabel, "scale": scale,
+         "values": {d: [_triple(view.score(d, "prompts", cat, m)) for _, cat, m in cols] for d in view.deployments}}
+        for cols, ylabel, scale in panels]}
+    return Plot("prompts-categories", "Prompt suite: score by category (95% intervals)",
+                _drawn("prompts-categories", spec, _draw_prompts),
+                "Dot plot of each deployment's score per prompt category with interval bars")
+
+
+def _draw_prompts(spec: dict[str, Any]) -> bytes:
+    panels = spec["panels"]
     fig, axes = _figure(4.2 * len(panels) + 0.6, 3.2, ncols=len(panels))
-    for ax, (cols, ylabel, scale) in zip(axes, panels):
-        vals = {d: [_triple(view.score(d, "prompts", cat, m)) for _, cat, m in cols] for d in view.deployments}
-        _dots(ax, view, [c[0] for c in cols], vals, scale)
-        ax.set_ylabel(ylabel)
+    for ax, panel in zip(axes, panels):
+        _dots(ax, spec["style"], panel["groups"], panel["values"], panel["scale"])
+        ax.set_ylabel(panel["ylabel"])
         ax.set_ylim(-3, 103)
     _legend(fig, axes[0])
     fig.suptitle("Prompt suite: score by category with 95% intervals", fontsize=11)
-    return Plot("prompts-categories", "Prompt suite: score by category (95% intervals)", _png(fig),
-                "Dot plot of each deployment's score per prompt category with interval bars")
+    return _png(fig)
 
 
 # -- human ratings -----------------------------------------------------------------------------
@@ -151,7 +227,7 @@ def human_plot(view: RunView) -> Plot | None:
                 continue
             vals[d] = [(a.at[c, "mean"], a.at[c, "ci_low"], a.at[c, "ci_high"]) if c in a.index else (math.nan,) * 3
                        for c in cats]
-        _dots(axes[i], view, [CATEGORY_LABEL[c] for c in cats], vals)
+        _dots(axes[i], _style(view), [CATEGORY_LABEL[c] for c in cats], vals)
         axes[i].set_ylim(0.8, 5.2)
         axes[i].set_ylabel("mean rating (1–5)")
         axes[i].set_title("Mean human rating", fontsize=10)
@@ -240,16 +316,23 @@ def mmlu_plot(view: RunView) -> Plot | None:
     if s.empty:
         return None
     subjects = sorted({str(c) for c in s[s.metric == "accuracy"].category if str(c) != "all"}) + ["all"]
-    vals = {d: [_triple(view.score(d, "mmlu", sub, "accuracy")) for sub in subjects] for d in view.deployments}
-    fig, axes = _figure(7.5, 0.32 * len(subjects) * max(1, len(view.deployments)) / 2 + 1.4)
+    spec = {"style": _style(view), "subjects": [x.replace("_", " ") for x in subjects],
+            "values": {d: [_triple(view.score(d, "mmlu", sub, "accuracy")) for sub in subjects] for d in view.deployments},
+            "xlabel": "accuracy (%) with Wilson interval" + better_note("mmlu", "accuracy")}
+    return Plot("mmlu-subjects", f"{view.mmlu_label} accuracy by subject (95% intervals)",
+                _drawn("mmlu-subjects", spec, _draw_mmlu), "Accuracy per subject and deployment with interval bars")
+
+
+def _draw_mmlu(spec: dict[str, Any]) -> bytes:
+    subjects = spec["subjects"]
+    fig, axes = _figure(7.5, 0.32 * len(subjects) * max(1, len(spec["style"]["deployments"])) / 2 + 1.4)
     ax = axes[0]
-    _dots(ax, view, [x.replace("_", " ") for x in subjects], vals, 100.0, horizontal=True)
+    _dots(ax, spec["style"], subjects, spec["values"], 100.0, horizontal=True)
     ax.set_xlim(-2, 102)
-    ax.set_xlabel("accuracy (%) with Wilson interval" + better_note("mmlu", "accuracy"))
+    ax.set_xlabel(spec["xlabel"])
     ax.axhline(len(subjects) - 1.5, color="#999999", lw=0.8)
     _legend(fig, ax)
-    return Plot("mmlu-subjects", f"{view.mmlu_label} accuracy by subject (95% intervals)", _png(fig),
-                "Accuracy per subject and deployment with interval bars")
+    return _png(fig)
 
 
 # -- long context ------------------------------------------------------------------------------
@@ -341,26 +424,37 @@ def cost_plot(view: RunView) -> Plot | None:
     levels = sorted({int(str(c)[1:]) for c in s.category if str(c).startswith("c")})
     if not levels:
         return None
-    col = colors(view)
     panels = (("per_request_tokens_per_s", "tokens/s per request", 1.0), ("tokens_per_s", "tokens/s, all requests", 1.0),
               ("ttft_median_s", "time to first token (ms)", 1000.0))
+
+    def points(d: str, metric: str, scale: float) -> list[tuple[int, float]]:
+        rows = [(c, view.score(d, "cost", f"c{c}", metric)) for c in levels]
+        return [(c, float(r["value"]) * scale) for c, r in rows if r is not None]
+
+    spec = {"style": _style(view), "levels": levels, "panels": [
+        {"ylabel": ylabel + better_note("cost", metric), "points": {d: points(d, metric, scale) for d in view.deployments}}
+        for metric, ylabel, scale in panels]}
+    return Plot("cost", "Throughput and time to first token by concurrency", _drawn("cost", spec, _draw_cost),
+                "Line plots of per-request and total throughput and of time to first token against concurrency")
+
+
+def _draw_cost(spec: dict[str, Any]) -> bytes:
+    style, levels = spec["style"], spec["levels"]
     fig, axes = _figure(11.0, 3.1, ncols=3)
-    for ax, (metric, ylabel, scale) in zip(axes, panels):
-        for d in view.deployments:
-            rows = [(c, view.score(d, "cost", f"c{c}", metric)) for c in levels]
-            pts = [(c, float(r["value"]) * scale) for c, r in rows if r is not None]
+    for ax, panel in zip(axes, spec["panels"]):
+        for d in style["deployments"]:
+            pts = panel["points"][d]
             if pts:
-                ax.plot(*zip(*pts), "o-", color=col[d], label=_label(view, d))
+                ax.plot(*zip(*pts), "o-", color=style["colors"][d], label=style["labels"][d])
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.minorticks_off()
         ax.set_xlabel("concurrent requests")
-        ax.set_ylabel(ylabel + better_note("cost", metric))
+        ax.set_ylabel(panel["ylabel"])
         ax.grid(alpha=0.3)
     axes[2].set_yscale("log")
     _legend(fig, axes[0])
-    return Plot("cost", "Throughput and time to first token by concurrency", _png(fig),
-                "Line plots of per-request and total throughput and of time to first token against concurrency")
+    return _png(fig)
 
 
 def ledger_plot(view: RunView) -> Plot | None:
@@ -369,17 +463,25 @@ def ledger_plot(view: RunView) -> Plot | None:
             for r in ledger]
     if not rows:
         return None
-    fig, axes = _figure(6.0, 0.45 * len(rows) + 1.5)
+    spec = {"deployments": [r[0] for r in rows], "predicted": [float(r[1]) for r in rows],
+            "measured": [float(r[2][0]) / 1e9 if r[2] else 0 for r in rows],
+            "budget": max((r.get("device_budget_bytes") or 0) for r in ledger) / 1e9}
+    return Plot("ledger", "Memory: predicted vs measured", _drawn("ledger", spec, _draw_ledger),
+                "Bars of predicted and measured memory per deployment")
+
+
+def _draw_ledger(spec: dict[str, Any]) -> bytes:
+    fig, axes = _figure(6.0, 0.45 * len(spec["deployments"]) + 1.5)
     ax = axes[0]
-    y = np.arange(len(rows))
-    ax.barh(y - 0.18, [r[1] for r in rows], height=0.34, color="#9fc5e8", label="predicted per device")
-    ax.barh(y + 0.18, [r[2][0] / 1e9 if r[2] else 0 for r in rows], height=0.34, color="#3d85c6", label="measured peak")
-    budget = max((r.get("device_budget_bytes") or 0) for r in ledger) / 1e9
+    y = np.arange(len(spec["deployments"]))
+    ax.barh(y - 0.18, spec["predicted"], height=0.34, color="#9fc5e8", label="predicted per device")
+    ax.barh(y + 0.18, spec["measured"], height=0.34, color="#3d85c6", label="measured peak")
+    budget = spec["budget"]
     if budget:
         ax.axvline(budget, color="#cc0000", ls="--", lw=1, label=f"device budget {budget:.0f} GB")
-    ax.set_yticks(y, [r[0] for r in rows])
+    ax.set_yticks(y, spec["deployments"])
     ax.invert_yaxis()
     ax.set_xlabel("GB (10⁹ bytes)")
     ax.grid(axis="x", alpha=0.3)
     _legend(fig, ax)
-    return Plot("ledger", "Memory: predicted vs measured", _png(fig), "Bars of predicted and measured memory per deployment")
+    return _png(fig)

@@ -225,6 +225,16 @@ def render_markdown(ctx: dict[str, Any]) -> str:
 # -- writing -----------------------------------------------------------------------------------
 
 
+def figure_memo_dir(manifest: dict[str, Any]) -> Path | None:
+    """Where the report keeps figures by what they show (evalkit.report.plots): the result cache's `figures/`,
+    for runs that use the cache."""
+    if not manifest.get("use_cache"):
+        return None
+    from evalkit.models import cache_dir
+
+    return cache_dir() / "figures"
+
+
 def environment() -> Environment:
     # autoescape for every template (not only by extension): model text can never reach HTML unescaped
     return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True),
@@ -235,7 +245,8 @@ def render_report(run_dir: RunDir | Path | str) -> Path:
     """Write report.html, report.md and report_files/*.png into the run directory; returns report.html."""
     path = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
     run = Run(path)
-    ctx = context(run)
+    with P.figure_memo(figure_memo_dir(run.manifest)):  # figures showing the same numbers are not drawn again
+        ctx = context(run)
     atomic_write_text(run.path / "report.html", environment().get_template("report.html.j2").render(**ctx))
     files = run.path / FILES_DIR
     plots = [p for s in ctx["sections"] for p in s.plots] + (ctx["decision"]["plots"] if ctx.get("decision") else [])
