@@ -17,6 +17,7 @@ import re
 import signal
 import string
 import subprocess
+import sys
 import time
 import unicodedata
 from contextlib import contextmanager
@@ -595,3 +596,29 @@ def test_report_is_inert_in_chromium(hostile_run: Path, tmp_path: Path) -> None:
     assert all(i["src"] == "data:image/png;base64," and i["ok"] and i["w"] > 300 for i in state["images"])
     assert 0 <= state["decisionTop"] < SCREEN[1] and state["decisionTop"] < state["verdictTop"]  # the decision opens it
     assert [u for u in requests(events) if not u.startswith(("file:", "data:"))] == []  # nothing from the network
+
+
+def test_a_figure_showing_the_same_numbers_is_read_back_not_drawn(tmp_path: Path) -> None:
+    """Kept figures (report.plots._drawn): the same spec gives the kept PNG without drawing; another spec draws; no
+    memo draws every time. And importing the report imports no matplotlib (it is loaded only to draw)."""
+    from evalkit.report import plots as P
+
+    drawn: list[dict[str, Any]] = []
+
+    def draw(spec: dict[str, Any]) -> bytes:
+        drawn.append(spec)
+        return P._draw_cost(spec)
+
+    style = {"deployments": ["a", "b"], "colors": {"a": "#444444", "b": "#1f77b4"}, "labels": {"a": "a (reference)", "b": "b"}}
+    spec = {"style": style, "levels": [1, 4], "panels": [{"ylabel": m, "points": {"a": [[1, 2.0], [4, 5.5]], "b": [[1, 1.5], [4, 4.0]]}}
+                                                          for m in ("x", "y", "z")]}
+    with P.figure_memo(tmp_path / "figures"):
+        png = P._drawn("cost", spec, draw)
+        assert png.startswith(b"\x89PNG") and len(drawn) == 1
+        assert P._drawn("cost", json.loads(json.dumps(spec)), draw) == png and len(drawn) == 1
+        other = {**spec, "levels": [1, 8]}
+        assert P._drawn("cost", other, draw) != png and len(drawn) == 2
+    assert P._drawn("cost", spec, draw) == png and len(drawn) == 3  # no memo: drawn again, the same bytes
+    code = "import sys, evalkit.report.render; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
