@@ -123,10 +123,14 @@ class ServerClient:
                 with attempt:
                     return once()
         except RetryError as e:
-            last = e.last_attempt.exception()
-            raise ServedRequestError(f"{method} {path}", f"{_problem(last)} (after {self.retry.attempts} attempts)",
-                                     getattr(last, "status", None), True) from None
+            raise self._gave_up(f"{method} {path}", e) from None
         raise AssertionError("unreachable")
+
+    def _gave_up(self, what: str, e: RetryError) -> ServedRequestError:
+        """The error once every attempt failed: the last attempt's problem, said to be transient."""
+        last = e.last_attempt.exception()
+        return ServedRequestError(what, f"{_problem(last)} (after {self.retry.attempts} attempts)",
+                                  getattr(last, "status", None), True)
 
     @staticmethod
     def _decode(resp: httpx.Response, what: str) -> Any:
@@ -168,9 +172,7 @@ class ServerClient:
                     resp = await self._async.request(method, self.url(path), json=body)
                     return self._decode(resp, f"{method} {path}")
         except RetryError as e:
-            last = e.last_attempt.exception()
-            raise ServedRequestError(f"{method} {path}", f"{_problem(last)} (after {self.retry.attempts} attempts)",
-                                     getattr(last, "status", None), True) from None
+            raise self._gave_up(f"{method} {path}", e) from None
         raise AssertionError("unreachable")
 
     async def stream(self, path: str, body: dict[str, Any], consume: Callable[[], "StreamConsumer"]) -> Any:
@@ -192,9 +194,7 @@ class ServerClient:
                         raise _Transient("the stream ended before its last event")
                     return sink.result()
         except RetryError as e:
-            last = e.last_attempt.exception()
-            raise ServedRequestError(f"POST {path}", f"{_problem(last)} (after {self.retry.attempts} attempts)",
-                                     getattr(last, "status", None), True) from None
+            raise self._gave_up(f"POST {path}", e) from None
         raise AssertionError("unreachable")
 
     def close(self) -> None:
