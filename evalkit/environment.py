@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+from evalkit.versions import package_version
 
 # evalkit's own dependencies; each engine adds its own distributions (`EngineSpec.package` and `libraries`).
 LIBRARIES = ("evalkit", "sacrebleu", "numpy", "scipy", "pandas", "statsmodels", "krippendorff")
@@ -20,13 +21,7 @@ def libraries() -> tuple[str, ...]:
 
 
 def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for lib in libraries():
-        try:
-            out[lib] = version(lib)
-        except PackageNotFoundError:
-            out[lib] = None
-    return out
+    return {lib: package_version(lib) for lib in libraries()}
 
 
 def machine() -> dict[str, Any]:

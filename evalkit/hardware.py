@@ -9,8 +9,9 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
+
+from evalkit.versions import package_version
 
 EMULATED_VARIANT = "fp8-weight"
 EMULATED_DESCRIPTION = "FP8 weight rounding emulated in 16-bit (evalkit variant)"
@@ -108,7 +109,7 @@ def _from_nvidia_smi() -> list[Accelerator] | None:
 
 
 def _from_torch() -> list[Accelerator] | None:
-    version = _version("torch")
+    version = package_version("torch")
     if version is None or version.endswith("+cpu"):  # a CPU-only torch build cannot see a GPU: skip the import
         return None
     try:
@@ -334,13 +335,6 @@ def gguf_type(deployment: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------- doctor
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def doctor() -> str:
     """A human-readable account of devices, what each engine's declared quantizations (FP8) would be on them,
     and the installed engines (each engine's `EngineSpec.doctor` rows) and the tools `prepare` needs."""
@@ -371,7 +365,7 @@ def doctor() -> str:
         for row in spec.doctor() if spec.doctor else _package_rows(spec.packages()):
             rows.setdefault(row.name, (row.version, row.note))
     for name, note in PREPARE_TOOLS:
-        rows.setdefault(name, (_version(name), note))
+        rows.setdefault(name, (package_version(name), note))
     for name, (version, note) in rows.items():
         lines.append(f"  {name:<17} {version or 'not installed':<16} {note}".rstrip())
     return "\n".join(lines)
@@ -384,4 +378,4 @@ def _package_rows(packages: tuple[str, ...]) -> list[Any]:
     """Default doctor rows of an engine: each of its distributions with its version."""
     from evalkit.engines.spec import DoctorRow
 
-    return [DoctorRow(p, _version(p)) for p in packages]
+    return [DoctorRow(p, package_version(p)) for p in packages]

@@ -8,18 +8,16 @@ llama.cpp sources inside the llama-cpp-python sdist the venv pins).
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from pathlib import Path
+
+from evalkit.versions import package_version
 
 ENV = "LLAMA_CPP_BIN"
 REPO = Path(__file__).resolve().parents[1]
 
 
 def default_bin_dir() -> Path:
-    try:
-        version = metadata.version("llama_cpp_python")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
+    version = package_version("llama_cpp_python") or "unknown"
     return REPO / ".cache" / "peer" / f"llama-cpp-python-{version}" / "build" / "bin"
 
 

