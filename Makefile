@@ -37,10 +37,13 @@ run: $(STAMP)
 	@run=$$(ls -1d reports/*/ 2>/dev/null | sort | tail -1); test -n "$$run" && echo "explore it in the browser: $(PY) -m evalkit view $${run%/}" || true
 
 # vLLM's front end changes process-wide settings (threads, env): its tests get their own pytest process.
+# Both processes keep prepared model variants in one fresh directory (EVALKIT_TEST_VARIANTS, tests/conftest.py),
+# so each variant is built once per `make test`, by the code under test.
 # `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached; skipped when
 # LLAMA_CPP_BIN already points at built tools).
 test: $(STAMP) system-deps $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),$(wildcard $(LLAMA_CPP_BIN)/llama-server)),,peer)
-	$(PY) -m pytest -q -m "not vllm and not gpu" --durations=25
+	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
+	$(PY) -m pytest -q -m "not vllm and not gpu" --durations=25 && \
 	$(PY) -m pytest -q -m "vllm and not gpu" --durations=25
 
 # The edit-test loop: everything that does not load a model engine.

@@ -81,9 +81,19 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _hermetic_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Engine-result cache and prepared variants live in a per-session directory unless the caller set one."""
+    """Engine-result cache and prepared variants live in a per-session directory unless the caller set one.
+
+    $EVALKIT_TEST_VARIANTS (`make test` gives both its pytest processes one fresh directory) holds the prepared
+    variants instead: content-addressed and built under a file lock, so the vLLM process reuses the variants
+    the first process built from the same code (Gemma's `hf` alone is about a minute here). Engine results stay
+    per session."""
     if "EVALKIT_CACHE_DIR" not in os.environ:
-        os.environ["EVALKIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("evalkit-cache"))
+        cache = tmp_path_factory.mktemp("evalkit-cache")
+        shared = os.environ.get("EVALKIT_TEST_VARIANTS")
+        if shared:
+            Path(shared).mkdir(parents=True, exist_ok=True)
+            (cache / "variants").symlink_to(Path(shared).resolve(), target_is_directory=True)
+        os.environ["EVALKIT_CACHE_DIR"] = str(cache)
 
 
 @pytest.fixture(scope="session")
