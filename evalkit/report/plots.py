@@ -270,42 +270,53 @@ def perplexity_plot(view: RunView) -> Plot | None:
     if items.empty and not drift:
         return None
     col = colors(view)
-    n = int(bool(drift)) + int(not items.empty and "ppl" in items)
+    spec: dict[str, Any] = {"drift": [], "boxes": [], "kld_label": "KL(reference ‖ deployment), nats" + better_note("perplexity", "kld"),
+                            "ppl_label": "perplexity of each chunk" + better_note("perplexity", "ppl")}
+    for d, rows in drift.items():
+        flag = view.score(d, "perplexity", "text", "kld_exact")
+        exact = flag is not None and float(flag["value"]) == 1.0
+        spec["drift"].append({"color": col[d], "exact": exact, "label": d if exact else f"{d} (lower bound)",
+                              "values": [float(r["value"]) if r is not None and float(r["value"]) > 0 else math.nan for r in rows]})
+    if not items.empty and "ppl" in items:
+        spec["boxes"] = [{"deployment": d, "color": col[d], "ppl": items[items.deployment == d].ppl.to_numpy(float).tolist()}
+                         for d in view.deployments if d in set(items.deployment)]
+    return Plot("perplexity", "Perplexity: KLD distribution and PPL per chunk", _drawn("perplexity", spec, _draw_perplexity),
+                "Per-token KLD distribution per deployment (percentiles, log scale; dashed: top-k lower bound), "
+                "and box plots of per-chunk perplexity")
+
+
+def _draw_perplexity(spec: dict[str, Any]) -> bytes:
+    n = int(bool(spec["drift"])) + int(bool(spec["boxes"]))
     fig, axes = _figure(4.4 * n + 0.4, 3.2, ncols=n)
     i = 0
-    if drift:
+    if spec["drift"]:
         ax = axes[i]
-        for d, rows in drift.items():
-            v = [float(r["value"]) if r is not None and float(r["value"]) > 0 else math.nan for r in rows]
-            flag = view.score(d, "perplexity", "text", "kld_exact")
-            exact = flag is not None and float(flag["value"]) == 1.0
-            ax.plot(range(len(KLD_POINTS)), v, "o-" if exact else "o--", color=col[d],
-                    label=d if exact else f"{d} (lower bound)")
+        for line in spec["drift"]:
+            ax.plot(range(len(KLD_POINTS)), line["values"], "o-" if line["exact"] else "o--", color=line["color"],
+                    label=line["label"])
         ax.set_yscale("log")
         ax.set_xticks(range(len(KLD_POINTS)), [p for p, _ in KLD_POINTS], fontsize=7, rotation=45)
-        ax.set_ylabel("KL(reference ‖ deployment), nats" + better_note("perplexity", "kld"))
+        ax.set_ylabel(spec["kld_label"])
         ax.set_title("Distribution of per-token KLD (percentiles)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8, loc="best")
         i += 1
-    if not items.empty and "ppl" in items:
+    if spec["boxes"]:
         ax = axes[i]
-        deps = [d for d in view.deployments if d in set(items.deployment)]
-        data = [items[items.deployment == d].ppl.to_numpy(float) for d in deps]
+        boxes = spec["boxes"]
+        data = [np.asarray(b["ppl"], dtype=float) for b in boxes]
         bp = ax.boxplot(data, widths=0.5, patch_artist=True, showfliers=False)
-        for patch, d in zip(bp["boxes"], deps):
-            patch.set_facecolor(col[d])
+        for patch, b in zip(bp["boxes"], boxes):
+            patch.set_facecolor(b["color"])
             patch.set_alpha(0.35)
         rng = np.random.default_rng(0)  # jitter only: where the points sit sideways means nothing
-        for k, (d, v) in enumerate(zip(deps, data), start=1):
-            ax.plot(k + rng.uniform(-0.12, 0.12, len(v)), v, "o", color=col[d], ms=3.5)
-        ax.set_xticks(range(1, len(deps) + 1), deps, fontsize=8)
-        ax.set_ylabel("perplexity of each chunk" + better_note("perplexity", "ppl"))
+        for k, (b, v) in enumerate(zip(boxes, data), start=1):
+            ax.plot(k + rng.uniform(-0.12, 0.12, len(v)), v, "o", color=b["color"], ms=3.5)
+        ax.set_xticks(range(1, len(boxes) + 1), [b["deployment"] for b in boxes], fontsize=8)
+        ax.set_ylabel(spec["ppl_label"])
         ax.set_title("PPL by text chunk", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    return Plot("perplexity", "Perplexity: KLD distribution and PPL per chunk", _png(fig),
-                "Per-token KLD distribution per deployment (percentiles, log scale; dashed: top-k lower bound), "
-                "and box plots of per-chunk perplexity")
+    return _png(fig)
 
 
 # -- MMLU --------------------------------------------------------------------------------------
@@ -350,34 +361,45 @@ def longcontext_plots(view: RunView) -> list[Plot]:
     s = view.suite_scores("longcontext")
     if s.empty:
         return []
-    col = colors(view)
     lengths = sorted({int(str(c)[1:]) for c in s.category if str(c).startswith("L")})
-    fig, (ax1, ax2) = _figure(9.0, 3.2, ncols=2)
-    for k, d in enumerate(view.deployments):
-        dodge = 2 ** ((k - (len(view.deployments) - 1) / 2) * 0.06)  # side by side on the log axis: equal values stay visible
+    lines = {}
+    for d in view.deployments:
         rep = [view.score(d, "longcontext", f"L{n}", "seq_rep_4") for n in lengths]
-        x = [n * dodge for n, r in zip(lengths, rep) if r is not None]
-        if x:
-            ax1.plot(x, [100 * float(r["value"]) for r in rep if r is not None], "o-", color=col[d], label=_label(view, d))
         rec = [view.score(d, "longcontext", f"L{n}", "recall_accuracy") for n in lengths]
-        pts = [(n * dodge, _triple(r)) for n, r in zip(lengths, rec) if r is not None]
-        if pts:
-            v = np.array([p[1] for p in pts]) * 100
-            ax2.errorbar([p[0] for p in pts], v[:, 0], yerr=[v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]], fmt="o-",
-                         color=col[d], capsize=3, label=_label(view, d))
-    for ax, title, ylabel in ((ax1, "Repetition of the continuation",
-                               "seq-rep-4 (% repeated 4-grams)" + better_note("longcontext", "seq_rep_4")),
-                              (ax2, "Pass-key recall",
-                               "recall (%) with Wilson interval" + better_note("longcontext", "recall_accuracy"))):
+        lines[d] = {"rep": [[n, 100 * float(r["value"])] for n, r in zip(lengths, rep) if r is not None],
+                    "recall": [[n, *_triple(r)] for n, r in zip(lengths, rec) if r is not None]}
+    spec = {"style": _style(view), "lengths": lengths, "lines": lines,
+            "rep_label": "seq-rep-4 (% repeated 4-grams)" + better_note("longcontext", "seq_rep_4"),
+            "recall_label": "recall (%) with Wilson interval" + better_note("longcontext", "recall_accuracy")}
+    out = [Plot("longcontext-lengths", "Repetition and recall by context length",
+                _drawn("longcontext-lengths", spec, _draw_longcontext),
+                "Line plots of repetition and pass-key recall against context length per deployment")]
+    heat = recall_heatmap(view)
+    return out + ([heat] if heat else [])
+
+
+def _draw_longcontext(spec: dict[str, Any]) -> bytes:
+    style, lengths = spec["style"], spec["lengths"]
+    deps = style["deployments"]
+    fig, (ax1, ax2) = _figure(9.0, 3.2, ncols=2)
+    for k, d in enumerate(deps):
+        dodge = 2 ** ((k - (len(deps) - 1) / 2) * 0.06)  # side by side on the log axis: equal values stay visible
+        col, label = style["colors"][d], style["labels"][d]
+        rep, rec = spec["lines"][d]["rep"], spec["lines"][d]["recall"]
+        if rep:
+            ax1.plot([n * dodge for n, _ in rep], [y for _, y in rep], "o-", color=col, label=label)
+        if rec:
+            v = np.array([r[1:] for r in rec]) * 100
+            ax2.errorbar([r[0] * dodge for r in rec], v[:, 0], yerr=[v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]], fmt="o-",
+                         color=col, capsize=3, label=label)
+    for ax, title, ylabel in ((ax1, "Repetition of the continuation", spec["rep_label"]),
+                              (ax2, "Pass-key recall", spec["recall_label"])):
         _length_axis(ax, lengths)
         ax.set_ylim(-4, 104)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
     _legend(fig, ax1)
-    out = [Plot("longcontext-lengths", "Repetition and recall by context length", _png(fig),
-                "Line plots of repetition and pass-key recall against context length per deployment")]
-    heat = recall_heatmap(view)
-    return out + ([heat] if heat else [])
+    return _png(fig)
 
 
 def recall_heatmap(view: RunView) -> Plot | None:
@@ -387,21 +409,32 @@ def recall_heatmap(view: RunView) -> Plot | None:
     rec = items[items.kind == "recall"]
     if rec.empty:
         return None
-    lengths = sorted(rec.length_target.astype(int).unique())
-    depths = sorted(rec.depth.astype(float).unique())
+    lengths = sorted(int(x) for x in rec.length_target.astype(int).unique())
+    depths = sorted(float(x) for x in rec.depth.astype(float).unique())
     deps = [d for d in view.deployments if d in set(rec.deployment)]
-    fig, axes = _figure(2.3 * len(deps) + 0.8, 0.45 * len(depths) + 1.5, ncols=len(deps))
-    from matplotlib.colors import ListedColormap
-
-    cmap = ListedColormap(["#e06666", "#6aa84f"]).with_extremes(bad="#dddddd")
-    for ax, d in zip(axes, deps):
-        grid = np.full((len(depths), len(lengths)), np.nan)
-        mine = rec[rec.deployment == d]
-        for r in mine.itertuples():
+    grids = {}
+    for d in deps:
+        grid: list[list[float]] = [[math.nan] * len(lengths) for _ in depths]
+        for r in rec[rec.deployment == d].itertuples():
             if isinstance(r.skipped, str) and r.skipped:
                 continue
             ok = str(r.correct).lower() in ("true", "1", "1.0")
-            grid[depths.index(float(r.depth)), lengths.index(int(r.length_target))] = 1.0 if ok else 0.0
+            grid[depths.index(float(r.depth))][lengths.index(int(r.length_target))] = 1.0 if ok else 0.0
+        grids[d] = grid
+    spec = {"lengths": lengths, "depths": depths, "deployments": deps, "grids": grids}
+    return Plot("longcontext-recall-heatmap", "Pass-key recall by length × depth (✓ found, ✗ missed, – not run)",
+                _drawn("longcontext-recall-heatmap", spec, _draw_recall_heatmap),
+                "Grid per deployment of recall success by context length and needle depth")
+
+
+def _draw_recall_heatmap(spec: dict[str, Any]) -> bytes:
+    from matplotlib.colors import ListedColormap
+
+    lengths, depths, deps = spec["lengths"], spec["depths"], spec["deployments"]
+    fig, axes = _figure(2.3 * len(deps) + 0.8, 0.45 * len(depths) + 1.5, ncols=len(deps))
+    cmap = ListedColormap(["#e06666", "#6aa84f"]).with_extremes(bad="#dddddd")
+    for ax, d in zip(axes, deps):
+        grid = np.array(spec["grids"][d], dtype=float)
         ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, "–" if np.isnan(v) else ("✓" if v else "✗"), ha="center", va="center", fontsize=9)
@@ -410,8 +443,7 @@ def recall_heatmap(view: RunView) -> Plot | None:
         ax.set_title(d, fontsize=9)
         ax.set_xlabel("length")
     axes[0].set_ylabel("needle depth")
-    return Plot("longcontext-recall-heatmap", "Pass-key recall by length × depth (✓ found, ✗ missed, – not run)",
-                _png(fig), "Grid per deployment of recall success by context length and needle depth")
+    return _png(fig)
 
 
 # -- cost and memory -----------------------------------------------------------------------------
