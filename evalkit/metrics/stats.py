@@ -102,7 +102,8 @@ def _kept(call: str, args: list[Any], compute: Callable[[], list[Any]]) -> list[
 
 def normal_two_sided_p(z: float) -> float:
     """Two-sided p-value of a standard normal statistic (scipy imported on first use, as above)."""
-    return float(2 * _scipy_stats().norm.sf(abs(z)))
+    z = abs(float(z))
+    return _kept("normal_two_sided_p", [z], lambda: [float(2 * _scipy_stats().norm.sf(z))])[0]
 
 
 def confidence_of(settings: StatsSettings | None = None) -> float:

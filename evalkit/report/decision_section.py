@@ -84,10 +84,11 @@ def pareto_plot(decision: Decision) -> P.Plot | None:
     if not pts or not decision.margins:
         return None
     keys = list(decision.margins)
-    fig, axes = P._figure(4.2 * len(keys) + 0.6, 3.4, ncols=len(keys))
     mems = [d.memory.per_device_gb for d in pts if d.memory and d.memory.per_device_gb]
     top = max(mems) if mems else 1.0
-    for ax, key in zip(axes, keys):
+    panels = []
+    for key in keys:
+        marks: list[dict[str, Any]] = []  # drawn in this order (it sets the layering and the legend)
         xs, ys = [], []
         basis = next((m.basis for d in sc.deployments for m in d.margins if m.key == key and m.decision != "reference"),
                      "difference")
@@ -99,34 +100,56 @@ def pareto_plot(decision: Decision) -> P.Plot | None:
             size = 40 + 400 * ((d.memory.per_device_gb or 0) / top if d.memory and d.memory.per_device_gb else 0)
             color = P.REFERENCE_COLOR if d.reference else P.PALETTE[i % len(P.PALETTE)]
             if y is None:
-                ax.axvline(x, color=color, ls=":", lw=1)
-                ax.annotate(f"{d.deployment} (reference)", (x, 0.02), xycoords=("data", "axes fraction"), fontsize=7, rotation=90)
+                marks.append({"x": x, "color": color, "reference": f"{d.deployment} (reference)"})
                 continue
+            y = float(y)
             err = None
             if m.ci_low is not None and m.ci_high is not None:
                 # max(0, ...): an exact test's interval need not contain the point estimate
-                err = np.array([[max(0.0, y - m.ci_low)], [max(0.0, m.ci_high - y)]])
-            ax.errorbar([x], [y], yerr=err, fmt="none", ecolor=color, elinewidth=1.2, capsize=3)
-            ax.scatter([x], [y], s=size, color=color, alpha=0.75 if d.qualifies else 0.3,
-                       edgecolors="black" if d.deployment == sc.recommended else color, linewidths=2 if d.deployment == sc.recommended else 0.5,
-                       label=d.deployment + (" ★" if d.deployment == sc.recommended else ""))
-            ax.annotate(d.deployment, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
+                err = [max(0.0, y - m.ci_low), max(0.0, m.ci_high - y)]
+            best = d.deployment == sc.recommended
+            marks.append({"x": x, "y": y, "err": err, "size": size, "color": color, "alpha": 0.75 if d.qualifies else 0.3,
+                          "best": best, "name": d.deployment, "label": d.deployment + (" ★" if best else "")})
             xs.append(x)
             ys.append(y)
         direction = next((m.direction for d in pts for m in d.margins if m.key == key), "higher")
-        front = _front(xs, ys, direction)
+        panels.append({"marks": marks, "front": _front(xs, ys, direction), "margin": float(decision.margins[key]),
+                       "xlabel": f"output tokens/s at {sc.workload['concurrency']} concurrent",
+                       "ylabel": f"{key} ({'Δ vs reference' if basis == 'difference' else 'value'}; "
+                                 f"{'higher' if direction == 'higher' else 'lower'} is better)"})
+    return P.Plot("decision", "Quality against throughput at the stated load (marker area: memory per device)",
+                  P._drawn("decision", {"panels": panels}, _draw_pareto),
+                  "Scatter of each margin's estimate with its interval against throughput; marker size is memory")
+
+
+def _draw_pareto(spec: dict[str, Any]) -> bytes:
+    panels = spec["panels"]
+    fig, axes = P._figure(4.2 * len(panels) + 0.6, 3.4, ncols=len(panels))
+    for ax, panel in zip(axes, panels):
+        for mk in panel["marks"]:
+            x, color = mk["x"], mk["color"]
+            if "reference" in mk:
+                ax.axvline(x, color=color, ls=":", lw=1)
+                ax.annotate(mk["reference"], (x, 0.02), xycoords=("data", "axes fraction"), fontsize=7, rotation=90)
+                continue
+            y, err = mk["y"], mk["err"]
+            ax.errorbar([x], [y], yerr=None if err is None else np.array([[err[0]], [err[1]]]), fmt="none", ecolor=color,
+                        elinewidth=1.2, capsize=3)
+            ax.scatter([x], [y], s=mk["size"], color=color, alpha=mk["alpha"], edgecolors="black" if mk["best"] else color,
+                       linewidths=2 if mk["best"] else 0.5, label=mk["label"])
+            ax.annotate(mk["name"], (x, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
+        front = panel["front"]
         if len(front) > 1:
             ax.plot(*zip(*front), "-", color="#888888", lw=1, zorder=0)
-        ax.axhline(decision.margins[key], color="#cc0000", ls="--", lw=1)
-        ax.annotate(f"margin {decision.margins[key]:g}", (0.01, decision.margins[key]), xycoords=("axes fraction", "data"),
+        margin = panel["margin"]
+        ax.axhline(margin, color="#cc0000", ls="--", lw=1)
+        ax.annotate(f"margin {margin:g}", (0.01, margin), xycoords=("axes fraction", "data"),
                     fontsize=7, color="#cc0000", va="bottom")
-        ax.set_xlabel(f"output tokens/s at {sc.workload['concurrency']} concurrent")
-        ax.set_ylabel(f"{key} ({'Δ vs reference' if basis == 'difference' else 'value'}; "
-                      f"{'higher' if direction == 'higher' else 'lower'} is better)", fontsize=8)
+        ax.set_xlabel(panel["xlabel"])
+        ax.set_ylabel(panel["ylabel"], fontsize=8)
         ax.grid(alpha=0.3)
     P._legend(fig, max(axes, key=lambda a: len(a.get_legend_handles_labels()[0])))  # the panel naming the most
-    return P.Plot("decision", "Quality against throughput at the stated load (marker area: memory per device)",
-                  P._png(fig), "Scatter of each margin's estimate with its interval against throughput; marker size is memory")
+    return P._png(fig)
 
 
 def _front(xs: list[float], ys: list[float], direction: str) -> list[tuple[float, float]]:
