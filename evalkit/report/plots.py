@@ -66,10 +66,14 @@ def figure_memo(where: Path | None) -> Iterator[None]:
 
 @lru_cache(maxsize=1)
 def _drawing_code() -> str:
-    """What else a kept figure depends on: this module's code (the drawing) and matplotlib's version."""
+    """What else a kept figure depends on: the drawing code (this module and the decision section's) and
+    matplotlib's version."""
     from importlib.metadata import version  # not matplotlib.__version__: that imports matplotlib
 
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest() + " matplotlib " + version("matplotlib")
+    code = hashlib.sha256()
+    for module in ("plots.py", "decision_section.py"):
+        code.update((Path(__file__).parent / module).read_bytes())
+    return code.hexdigest() + " matplotlib " + version("matplotlib")
 
 
 def _drawn(kind: str, spec: dict[str, Any], draw: Callable[[dict[str, Any]], bytes]) -> bytes:
