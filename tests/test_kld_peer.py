@@ -130,7 +130,9 @@ def test_stored_kld_equals_a_direct_full_vocabulary_computation(work: dict[str, 
     got = np.asarray(rec["kld"])[[0, 17, 101, 254]]
     assert np.all(direct > 0)
     assert got == pytest.approx(direct, rel=1e-4, abs=1e-7)
-    # The store holds what the candidate read: one file per chunk, under the reference's name.
-    files = sorted(p.name for p in store_dir(work["dir"] / "run", "hi").iterdir())
-    assert files == [f"chunk-{i:04d}{STORE_SUFFIX}" for i in range(CHUNKS)]
+    # The store holds what the candidate read: one file per chunk and the reference's tokenization of the
+    # text, under the reference's name.
+    *stores, tokenization = sorted(p.name for p in store_dir(work["dir"] / "run", "hi").iterdir())
+    assert stores == [f"chunk-{i:04d}{STORE_SUFFIX}" for i in range(CHUNKS)]
+    assert re.fullmatch(r"tokens-[0-9a-f]{16}\.npy", tokenization)
     assert math.isfinite(work["ours"][("lo", "nll_correlation")]) and work["ours"][("lo", "nll_correlation")] > 0.5

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -111,12 +112,15 @@ def test_kld_in_records_equals_a_direct_full_vocabulary_computation(run: Path) -
     paths = {n: manifest["deployments"][n]["path"] for n in ("q4", "f32", "fp8w")}
     recs = {n: _records(run, n, tokens=True) for n in paths}
     assert sorted(recs["f32"]) == ["chunk-0000"]
-    assert sorted(p.name for p in (run / "distributions" / "f32").iterdir()) == ["chunk-0000.evkld"]
+    # The reference's store: one file per chunk, and its tokenization of the whole text that readers score.
+    *stores, tokenization = sorted(p.name for p in (run / "distributions" / "f32").iterdir())
+    assert stores == ["chunk-0000.evkld"] and re.fullmatch(r"tokens-[0-9a-f]{16}\.npy", tokenization)
     assert not (run / "distributions" / "q4").exists()  # the run's reference is not the KLD reference
     for reader in ("q4", "fp8w"):
         assert all(r["kld_reference"] == "f32" and len(r["kld"]) == N_CTX - (N_CTX // 2 + 1) for r in recs[reader].values())
     chunk = recs["f32"]["chunk-0000"]
     tokens, first = chunk["token_ids"], chunk["scored_from"]
+    assert np.load(run / "distributions" / "f32" / tokenization).tolist()[: len(tokens)] == tokens
     assert recs["q4"]["chunk-0000"]["token_ids"] == recs["fp8w"]["chunk-0000"]["token_ids"] == tokens
     rows = [first - 1 + p for p in PICKS]  # the logits at p - 1 predict token p
     ref = _hf_logprobs(paths["f32"], tokens)[rows]
