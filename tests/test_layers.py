@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "evalkit.errors", "evalkit.fileio", "evalkit.resources", "evalkit.spreadsheet", "evalkit.peer", "evalkit.sandbox",
         "evalkit.models", "evalkit.gpus", "evalkit.terminal",  # gpus: the GPU model table and the plan-time verdict types
         "evalkit.versions",  # installed packages' versions, from their metadata
+        "evalkit.memo",  # answers kept on disk by the hash of the question (scipy's, figures)
         "evalkit.metrics", "evalkit.metrics.*",  # declarations (margin keys too), stats (StatsSettings too), ...
         # The engine contract: the registry (names -> specs, loaded by name), EngineSpec and the Engine types.
         # config validates each engine's options against it; the engine modules themselves are above config.

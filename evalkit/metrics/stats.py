@@ -14,17 +14,17 @@ Three paired comparisons, chosen per metric by its declaration (`metrics.declara
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit.memo import Memo
 
 
 class StatsSettings(BaseModel):
@@ -57,18 +57,12 @@ def _scipy_stats():  # type: ignore[no-untyped-def]
 # pure function of the call's arguments and scipy's version, so it is read back bit for bit instead of recomputed.
 # evalkit.scoring turns this on (the result cache's `scipy/`) for runs that use the result cache.
 MEMO_FORMAT = 1  # the kept answers' key layout: a change computes them again
-_memo_dir: Path | None = None
+_SCIPY_ANSWERS = Memo(".json")
 
 
-@contextmanager
-def scipy_memo(where: Path | None) -> Iterator[None]:
+def scipy_memo(where: Path | None) -> ContextManager[None]:
     """Keep scipy's answers under `where` (None: compute every one) for the calls made inside the block."""
-    global _memo_dir
-    before, _memo_dir = _memo_dir, where
-    try:
-        yield
-    finally:
-        _memo_dir = before
+    return _SCIPY_ANSWERS.kept_under(where)
 
 
 @lru_cache(maxsize=1)
@@ -80,24 +74,17 @@ def _scipy_version() -> str:
 
 def _kept(call: str, args: list[Any], compute: Callable[[], list[Any]]) -> list[Any]:
     """compute(), or the answer kept for (call, args) under this scipy; floats survive JSON exactly (repr)."""
-    if _memo_dir is None:
-        return compute()
-    key = json.dumps([MEMO_FORMAT, call, args, _scipy_version()])
-    path = _memo_dir / f"{hashlib.sha256(key.encode('utf-8')).hexdigest()}.json"
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-        if kept["key"] == key:
-            return list(kept["answer"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    answer = compute()
-    from evalkit.fileio import atomic_write_bytes
+    key = json.dumps([MEMO_FORMAT, call, args, _scipy_version()]) if _SCIPY_ANSWERS.where is not None else ""
 
-    try:
-        atomic_write_bytes(path, json.dumps({"key": key, "answer": answer}).encode("utf-8"))
-    except OSError:  # a full or read-only cache costs the memo, not the score
-        pass
-    return answer
+    def answers_key(blob: bytes) -> bool:  # a hash collision or a damaged file: compute again
+        try:
+            return json.loads(blob)["key"] == key
+        except (ValueError, KeyError, TypeError):
+            return False
+
+    blob = _SCIPY_ANSWERS.answer(lambda: key, lambda: json.dumps({"key": key, "answer": compute()}).encode("utf-8"),
+                                 answers_key)
+    return list(json.loads(blob)["answer"])
 
 
 def normal_two_sided_p(z: float) -> float:

@@ -14,15 +14,15 @@ import hashlib
 import io
 import json
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import numpy as np
 import pandas as pd
 
+from evalkit.memo import Memo
 from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, better_note, isnum
 from evalkit.report.view import RunView, measured_peak
 
@@ -50,18 +50,12 @@ class Plot:
 # -- kept figures --------------------------------------------------------------------------------
 
 FIGURE_FORMAT = 1  # the kept figures' key layout: a change draws them again
-_memo_dir: Path | None = None
+_FIGURES = Memo(".png")
 
 
-@contextmanager
-def figure_memo(where: Path | None) -> Iterator[None]:
+def figure_memo(where: Path | None) -> ContextManager[None]:
     """Keep figures drawn from a spec under `where` (None: draw every one) inside the block."""
-    global _memo_dir
-    before, _memo_dir = _memo_dir, where
-    try:
-        yield
-    finally:
-        _memo_dir = before
+    return _FIGURES.kept_under(where)
 
 
 @lru_cache(maxsize=1)
@@ -78,22 +72,8 @@ def _drawing_code() -> str:
 
 def _drawn(kind: str, spec: dict[str, Any], draw: Callable[[dict[str, Any]], bytes]) -> bytes:
     """draw(spec), or the PNG kept for the same (kind, spec) by the same drawing code."""
-    if _memo_dir is None:
-        return draw(spec)
-    key = json.dumps([FIGURE_FORMAT, kind, spec, _drawing_code()], sort_keys=True)
-    path = _memo_dir / f"{hashlib.sha256(key.encode('utf-8')).hexdigest()}.png"
-    try:
-        return path.read_bytes()
-    except OSError:
-        pass
-    png = draw(spec)
-    from evalkit.fileio import atomic_write_bytes
-
-    try:
-        atomic_write_bytes(path, png)
-    except OSError:  # a full or read-only cache costs the memo, not the report
-        pass
-    return png
+    return _FIGURES.answer(lambda: json.dumps([FIGURE_FORMAT, kind, spec, _drawing_code()], sort_keys=True),
+                           lambda: draw(spec))
 
 
 def _style(view: RunView) -> dict[str, Any]:

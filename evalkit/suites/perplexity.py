@@ -498,23 +498,18 @@ class Streaming:
     def room_for_one(self) -> bool:
         """The reference, before storing a chunk: wait until fewer than `window` stores are on disk (False:
         the readers still owing the stored chunks have not run for STREAM_GRACE_S)."""
-        idle_since: float | None = None
-        while len(self.sweep()) >= self.window:
-            if any(self._running(r) for r in self.readers):
-                idle_since = None
-            elif idle_since is None:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > STREAM_GRACE_S:
-                return False
-            time.sleep(STREAM_POLL_S)
-        return True
+        return self._wait(lambda: len(self.sweep()) < self.window, self.readers)
 
     def wait_for(self, path: Path) -> bool:
         """A reader: wait until the reference has stored `path` (False: the reference is not running and has
         not for STREAM_GRACE_S; the chunk stays pending)."""
+        return self._wait(path.is_file, [self.owner])
+
+    def _wait(self, ready: Callable[[], bool], peers: list[str]) -> bool:
+        """Poll until `ready()`; False once none of `peers` has run for STREAM_GRACE_S."""
         idle_since: float | None = None
-        while not path.is_file():
-            if self._running(self.owner):
+        while not ready():
+            if any(self._running(p) for p in peers):
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
