@@ -268,14 +268,20 @@ class CachedEngine(Engine):
 
     # -- whole measurements (the cost suite) ------------------------------------------------------
 
+    @property
+    def keeps_measurements(self) -> bool:
+        """Whether whole measurements are read from and written to the cache (`--no-cache`: neither, nor
+        anything they name: side files, KLD stores)."""
+        return self.enabled and self.measurements
+
     def measurement(self, kind: str, payload: Mapping[str, Any]) -> Any | None:
-        """A stored measurement for this deployment (None: absent, or measurements not enabled)."""
-        if not (self.enabled and self.measurements):
+        """A stored measurement for this deployment (None: absent, or measurements not kept)."""
+        if not self.keeps_measurements:
             return None
         return self.store.get(self._key(kind, payload))
 
     def store_measurement(self, kind: str, payload: Mapping[str, Any], value: Any) -> None:
-        if self.enabled and self.measurements:
+        if self.keeps_measurements:
             self.store.put(self._key(kind, payload), value)
 
     def close(self) -> None:

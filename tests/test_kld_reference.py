@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -76,10 +77,29 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_module("transformers")
     base = tmp_path_factory.mktemp("kldref")
     (base / "c.yaml").write_text(CONFIG)
+    before = _result_cache_files()
     proc = _evalkit("run", "--config", str(base / "c.yaml"), "--out", str(base / "out"), "--no-cache")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    NO_CACHE_WROTE.extend(sorted(_result_cache_files() - before))
     (run_dir,) = [p for p in (base / "out").iterdir() if p.is_dir()]
     return run_dir
+
+
+NO_CACHE_WROTE: list[str] = []
+
+
+def _result_cache_files() -> set[str]:
+    """Every file under the result cache's parts (entries, side files, kept KLD stores); variants aside."""
+    root = Path(os.environ["EVALKIT_CACHE_DIR"])
+    return {str(p.relative_to(root)) for part in ("results", "arrays", "kld-stores") for p in (root / part).rglob("*")
+            if p.is_file()}
+
+
+def test_a_no_cache_run_writes_nothing_into_the_result_cache(run: Path) -> None:
+    """--no-cache reads and writes no cache entry, nor the side files and the reference's stores they name
+    (a full-size run would otherwise copy its 14 GB of stores there)."""
+    assert (run / "distributions" / "f32" / "chunk-0000.evkld").is_file()  # the run itself wrote its store
+    assert NO_CACHE_WROTE == []
 
 
 def _hf_logprobs(path: str, tokens: list[int]) -> np.ndarray:

@@ -629,9 +629,10 @@ def _through_cache(engine: Engine, kind: str, payload: dict[str, Any], compute: 
     """One chunk's measurement through the engine-result cache (when the engine has one): the entry holds the
     record's scalars and the side file's hash; the side file itself is kept by hash under the cache's
     `arrays/` (evalkit.sidefiles), so a re-run copies bytes and parses no array. `ok` vets a hit further."""
-    lookup = getattr(engine, "measurement", None)
-    keep = getattr(engine, "store_measurement", None)
-    hit = lookup(kind, payload) if lookup is not None else None
+    if not keeps_measurements(engine):
+        scalars, side = compute()
+        return scalars, side, {"cached": False, "measured_at": utc_now()}
+    hit = engine.measurement(kind, payload)  # type: ignore[attr-defined]
     if isinstance(hit, dict) and isinstance(hit.get("arrays_sha256"), str) and ok(hit):
         sha = hit["arrays_sha256"]
         blob = side_path(cache_root(), sha)
@@ -645,13 +646,17 @@ def _through_cache(engine: Engine, kind: str, payload: dict[str, Any], compute: 
             return scalars, SideFile(sha, data), {"cached": True, "measured_at": stamp}
     scalars, side = compute()
     now = utc_now()
-    if keep is not None and lookup is not None:
-        try:
-            write_side_file(cache_root(), side)
-            keep(kind, payload, {**scalars, "arrays_sha256": side.sha256, "measured_at": now})
-        except OSError as e:  # a full cache disk costs the cache entry, not the run
-            print(f"evalkit: warning: result cache not written ({e.strerror})", file=sys.stderr, flush=True)
+    try:
+        write_side_file(cache_root(), side)
+        engine.store_measurement(kind, payload, {**scalars, "arrays_sha256": side.sha256, "measured_at": now})  # type: ignore[attr-defined]
+    except OSError as e:  # a full cache disk costs the cache entry, not the run
+        print(f"evalkit: warning: result cache not written ({e.strerror})", file=sys.stderr, flush=True)
     return scalars, side, {"cached": False, "measured_at": now}
+
+
+def keeps_measurements(engine: Engine) -> bool:
+    """Whether this engine's results go through the result cache (not under `--no-cache`)."""
+    return bool(getattr(engine, "keeps_measurements", False))
 
 
 def cache_root() -> Path:
@@ -732,7 +737,7 @@ def cached_chunk_full(
 
     def compute() -> tuple[dict[str, Any], SideFile]:
         scalars, side = score_chunk_full(distributions, chunk, first, top_k, vocab, path, write=write, meta=meta)
-        if write and getattr(engine, "measurement", None) is not None and not streaming:
+        if write and keeps_measurements(engine) and not streaming:
             digest = _file_sha256(path)
             try:
                 _kept_stores().mkdir(parents=True, exist_ok=True)
