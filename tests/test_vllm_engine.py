@@ -348,6 +348,18 @@ def test_score_top_k_is_sorted_and_holds_the_actual_token(engine):
     assert seen_inside > 0 and seen_outside > 0  # both branches were exercised
 
 
+def test_prompt_logprobs_compile_nothing_on_cpu(engine):
+    """enforce_eager on CPU: scoring with top-k starts no torch.compile (vLLM would build its token-rank helper
+    with inductor and the C++ compiler on first use: ~20 s on a fresh machine)."""
+    if _expected_device() != "cpu":
+        pytest.skip("GPU: vLLM's compiled sampler helpers stay")
+    from torch._dynamo.utils import counters
+
+    (s,) = engine.score([engine.tokenize(TEXT, add_bos=True)], top_k=5)
+    assert s.top is not None and len(s.top[1]) == 5
+    assert counters["frames"]["total"] == 0, dict(counters["frames"])
+
+
 def test_score_agrees_with_next_token_logprobs(engine):
     seq = engine.tokenize(TEXT, add_bos=True)
     (s,) = engine.score([seq], top_k=5)

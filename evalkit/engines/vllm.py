@@ -99,6 +99,8 @@ class VllmEngine(HfTokens, Engine):
             dtype, self._dtype_note = cpu_compute_dtype(options.dtype)
             options = options.model_copy(update={"dtype": dtype})
             _bind_cpu_threads(options.cpu_threads)
+            if options.enforce_eager:
+                _sampler_helpers_eager()
             # Engine core and model worker in this process instead of two child processes that each import
             # vLLM and torch again (about a third of a deployment's start-up on a 2-core CPU); the offline run
             # steps the engine from here anyway. Same model, kernels and threads: results do not depend on it.
@@ -459,6 +461,18 @@ def _vllm_multiprocessing(value: str | None) -> Iterator[None]:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+
+
+def _sampler_helpers_eager() -> None:
+    """No torch.compile on CPU under enforce_eager. vLLM compiles one sampler helper with inductor whatever
+    enforce_eager says: the rank of each prompt token among the log-probs (`batched_count_greater_than`, a
+    comparison and a sum). On CPU inductor builds it with the C++ compiler on first use: about 20 s of a fresh
+    machine's first perplexity chunk. Eager gives the same integer counts; CPU sampling is vLLM's own op,
+    never compiled. The variable reaches an engine core in a child process; the config this process's."""
+    import torch
+
+    os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+    torch._dynamo.config.disable = os.environ["TORCH_COMPILE_DISABLE"] == "1"
 
 
 def _bind_cpu_threads(threads: int | None) -> None:
