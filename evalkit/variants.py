@@ -329,29 +329,40 @@ def _convert_gguf_to_hf(source: str, gguf: Path, out: Path, torch: Any, transfor
 
 @contextlib.contextmanager
 def _shared_gguf_reader() -> Iterator[None]:
-    """Let transformers parse the GGUF once instead of three times (tokenizer, config, weights).
+    """Let transformers parse the GGUF once instead of three times (tokenizer, config, weights), and build
+    gguf's tensor-name map once instead of once per module of the model.
 
     gguf.GGUFReader turns every vocabulary entry into numpy views: for Gemma's 262k tokens that is
-    ~10 s per parse on a quiet core (30+ s on a busy one). transformers imports it from the gguf module
-    at call time, so a memoising stand-in there is seen; the reader is read-only (a memmap), so sharing it
-    is safe. If transformers stops going through `gguf.GGUFReader`, this simply saves nothing.
+    ~10 s per parse on a quiet core (30+ s on a busy one). transformers' weight mapping walks every module
+    of the model and asks `gguf.get_tensor_name_map(arch, n_layers)` afresh at each (397 times for SmolLM2,
+    ~7 s of rebuilding the same table). transformers imports both from the gguf module at call time, so
+    memoising stand-ins there are seen; the reader is read-only (a memmap) and transformers only looks names
+    up in the map, so sharing them is safe. If transformers stops going through them, this saves nothing.
     """
     import gguf
 
-    original = gguf.GGUFReader
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
+    maps: dict[tuple[Any, int], Any] = {}
 
     def shared(path: Any, mode: str = "r") -> Any:
         key = (str(path), mode)
         if key not in readers:
-            readers[key] = original(path, mode)
+            readers[key] = original_reader(path, mode)
         return readers[key]
 
+    def name_map(arch: Any, n_blocks: int) -> Any:
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = original_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
     gguf.GGUFReader = shared  # type: ignore[assignment,misc]
+    gguf.get_tensor_name_map = name_map  # type: ignore[assignment]
     try:
         yield
     finally:
-        gguf.GGUFReader = original  # type: ignore[misc]
+        gguf.GGUFReader = original_reader  # type: ignore[misc]
+        gguf.get_tensor_name_map = original_map
 
 
 def _match_tokenizer(tok: Any, meta: dict[str, Any]) -> str | None:
