@@ -2,6 +2,12 @@
 
     python benchmarks/bench_fullsize.py [--config benchmarks/fullsize/wikitext2.yaml] [--out DIR] [--streaming N]
     python benchmarks/bench_fullsize.py --measure RUN_DIR      # only the figures of a finished run
+    python benchmarks/bench_fullsize.py --streaming 4 --against benchmarks/fullsize/stored-per-chunk.csv
+
+Every measured run leaves <run>/per-chunk.csv (deployment, chunk, scored tokens, NLL sum, KLD sum: what the
+scores are made of). `--against CSV` compares a run's with another's chunk by chunk: the streaming run's KLD
+against the stored run's (benchmarks/fullsize/stored-per-chunk.csv is the stored run of the closing note), so
+the comparison needs no second full-size run.
 
 While the run goes, a sampler thread records disk use by kind every few seconds (records, side files, reference
 distributions; in streaming mode the number of reference chunks on disk), so the peak of each is measured, not
@@ -11,6 +17,7 @@ its peak RSS, and the per-deployment figures are printed: record bytes per chunk
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
@@ -107,11 +114,59 @@ def measure(run: Path, eval_wall_s: float | None) -> None:
             continue
         per_tok = side / tokens if tokens else float("nan")
         print(f"{rec_file.stem:<18} {len(sizes):>6} {tokens:>9} {sum(sizes) / len(sizes):>17.0f} / {max(sizes):>6} {per_tok:>13.2f}")
+    print(f"per-chunk sums: {write_per_chunk(run)}")
     scores = run / "scores.csv"
     if scores.exists():
         for line in scores.read_text().splitlines():
             if re.search(r",perplexity,text,(ppl|kld_mean|kld_bound_mean|ppl_ratio|top1_agreement),", line) or line.startswith("deployment"):
                 print("  " + line[:200])
+
+
+PER_CHUNK_FIELDS = ("deployment", "chunk", "n_scored", "nll_sum", "kld_sum")
+
+
+def per_chunk(run: Path) -> list[dict[str, str]]:
+    """One row per perplexity record: the sums every score of the suite is made of (repr: exact floats)."""
+    rows = []
+    for rec_file in sorted((run / "records").glob("*.jsonl")):
+        for ln in rec_file.read_bytes().splitlines():
+            rec = json.loads(ln) if ln.strip() else {}
+            if rec.get("suite") != "perplexity" or _find(rec, "n_scored") is None:
+                continue
+            kld = _find(rec, "kld_sum")
+            rows.append({"deployment": rec_file.stem, "chunk": str(rec["item_id"]), "n_scored": str(_find(rec, "n_scored")),
+                         "nll_sum": repr(_find(rec, "nll_sum")), "kld_sum": "" if kld is None else repr(kld)})
+    return rows
+
+
+def write_per_chunk(run: Path) -> Path:
+    out = run / "per-chunk.csv"
+    with out.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, PER_CHUNK_FIELDS)
+        w.writeheader()
+        w.writerows(per_chunk(run))
+    return out
+
+
+def compare_per_chunk(run: Path, against: Path) -> int:
+    """KLD and NLL sums of `run` against the CSV of another run, chunk by chunk; 1 when any differs."""
+    with against.open(encoding="utf-8") as f:
+        theirs = {(r["deployment"], r["chunk"]): r for r in csv.DictReader(f)}
+    ours = {(r["deployment"], r["chunk"]): r for r in per_chunk(run)}
+    worst = 0.0
+    differ = 0
+    for key in sorted(theirs.keys() & ours.keys()):
+        for field in ("nll_sum", "kld_sum"):
+            a, b = theirs[key][field], ours[key][field]
+            if a == b:
+                continue
+            differ += 1
+            if a and b:
+                worst = max(worst, abs(float(a) - float(b)))
+    only = len(theirs.keys() ^ ours.keys())
+    print(f"against {against}: {len(theirs.keys() & ours.keys())} chunks in both, {only} in one only; "
+          f"{differ} NLL/KLD sums differ (largest difference {worst:.3g})")
+    return 1 if differ or only else 0
 
 
 def _find(obj: object, key: str) -> object:
@@ -137,11 +192,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/evalkit-fullsize"))
     ap.add_argument("--streaming", type=int, default=None, help="kld_window: N (streaming exact KLD)")
     ap.add_argument("--measure", type=Path, default=None, help="only measure this finished run directory")
+    ap.add_argument("--against", type=Path, default=None, help="per-chunk.csv of another run to compare with")
     ap.add_argument("--period", type=float, default=2.0, help="disk sampling period, seconds")
     args = ap.parse_args()
     if args.measure:
         measure(args.measure, None)
-        return 0
+        return compare_per_chunk(args.measure, args.against) if args.against else 0
     config = args.config
     if args.streaming:
         text = config.read_text()
@@ -161,7 +217,7 @@ def main() -> int:
     if rc != 0 or sampler.run_path is None:
         return rc or 1
     measure(sampler.run_path, wall)
-    return 0
+    return compare_per_chunk(sampler.run_path, args.against) if args.against else 0
 
 
 if __name__ == "__main__":
