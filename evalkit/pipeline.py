@@ -12,6 +12,7 @@ from evalkit.engines import SERVED_KIND, engine_spec
 from evalkit.environment import accelerators, library_versions, machine
 from evalkit.errors import EvalkitError, ModelFileError
 from evalkit.executors import Executor, make_executor
+from evalkit.executors.local import LocalExecutor
 from evalkit.models import check_model, fingerprint, resolve_source
 from evalkit.store import RunDir
 
@@ -166,6 +167,28 @@ def warn_hardware(run: RunDir) -> None:
             print(f"evalkit: warning: {name}: {warning}", file=sys.stderr)
 
 
+def _run_and_report(run_dir: RunDir, names: list[str], executor: Executor) -> dict[str, int]:
+    with run_dir.exclusive():  # a second run --resume of this directory is refused, not run twice
+        print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
+        warn_hardware(run_dir)
+        codes = run_workers(run_dir, names, executor)
+        from evalkit.scoring import score_run
+        from evalkit.report.render import render_report
+
+        try:
+            score_run(run_dir)
+            render_report(run_dir)
+        except OSError as e:
+            import errno
+
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # The disk filled: one line naming the run; every complete record and side file is kept.
+            raise EvalkitError(str(run_dir.path), f"no space left on the device ({e.strerror}); every complete record "
+                                                  f"is kept: free space, then run --resume {run_dir.path}") from None
+    return codes
+
+
 def choose_executor(config: Config, kind: str | None, address: str | None) -> Executor:
     """The command line's choice over the config's `executor:` block."""
     settings = config.executor
@@ -187,34 +210,26 @@ def run(
         run_dir = RunDir.open(resume)
         manifest = run_dir.manifest()
         names = manifest["deployment_order"]
-        from evalkit.preflight import check_engines, preflight
-
-        # The suite data may have moved or changed since the run started: say so before any worker starts.
         config = Config.model_validate(manifest["config"])
-        check_engines(config)
-        preflight(config, Path(manifest["config_file"]))
     else:
         config, config_file = load_config(config_path)
-        run_dir = new_run(config, config_file, out_dir, use_cache, strict=strict, executor=executor)
         names = ordered_deployments(config)
-    with run_dir.exclusive():  # a second run --resume of this directory is refused, not run twice
-        print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
-        warn_hardware(run_dir)
-        codes = run_workers(run_dir, names, choose_executor(config, executor, ray_address))
-        from evalkit.scoring import score_run
-        from evalkit.report.render import render_report
+    chosen = choose_executor(config, executor, ray_address)
+    if isinstance(chosen, LocalExecutor):  # its first worker imports its engine while the run is prepared
+        chosen.prestart(config.deployment(names[0]).engine)
+    try:
+        if resume is not None:
+            from evalkit.preflight import check_engines, preflight
 
-        try:
-            score_run(run_dir)
-            render_report(run_dir)
-        except OSError as e:
-            import errno
-
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            # The disk filled: one line naming the run; every complete record and side file is kept.
-            raise EvalkitError(str(run_dir.path), f"no space left on the device ({e.strerror}); every complete record "
-                                                  f"is kept: free space, then run --resume {run_dir.path}") from None
+            # The suite data may have moved or changed since the run started: say so before any worker starts.
+            check_engines(config)
+            preflight(config, Path(manifest["config_file"]))
+        else:
+            run_dir = new_run(config, config_file, out_dir, use_cache, strict=strict, executor=executor)
+        codes = _run_and_report(run_dir, names, chosen)
+    finally:
+        if isinstance(chosen, LocalExecutor):
+            chosen.discard_prestarted()
     # Finished means every item recorded, whatever the exit code: a worker that exits 0 with items still
     # pending has failed, and one that crashed after its last record (an engine at teardown) has not.
     failed = [n for n in codes if pending_items(run_dir, n)]

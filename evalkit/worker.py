@@ -247,6 +247,13 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--warm":  # started early by the local executor (evalkit.executors.warm)
+        from evalkit.executors.warm import wait_for_order
+
+        order = wait_for_order(args[1])
+        if order is None:
+            return 0
+        args = [order["run"], order["deployment"]]
     if len(args) != 2:
         print("usage: python -m evalkit.worker RUN_DIR DEPLOYMENT", file=sys.stderr)
         return EXIT_USER_ERROR

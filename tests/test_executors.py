@@ -74,3 +74,27 @@ def test_ray_executor_without_ray_is_one_line(tmp_path: Path) -> None:
             "try:\n    make_executor('ray')\nexcept EvalkitError as e:\n    print(e); sys.exit(2)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout.strip() == "--executor ray: Ray is not installed (pip install 'evalkit[ray]', or make install)"
+
+
+def test_a_refused_run_stops_the_worker_it_started_early(tmp_path: Path) -> None:
+    """The local executor starts the first worker before the run is checked (it imports its engine meanwhile);
+    a config refused in one line (exit 2, nothing written) stops that worker too."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    cfg = tmp_path / "c.yaml"
+    prompts = Path(__file__).resolve().parents[1] / "prompts"
+    # vLLM's import takes seconds: a worker left behind would still be importing when the driver has exited.
+    cfg.write_text(f"reference: a\ndeployments:\n  - {{name: a, engine: vllm, model: {tmp_path / 'x'}}}\n"
+                   f"suites: {{prompts: {{path: {prompts}, limit_per_category: 1}}}}\n")  # x does not exist
+    out = tmp_path / "out"
+    err = tmp_path / "stderr"
+    with err.open("wb") as f:  # a file, not a pipe: a worker left holding the terminal would keep a pipe open
+        code = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(out)],
+                              stdout=f, stderr=f, timeout=300).returncode
+    assert code == 2 and str(tmp_path / "x") in err.read_text(), err.read_text()
+    assert not out.exists() or not any(out.iterdir())
+    early = [p for p in psutil.process_iter(["cmdline"]) if "--warm" in (p.info["cmdline"] or []) and "evalkit.worker" in (p.info["cmdline"] or [])]
+    assert early == []

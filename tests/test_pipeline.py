@@ -185,3 +185,31 @@ def test_cached_rerun_starts_no_worker_and_scores_the_same(config_file: Path, tm
             return sorted([r.get(k) for k in keep] for r in read_jsonl(run / "records" / f"{dep}.jsonl"))
         assert values(first) == values(again)
         assert all(r["cached"] for r in read_jsonl(again / "records" / f"{dep}.jsonl"))
+    assert not _early_workers()  # the worker started early for gemma was not needed, and was stopped
+
+
+def test_the_first_worker_imports_its_engine_before_the_run_directory_exists(finished_run: Path) -> None:
+    """The local executor starts the first deployment's worker while the driver still prepares the run (its
+    engine library imported meanwhile) and hands it the deployment: its log says so, the others' do not, and
+    its records are complete (test_run_directory_contents checks them item by item)."""
+    from evalkit.executors.warm import STARTED_EARLY
+
+    logs = {name: (finished_run / "logs" / f"{name}.log").read_text() for name in ("gemma", "gemma.rerun", "smollm")}
+    assert logs["gemma"].startswith(STARTED_EARLY) and "imported llama_cpp in" in logs["gemma"]
+    assert STARTED_EARLY not in logs["gemma.rerun"] and STARTED_EARLY not in logs["smollm"]
+    described = json.loads((finished_run / "engines" / "gemma.json").read_text())
+    assert described["worker_pid"] is not None and described["load_s"] > 0  # it loaded the engine itself
+    assert len(list(read_jsonl(finished_run / "records" / "gemma.jsonl"))) == N_ITEMS
+    assert not _early_workers()
+
+
+def _early_workers() -> list[str]:
+    """Command lines of early-started workers still alive (a refused or fully cached run must leave none)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "evalkit.worker" in cmd and "--warm" in cmd:
+            found.append(" ".join(cmd))
+    return found

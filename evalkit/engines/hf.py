@@ -805,4 +805,5 @@ SPEC = EngineSpec(
     dtype_option="dtype",
     label="transformers",
     doctor=_doctor,
+    warm_imports=("torch", "transformers", "transformers.modeling_utils"),
 )

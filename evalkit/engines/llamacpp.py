@@ -521,4 +521,5 @@ SPEC = EngineSpec(
     label="llama.cpp",
     doctor=_doctor,
     effective_numerics=_effective_numerics,
+    warm_imports=("llama_cpp",),
 )

@@ -85,6 +85,9 @@ class EngineSpec:
       depend on the deployment (a server's), with reasons for the missing ones (`capabilities_of`).
     - `endpoint(options)` -> dict: where a served model is (for the manifest); never an API key.
     - `label`: the engine's name in sentences ("vLLM"); defaults to `name`.
+    - `warm_imports`: modules whose import is the part of the engine's start-up that no model or option
+      changes (vLLM: about 12 s of a 2-core CPU); a worker started before its run directory exists imports
+      them while the driver still prepares the run (`evalkit.executors.warm`).
     """
 
     name: str
@@ -118,6 +121,7 @@ class EngineSpec:
     doctor_quantizations: tuple[str, ...] = ()
     check: Callable[[Any], None] | None = None
     endpoint: Callable[[Any], dict[str, Any]] | None = None
+    warm_imports: tuple[str, ...] = ()
     # Per-deployment capabilities, asked at plan time (a served engine asks its server once per deployment):
     # (capabilities, {missing capability: the server's reason}). May raise an EvalkitError (server unreachable).
     deployment_capabilities: Callable[[Any], tuple[frozenset[Capability], dict[Capability, str]]] | None = None

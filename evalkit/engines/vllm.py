@@ -626,4 +626,5 @@ SPEC = EngineSpec(
     label="vLLM",
     doctor=_doctor,
     doctor_quantizations=("fp8",),
+    warm_imports=("vllm.platforms", "vllm.entrypoints.llm"),  # torch, inductor, transformers with them
 )

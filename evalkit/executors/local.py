@@ -9,13 +9,45 @@ import sys
 from pathlib import Path
 
 from evalkit.executors.provenance import record_execution
+from evalkit.executors.warm import WarmWorker
 from evalkit.store import RunDir
 
 
 class LocalExecutor:
     kind = "local"
 
+    def __init__(self) -> None:
+        self._warm: WarmWorker | None = None
+
+    def prestart(self, engine: str) -> None:
+        """Start the first worker now, importing `engine`'s library while the driver still prepares the run."""
+        from evalkit.engines import engine_spec
+
+        if self._warm is None and engine_spec(engine).warm_imports and _has_file_descriptor(sys.stderr):
+            self._warm = WarmWorker(engine)
+
+    def discard_prestarted(self) -> None:
+        if self._warm is not None:
+            self._warm.discard()
+            self._warm = None
+
+    def _start_worker(self, run: RunDir, member: str, log_file: Path, env: dict[str, str], terminal: int) -> subprocess.Popen:
+        warm, self._warm = self._warm, None
+        if warm is not None and warm.engine == run.manifest()["deployments"][member].get("engine"):
+            return warm.hand(run.path, member, log_file)
+        if warm is not None:  # it imported another engine's library: one engine per process
+            warm.discard()
+        with log_file.open("ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "evalkit.worker", str(run.path), member],
+                                    env=env, stdout=log, stderr=log, pass_fds=(terminal,))
+
     def run(self, run: RunDir, names: list[str]) -> dict[str, int]:
+        try:
+            return self._run(run, names)
+        finally:
+            self.discard_prestarted()  # every deployment served by the cache: the early worker was not needed
+
+    def _run(self, run: RunDir, names: list[str]) -> dict[str, int]:
         """The engines' own output (vLLM's and llama.cpp's logs, from Python and from C code, in the worker and
         in vLLM's child processes) goes to logs/<deployment>.log; evalkit's progress reaches the terminal
         through a duplicate of our stderr handed to the worker (EVALKIT_PROGRESS_FD)."""
@@ -48,9 +80,7 @@ class LocalExecutor:
                     print(f"evalkit: running deployment {member} (engine log: {log_file})"
                           + (f", at the same time as {', '.join(m for m in group if m != member)}" if len(group) > 1 else ""),
                           file=sys.stderr, flush=True)
-                    with log_file.open("ab") as log:
-                        procs[member] = subprocess.Popen([sys.executable, "-m", "evalkit.worker", str(run.path), member],
-                                                         env=env, stdout=log, stderr=log, pass_fds=(terminal,))
+                    procs[member] = self._start_worker(run, member, log_file, env, terminal)
                 for member, proc in procs.items():
                     codes[member] = proc.wait()
             finally:
@@ -65,6 +95,14 @@ class LocalExecutor:
                     print(f"evalkit: deployment {member} failed (exit {codes.get(member)}); its finished items are kept; "
                           f"last lines of {log_file}:\n{_tail(log_file)}", file=sys.stderr)
         return codes
+
+
+def _has_file_descriptor(stream: object) -> bool:
+    """False for a stream that is not a file (a notebook's, pytest's capture): there is nothing to hand a worker."""
+    try:
+        return isinstance(stream.fileno(), int)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both an OSError and a ValueError
+        return False
 
 
 def _tail(path: Path, lines: int = 5) -> str:

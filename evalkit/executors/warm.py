@@ -1,0 +1,99 @@
+"""A worker started before its run directory exists: it imports its engine's library (vLLM: about 12 s of a
+2-core CPU) while the driver still checks the config, hashes models and prepares variants (a fresh machine's
+hf variant: 17 s), then waits until the local executor hands it a deployment.
+
+Nothing is written meanwhile: the worker's output goes to an unnamed temporary file, copied into the
+deployment's log when it is handed one. A worker never handed one (bad input, a fully cached deployment,
+another engine first) is killed: it only imported modules.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO
+
+STARTED_EARLY = "evalkit: this worker started before its run directory existed"
+
+
+class WarmWorker:
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self._output: IO[bytes] = tempfile.TemporaryFile()
+        self._terminal = os.dup(sys.stderr.fileno())  # progress lines reach our terminal, as the executor's workers
+        env = {**os.environ, "EVALKIT_PROGRESS_FD": str(self._terminal)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "evalkit.worker", "--warm", engine],
+                                     stdin=subprocess.PIPE, stdout=self._output, stderr=self._output,
+                                     env=env, pass_fds=(self._terminal,))
+
+    def hand(self, run_path: Path, deployment: str, log_file: Path) -> subprocess.Popen:
+        """The worker, now running `deployment` of the run with its output appended to `log_file`."""
+        assert self.proc.stdin is not None
+        order = {"run": str(run_path), "deployment": deployment, "log": str(log_file), "env": dict(os.environ)}
+        try:
+            self.proc.stdin.write(json.dumps(order).encode() + b"\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:  # it died while importing: its exit code and output say why, as any worker's
+            pass
+        self._release()
+        return self.proc
+
+    def discard(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._terminal >= 0:
+            os.close(self._terminal)
+            self._terminal = -1
+        self._output.close()
+
+
+def wait_for_order(engine: str) -> dict | None:
+    """The warm worker's side: import the engine's library, then read the order; None when the driver closed
+    the pipe without one. An import that fails is left to the engine's own load, which says it in one line."""
+    import importlib
+    import time
+
+    from evalkit.engines import engine_spec
+
+    start = time.perf_counter()
+    modules = engine_spec(engine).warm_imports
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except Exception:  # noqa: BLE001 (the real load reports it)
+        pass
+    print(f"{STARTED_EARLY}: imported {', '.join(modules)} in {time.perf_counter() - start:.1f} s "
+          "while the driver prepared the run", file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    order = json.loads(line)
+    _output_to(Path(order["log"]))
+    progress_fd = os.environ.get("EVALKIT_PROGRESS_FD")
+    os.environ.clear()
+    os.environ.update(order["env"])  # the driver's environment now, as a worker started now would have it
+    if progress_fd is not None:
+        os.environ["EVALKIT_PROGRESS_FD"] = progress_fd
+    return order
+
+
+def _output_to(log_file: Path) -> None:
+    """Append what was printed while waiting to `log_file`, then send stdout and stderr there."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.lseek(1, 0, os.SEEK_SET)
+    with log_file.open("ab") as log:
+        while chunk := os.read(1, 1 << 16):
+            log.write(chunk)
+        log.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
