@@ -2,7 +2,7 @@
 
 Each worker shows its own per-suite bar; this adds the run-wide line beside it. The state lives in
 `progress.json` in the run directory (the pipeline writes the plan, each worker adds what it finished),
-because deployments run in separate processes one after another.
+because deployments run in separate processes, one after another or (streaming exact KLD) at once.
 
 The estimate weighs items by how long that suite's items really took in this run (a generated answer
 costs ~100x an MMLU item): the same deployment's rate when it has one, else the same suite's rate on
@@ -11,8 +11,11 @@ what no item accounts for (engine start-up). Hand-written: tqdm knows one bar, n
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -49,10 +52,15 @@ class RunProgress:
         atomic_write_text(self.path, json.dumps(data, indent=1) + "\n")
 
     def record(self, deployment: str, suite: str, items: int, seconds: float) -> None:
-        """`items` more of (deployment, suite) finished, taking `seconds` of suite time."""
-        self.done.setdefault(deployment, {})[suite] = self.done.get(deployment, {}).get(suite, 0) + items
-        self.seconds.setdefault(deployment, {})[suite] = self.seconds.get(deployment, {}).get(suite, 0.0) + seconds
-        self.save()
+        """`items` more of (deployment, suite) finished, taking `seconds` of suite time. Workers that run at once
+        (a streaming-KLD group) share the file: each adds its own figures to what is on disk, under a lock."""
+        with _locked(self.path):
+            on_disk = RunProgress.load(self.path.parent)
+            if on_disk is not None:
+                self.done, self.seconds = on_disk.done, on_disk.seconds
+            self.done.setdefault(deployment, {})[suite] = self.done.get(deployment, {}).get(suite, 0) + items
+            self.seconds.setdefault(deployment, {})[suite] = self.seconds.get(deployment, {}).get(suite, 0.0) + seconds
+            self.save()
 
     def _rate(self, deployment: str, suite: str) -> float | None:
         """Seconds per item for (deployment, suite), from what this run measured."""
@@ -92,6 +100,13 @@ class RunProgress:
         left = self.remaining_s(now)
         eta = "estimating time left" if left is None else f"~{_duration(left)} left"
         return f"run {self.fraction():.0%} · {_duration(now - self.started)} elapsed · {eta}"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _duration(seconds: float) -> str:

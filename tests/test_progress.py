@@ -24,3 +24,30 @@ def test_no_plan_no_line(tmp_path: Path) -> None:
     assert RunProgress.load(tmp_path) is None
     (tmp_path / "progress.json").write_text("{not json")
     assert RunProgress.load(tmp_path) is None
+
+
+def _record_many(run_dir: str, deployment: str, times: int) -> None:
+    progress = RunProgress.load(Path(run_dir))
+    assert progress is not None
+    for _ in range(times):
+        progress.record(deployment, "perplexity", 1, 0.5)
+
+
+def test_workers_running_at_once_each_add_their_own_figures(tmp_path: Path) -> None:
+    """A streaming-KLD group runs its workers at once, each holding the progress it loaded at its start: every
+    one's finished items must stay in the file (they once overwrote each other's, leaving the last writer's)."""
+    import multiprocessing
+
+    RunProgress.start(tmp_path, {d: {"perplexity": 300} for d in ("ref", "q4", "q2k")})
+    procs = [multiprocessing.get_context("spawn").Process(target=_record_many, args=(str(tmp_path), d, 300))
+             for d in ("ref", "q4", "q2k")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    final = RunProgress.load(tmp_path)
+    assert final is not None
+    assert final.done == {d: {"perplexity": 300} for d in ("ref", "q4", "q2k")}
+    assert final.seconds == {d: {"perplexity": 150.0} for d in ("ref", "q4", "q2k")}
+    assert final.fraction() == 1.0
