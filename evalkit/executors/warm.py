@@ -9,6 +9,7 @@ another engine first) is killed: it only imported modules.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -30,15 +31,19 @@ class WarmWorker:
                                      stdin=subprocess.PIPE, stdout=self._output, stderr=self._output,
                                      env=env, pass_fds=(self._terminal,))
 
-    def hand(self, run_path: Path, deployment: str, log_file: Path) -> subprocess.Popen:
-        """The worker, now running `deployment` of the run with its output appended to `log_file`."""
+    def hand(self, run_path: Path, deployment: str, log_file: Path) -> subprocess.Popen | None:
+        """The worker, now running `deployment` of the run with its output appended to `log_file`; None when it
+        died while waiting (the caller starts a fresh one, whose load then says what is wrong)."""
         assert self.proc.stdin is not None
         order = {"run": str(run_path), "deployment": deployment, "log": str(log_file), "env": dict(os.environ)}
         try:
+            if self.proc.poll() is not None:
+                raise BrokenPipeError
             self.proc.stdin.write(json.dumps(order).encode() + b"\n")
             self.proc.stdin.close()
-        except BrokenPipeError:  # it died while importing: its exit code and output say why, as any worker's
-            pass
+        except BrokenPipeError:
+            self.discard()
+            return None
         self._release()
         return self.proc
 
@@ -46,8 +51,9 @@ class WarmWorker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):  # a line it never read
+                self.proc.stdin.close()
         self._release()
 
     def _release(self) -> None:
