@@ -212,7 +212,7 @@ def main() -> int:
     wall, rss_kb, rc = time_v([PY, "-m", "evalkit", "run", "--config", str(config), "--out", str(runs), "--no-cache"])
     sampler.stop.set()
     sampler.join()
-    print(f"evalkit run: rc {rc}, wall {wall:.0f} s, peak RSS of the driver {rss_kb / 1024:.0f} MB")
+    print(f"evalkit run: rc {rc}, wall {wall:.0f} s, peak RSS of its largest process (driver or a worker) {rss_kb / 1024:.0f} MB")
     print(f"peaks over {sampler.samples} samples every {args.period:g} s: " + ", ".join(f"{k} {v:,}" for k, v in sampler.peak.items()))
     if rc != 0 or sampler.run_path is None:
         return rc or 1
