@@ -11,15 +11,14 @@ what no item accounts for (engine start-up). Hand-written: tqdm knows one bar, n
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from evalkit.store import RunDir, atomic_write_text
+from filelock import FileLock
+
+from evalkit.store import RunDir, atomic_write_text, lock_path
 
 PROGRESS_FILE = "progress.json"
 
@@ -54,7 +53,7 @@ class RunProgress:
     def record(self, deployment: str, suite: str, items: int, seconds: float) -> None:
         """`items` more of (deployment, suite) finished, taking `seconds` of suite time. Workers that run at once
         (a streaming-KLD group) share the file: each adds its own figures to what is on disk, under a lock."""
-        with _locked(self.path):
+        with FileLock(lock_path(self.path)):
             on_disk = RunProgress.load(self.path.parent)
             if on_disk is not None:
                 self.done, self.seconds = on_disk.done, on_disk.seconds
@@ -100,13 +99,6 @@ class RunProgress:
         left = self.remaining_s(now)
         eta = "estimating time left" if left is None else f"~{_duration(left)} left"
         return f"run {self.fraction():.0%} · {_duration(now - self.started)} elapsed · {eta}"
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _duration(seconds: float) -> str:
