@@ -36,16 +36,16 @@ class WarmWorker:
         died while waiting (the caller starts a fresh one, whose load then says what is wrong)."""
         assert self.proc.stdin is not None
         order = {"run": str(run_path), "deployment": deployment, "log": str(log_file), "env": dict(os.environ)}
-        try:
-            if self.proc.poll() is not None:
-                raise BrokenPipeError
-            self.proc.stdin.write(json.dumps(order).encode() + b"\n")
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            self.discard()
-            return None
-        self._release()
-        return self.proc
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps(order).encode() + b"\n")
+                self.proc.stdin.close()
+                self._release()
+                return self.proc
+            except BrokenPipeError:  # it died between the poll and the write
+                pass
+        self.discard()
+        return None
 
     def discard(self) -> None:
         if self.proc.poll() is None:
