@@ -323,7 +323,7 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
 # Per-layer bias parameters a config.json does not spell out: Qwen2 always has q/k/v biases
 # (transformers' Qwen2Attention: bias=True on q_proj, k_proj, v_proj); others say so with attention_bias.
 _QKV_BIAS_MODEL_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
-_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TORCH_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float": "F32", "half": "F16"}
 
 
@@ -335,7 +335,7 @@ def arch_from_hf_config(config: dict[str, Any], name: str) -> ArchSpec:
     """
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
         config = config["text_config"]  # multimodal wrappers (Gemma 3 4B+) keep the LM's numbers here
-    moe = [k for k in _MOE_KEYS if config.get(k)]
+    moe = [k for k in MOE_KEYS if config.get(k)]
     if moe:
         raise ValueError(f"mixture-of-experts config ({moe[0]}={config[moe[0]]}): its parameters are not counted from config.json")
     try:
@@ -434,7 +434,9 @@ def arch_weight_bytes(arch: ArchSpec, precision: str) -> int:
     raise ValueError(f"unknown precision {precision!r}")
 
 
-def _fits_count(room: float, each: float) -> int:
+def fits_count(room: float, each: float) -> int:
+    """How many things of `each` bytes fit in `room` bytes (0 when none, or nothing has a size): the engines'
+    memory models count tokens and sequences with it."""
     return max(0, int(room // each)) if each > 0 else 0
 
 

@@ -708,7 +708,7 @@ def _memory(
     batch (up to max_batch_size sequences in one static cache of prompt + output tokens, rounded up to 128 as
     the engine allocates it); one block of logits (rows become logits ROW_BLOCK at a time) and a batched
     prefill's attention scores (eager: float32 softmax of batch x heads x prompt x slots)."""
-    from evalkit.ledger import GB, LedgerRow, _fits_count
+    from evalkit.ledger import GB, LedgerRow, fits_count
 
     per = 4 if options.dtype == "float32" else 2
     n_ctx = int(options.max_length)
@@ -730,7 +730,7 @@ def _memory(
         budget, fixed = hw.ram_bytes, weights_bytes + acts + runtime
         devices = f"CPU {hw.ram_bytes / GB:.1f} GB RAM"
     per_tok = arch.kv_bytes_per_token(per)
-    mem_ctx = max_ctx = _fits_count(budget - fixed, per_tok)
+    mem_ctx = max_ctx = fits_count(budget - fixed, per_tok)
     if arch.context_length and max_ctx > arch.context_length:
         max_ctx = arch.context_length
     overhead = fixed - weights_bytes

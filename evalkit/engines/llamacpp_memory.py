@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from evalkit.ledger import GB, ArchSpec, Hardware, LedgerRow, Workload, _fits_count
+from evalkit.ledger import GB, ArchSpec, Hardware, LedgerRow, Workload, fits_count
 
 # What llama.cpp holds on each GPU beyond weights, KV cache and its compute buffer: the CUDA context with the
 # ggml-cuda kernels loaded and cuBLAS. Calibrated on an H200 (driver 580, CUDA 13, llama.cpp of llama-cpp-python
@@ -73,7 +73,7 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
         if hw.gpus and n_gl == 0:
             notes.append("n_gpu_layers=0: runs on CPU")
     room = budget - fixed_dev
-    max_ctx = mem_ctx = _fits_count(room, per_tok_dev)
+    max_ctx = mem_ctx = fits_count(room, per_tok_dev)
     if arch.context_length and max_ctx > arch.context_length:
         notes.append(f"memory allows {max_ctx:,} tokens of context, capped at the trained {arch.context_length:,}")
         max_ctx = arch.context_length
@@ -86,5 +86,5 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
         n_devices=n_dev, weights_bytes=weights_bytes, kv_bytes_per_token=arch.kv_bytes_per_token(cache_bytes),
         kv_bytes=kv, overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv + overhead),
         per_device_bytes=per_device, device_budget_bytes=budget, fits=per_device <= budget,
-        max_context=max_ctx, memory_context=mem_ctx, max_concurrency=_fits_count(room, kv_dev), notes="; ".join(notes),
+        max_context=max_ctx, memory_context=mem_ctx, max_concurrency=fits_count(room, kv_dev), notes="; ".join(notes),
     )

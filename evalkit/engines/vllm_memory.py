@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.ledger import (
-    CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, _MOE_KEYS, _fits_count,
+    CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, MOE_KEYS, fits_count,
     arch_from_hf_config, arch_weight_bytes, gguf_weights,
 )
 
@@ -115,11 +115,11 @@ def arch_of_model(path: Path) -> ArchSpec:
     try:
         return arch_from_hf_config(config, path.name)
     except ValueError:
-        if not any(config.get(k) for k in _MOE_KEYS):
+        if not any(config.get(k) for k in MOE_KEYS):
             raise
         # A mixture-of-experts config: the plan cannot count its parameters, but the KV cache needs only the
         # attention shape (layers, KV heads, head dim), which the experts do not change.
-        return arch_from_hf_config({k: v for k, v in config.items() if k not in _MOE_KEYS}, path.name)
+        return arch_from_hf_config({k: v for k, v in config.items() if k not in MOE_KEYS}, path.name)
 
 
 def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
@@ -180,11 +180,11 @@ def predict_vllm(name: str, arch: ArchSpec, weights_bytes: int, precision: str, 
         fits = per_device <= budget and pool >= kv_seq_dev
         if pool < kv_seq_dev:
             notes.append(f"the KV room ({max(pool, 0) / GB:.2f} GB) holds less than one {max_len}-token sequence: vLLM refuses to start")
-    max_ctx = mem_ctx = _fits_count(pool, per_tok_dev)
+    max_ctx = mem_ctx = fits_count(pool, per_tok_dev)
     if arch.context_length and max_ctx > arch.context_length:
         notes.append(f"memory allows {max_ctx:,} tokens of context, capped at the trained {arch.context_length:,}")
         max_ctx = arch.context_length
-    max_conc = _fits_count(pool, kv_seq_dev)
+    max_conc = fits_count(pool, kv_seq_dev)
     if max_conc < seqs:
         notes.append(f"only {max_conc} of max_num_seqs={seqs} sequences of {max_len} tokens fit at once (the rest wait)")
     if arch.sliding_window:
