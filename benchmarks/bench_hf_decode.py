@@ -115,13 +115,13 @@ def kernels_per_step(engine: Any, reqs: list[Any], slots: int, compiled: bool) -
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from evalkit.engines.hf import _BatchStepper, _decode_forward
+    from evalkit.engines.hf_decode import BatchStepper, decode_forward
 
     width = len(reqs[0].prompt_token_ids)
-    step = _BatchStepper(engine._model, len(reqs), slots, engine._device, False, engine._mask_dtype, engine._forward)
+    step = BatchStepper(engine._model, len(reqs), slots, engine._device, False, engine._mask_dtype, engine._forward)
     ids = torch.tensor([list(r.prompt_token_ids) for r in reqs], dtype=torch.long, device=engine._device)
     step.prefill(ids, torch.zeros(len(reqs), dtype=torch.long, device=engine._device), width)
-    forward = engine._forward if compiled else _decode_forward
+    forward = engine._forward if compiled else decode_forward
     with torch.inference_mode():
         step._step(forward)  # traced or compiled before the count
         sync(engine._device)

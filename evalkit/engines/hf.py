@@ -25,7 +25,7 @@ Numerics (why each choice):
   transformers builds none: no host sync inside a step), and on a CUDA device each decode step replayed
   as a CUDA graph (one launch instead of ~50 kernels per layer from Python), its forward compiled by
   torch.compile (inductor fuses those kernels into a few per layer: at batch 1 a small model's step costs
-  a couple of microseconds per kernel, not its bytes; see `_DecodeForward`). Padding and batch shape
+  a couple of microseconds per kernel, not its bytes; see `evalkit.engines.hf_decode.DecodeForward`). Padding and batch shape
   change rounding (a request's log-probs stay equal to its unbatched ones within the dtype's tolerance:
   tests/test_hf_batched.py), so a request whose neighbours change may flip a near-tie; `max_batch_size: 1` decodes one request at a time.
   Models whose sliding window is shorter than max_length keep the one-request loop (a window needs a
@@ -44,6 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines import hf_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
+from evalkit.engines.hf_decode import BatchStepper, DecodeForward, first_line, pick
+from evalkit.engines.hf_memory import ROW_BLOCK, predict_hf
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.errors import EngineUnavailableError, ModelFileError
 from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators
@@ -52,14 +54,6 @@ if TYPE_CHECKING:
     import torch
 
 FP8_VARIANT = hf_rules.NATIVE_FP8_VARIANT  # "fp8": the native-FP8 variant
-# What the hf engine holds on a GPU beyond weights, KV cache and activations: the CUDA context, the kernels torch
-# and cuBLAS load as the run goes, cuBLAS workspaces, the caching allocator's slack and the CUDA-graph pool.
-# Calibrated on an H200 (driver 580, CUDA 13, torch 2.11, transformers 5.17; benchmarks/gpu, issue 21): NVML's
-# peak minus weights, KV and activations was 1.9 GB (SmolLM2-135M-shaped, bf16, batch 16) and 2.3 GB
-# (Qwen2.5-7B-shaped); the context with one cuBLAS handle alone was 0.77 GB. The earlier 0.5 GB
-# (ledger.CUDA_CONTEXT_BYTES) put the measured peak at 2.3x the prediction for the small model.
-TORCH_GPU_RUNTIME_BYTES = 2_000_000_000
-ROW_BLOCK = 64  # logit rows per block: 64 x 262k float32 = 67 MB
 # Token texts that end a turn in common chat templates; llama.cpp counts them as end-of-generation too.
 _END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
 
@@ -117,11 +111,11 @@ class HfEngine(HfTokens, Engine):
                 self.model_path, dtype=_torch_dtype(options.dtype), attn_implementation=options.attn_implementation
             )
         except (OSError, ValueError) as e:
-            raise ModelFileError(self.model_path, f"transformers could not load the model ({_first_line(e)})") from None
+            raise ModelFileError(self.model_path, f"transformers could not load the model ({first_line(e)})") from None
         try:
             self._model.to(self._device)
         except (RuntimeError, AssertionError) as e:  # e.g. "Torch not compiled with CUDA enabled"
-            raise EngineUnavailableError(f"model {self.model_path}", f"device {self._device!r}: {_first_line(e)}") from None
+            raise EngineUnavailableError(f"model {self.model_path}", f"device {self._device!r}: {first_line(e)}") from None
         self._model.eval()
         self._fp8 = _native_fp8_variant(self.model_path)
         if self._fp8:
@@ -137,9 +131,9 @@ class HfEngine(HfTokens, Engine):
         self._batched, self._batched_why = _batches(text_cfg, options)
         self._graphs_wanted = options.cuda_graphs and self._device.startswith("cuda")
         compile_it = options.torch_compile == "on" or (options.torch_compile == "auto" and self._device.startswith("cuda"))
-        self._forward = _DecodeForward(compile_it)
+        self._forward = DecodeForward(compile_it)
         self._mask_dtype = self._model.dtype
-        self._step: _BatchStepper | None = None
+        self._step: BatchStepper | None = None
 
     def _quantize_fp8(self) -> None:
         """The `fp8` variant: decoder linear layers to W8A8 FP8 (engines/hf_fp8.py), only on FP8 tensor cores."""
@@ -238,7 +232,7 @@ class HfEngine(HfTokens, Engine):
             past: Any = None
             while True:
                 logits, past = self._next_logits(ids, past)
-                tok = _pick(logits, sampling, gen)
+                tok = pick(logits, sampling, gen)
                 yield tok
                 ids = torch.tensor([[tok]], dtype=torch.long, device=self._device)
 
@@ -297,7 +291,7 @@ class HfEngine(HfTokens, Engine):
                 picks = step.picks()  # the step's argmax, on the device already: one small read per token
             else:
                 rows = logits.float()
-                picks = [_pick(rows[i], sampling, gens[i]) for i in range(n)]
+                picks = [pick(rows[i], sampling, gens[i]) for i in range(n)]
                 step.feed(picks)
             now = time.perf_counter()  # these tokens are known now (a first step that compiles comes after)
             # On a GPU the next step (it would write slot width + k) is queued before this one's tokens are looked
@@ -327,7 +321,7 @@ class HfEngine(HfTokens, Engine):
         for i, (req, tokens, _) in enumerate(batch):
             yield self._result(req, tokens, outs[i], finish[i], ttft[i], arrival, ends[i])
 
-    def _stepper(self, n: int, slots: int) -> "_BatchStepper":
+    def _stepper(self, n: int, slots: int) -> "BatchStepper":
         """The decode machinery for a batch of n rows and a cache of `slots` tokens: reused while the shape
         stays (a captured CUDA graph and its static cache), replaced otherwise (the old one freed first, so
         memory held tracks the batch in flight)."""
@@ -338,7 +332,7 @@ class HfEngine(HfTokens, Engine):
             import torch
 
             torch.cuda.empty_cache()
-        self._step = _BatchStepper(self._model, n, slots, self._device, self._graphs_wanted, self._mask_dtype,
+        self._step = BatchStepper(self._model, n, slots, self._device, self._graphs_wanted, self._mask_dtype,
                                    self._forward)
         return self._step
 
@@ -472,20 +466,6 @@ class HfEngine(HfTokens, Engine):
         gc.collect()
 
 
-def _pick(logits: "torch.Tensor", sampling: SamplingParams, gen: "torch.Generator") -> int:
-    """Greedy at temperature 0; else softmax(logits / T), restricted to the top-p nucleus, sampled with `gen`."""
-    import torch
-
-    if sampling.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < sampling.top_p  # the smallest prefix reaching top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs, 1, generator=gen))
-
-
 REPRODUCIBILITY = (
     "seeded per request (a torch.Generator per request); requests decoded in one batch share matrix shapes, "
     "so a request's log-probs can differ in the last bits with its neighbours (within the dtype's tolerance) "
@@ -517,179 +497,6 @@ def _batches(text_cfg: Any, options: HfOptions) -> tuple[bool, str]:
     return True, ""
 
 
-def _decode_forward(model: Any, cache: Any, ids: Any, pos: Any, mask: Any) -> Any:
-    """One forward over the cache: each row's last-position logits (rows, vocab), in the model's dtype. A module
-    function, so torch.compile traces it once for every stepper (dynamo keys its compiled code on this code)."""
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
-    return out.logits[:, -1]
-
-
-class _DecodeForward:
-    """The decode step's forward for one engine: `torch.compile`d (inductor) when wanted, else `_decode_forward`.
-
-    Why compile: on a GPU, a CUDA graph removes the launches from Python but still runs every kernel of the
-    eager forward one after another (~1,500 for a 30-layer Llama: RMSNorm alone is 7 kernels, rotary ~12 per
-    layer), and at batch 1 each costs a couple of microseconds whatever its size, so the step is bound by the
-    kernel count, not by the bytes it reads. Inductor fuses the elementwise chains into a few kernels per
-    layer; the CUDA graph then replays those. One compile per engine (dynamo marks batch and cache length
-    dynamic at the shapes it meets next, so a run compiles about three times); if compiling fails the steps run
-    the eager forward and `error` says why. The fused kernels round differently from the eager ones (fewer
-    intermediate roundings in 16-bit): decode log-probs stay within the dtype's tolerance (tests/test_gpu.py)."""
-
-    def __init__(self, compile_it: bool) -> None:
-        self.compiled: Any = None
-        if compile_it:
-            import torch
-
-            self.compiled = torch.compile(_decode_forward, fullgraph=True)
-        self.error: str | None = None
-        self.first_calls_s = 0.0  # steps that traced or compiled (a stepper's first), compile time included
-
-    @property
-    def active(self) -> bool:
-        return self.compiled is not None and self.error is None
-
-    def first_call(self, *args: Any) -> Any:
-        """A stepper's first step: compiles (or finds the compiled code) here; eager from now on if that fails.
-        A failure leaves no trace on the cache: with fullgraph, nothing runs until compiling has succeeded."""
-        if not self.active:
-            return _decode_forward(*args)
-        start = time.perf_counter()
-        try:
-            return self.compiled(*args)
-        except Exception as e:  # noqa: BLE001 - any compiler failure leaves the eager forward, which is correct
-            self.error = _first_line(e)
-            return _decode_forward(*args)
-        finally:
-            self.first_calls_s += time.perf_counter() - start
-
-    def __call__(self, *args: Any) -> Any:
-        return self.compiled(*args) if self.active else _decode_forward(*args)
-
-
-class _BatchStepper:
-    """Prefill and decode steps for one batch shape over a transformers `StaticCache`.
-
-    The attention mask is ours, 4-D (rows, 1, queries, slots) and additive (0 where a row may look, the
-    dtype's minimum elsewhere): transformers uses a 4-D mask as given, so a step runs no mask-building code
-    (whose checks read tensors on the host and cannot be captured). Left padding: every row writes slot s
-    at step s; a row's positions count its own tokens only.
-
-    A decode step reads nothing back: the slot it writes is a device counter, the positions and the mask's
-    new column are computed from it on the device, and each row's greedy pick is written as the next step's
-    input (sampling overwrites it with `feed`). So the whole step is one CUDA graph, and greedy decoding
-    costs the host one replay and one small read per token. On CUDA, the first decode step runs eagerly on
-    a side stream (the warm-up torch.cuda.graph needs, and torch.compile's compile; it also writes that
-    step's real KV) and the next ones replay the captured step; if capture fails the steps stay eager and
-    `graph_error` says why.
-    """
-
-    def __init__(self, model: Any, n: int, slots: int, device: str, graphs: bool, dtype: Any,
-                 forward: _DecodeForward) -> None:
-        import torch
-        import transformers
-
-        self.model, self.shape, self.device, self.forward = model, (n, slots), device, forward
-        self.cache = transformers.StaticCache(config=model.config, max_cache_len=slots)
-        self.min = torch.finfo(dtype).min
-        self.mask = torch.full((n, 1, 1, slots), self.min, dtype=dtype, device=device)  # decode: one query row
-        self.ids = torch.zeros((n, 1), dtype=torch.long, device=device)  # the next step's input tokens
-        self.pos = torch.zeros((n, 1), dtype=torch.long, device=device)
-        self.pads = torch.zeros((n,), dtype=torch.long, device=device)
-        self.slot = torch.zeros((1,), dtype=torch.long, device=device)  # the cache slot the next step writes
-        self.want_graph, self.graph, self.graphed, self.graph_error = graphs, None, False, None
-        self.stepped = False  # whether a decode step ran (the first one traces, compiles, captures)
-        self.out: Any = None  # the captured step's logits (the graph's output, rewritten by each replay)
-
-    def prefill(self, ids: Any, pads: Any, width: int) -> Any:
-        """The left-padded prompts (n, width) into the cache: their last logits (n, vocab), model dtype."""
-        import torch
-
-        with torch.inference_mode():  # the cache's tensors are inference tensors: every update happens in here
-            return self._prefill(ids, pads, width)
-
-    def _prefill(self, ids: Any, pads: Any, width: int) -> Any:
-        import torch
-
-        slots = self.shape[1]
-        self.cache.reset()  # also on a reused stepper: zero the counters, same tensors (the graph's addresses)
-        self.pads.copy_(pads)
-        cols = torch.arange(slots, device=self.device)
-        valid = cols[None, :] >= self.pads[:, None]  # (n, slots): slots of a row's own tokens (and later ones)
-        rows = torch.arange(width, device=self.device)
-        causal = cols[None, :] <= rows[:, None]  # (width, slots)
-        allowed = valid[:, None, :] & causal[None, :, :]
-        zero = torch.zeros((), dtype=self.mask.dtype, device=self.device)
-        mask = torch.where(allowed, zero, self.min)[:, None]  # (n, 1, width, slots)
-        pos = (rows[None, :] - self.pads[:, None]).clamp(min=0)
-        self.mask.copy_(mask[:, :, -1:, :])  # the decode mask starts as the last prompt row's
-        logits = _decode_forward(self.model, self.cache, ids, pos, mask)  # eager: prompt widths vary
-        self.ids.copy_(logits.argmax(dim=-1, keepdim=True))
-        self.slot.fill_(width)
-        return logits
-
-    def feed(self, tokens: list[int]) -> None:
-        """Tokens chosen on the host (sampling) as the next step's input, instead of the greedy picks."""
-        import torch
-
-        with torch.inference_mode():
-            self.ids[:, 0] = torch.tensor(tokens, dtype=torch.long, device=self.device)
-
-    def picks(self) -> list[int]:
-        """Each row's greedy pick from the last step (waits for it)."""
-        return self.ids[:, 0].tolist()
-
-    def step(self) -> Any:
-        """One decode step: the rows' `ids` at the cache slot the counter says; their logits (n, vocab), model
-        dtype (on a graph, its output buffer: read it before the next step)."""
-        import torch
-
-        with torch.inference_mode():
-            if self.graph is not None:
-                self.graph.replay()
-                return self.out
-            if not self.stepped:
-                self.stepped = True
-                if self.want_graph:
-                    return self._capture()
-                return self._step(self.forward.first_call)
-            return self._step(self.forward)
-
-    def _step(self, forward: Any) -> Any:
-        """The step itself, all on the device (capturable): positions and the mask's new column from the slot
-        counter, the forward, the greedy picks as the next input, the counter advanced."""
-        self.pos.copy_((self.slot - self.pads)[:, None])
-        self.mask[:, 0, 0].index_fill_(1, self.slot, 0.0)
-        logits = forward(self.model, self.cache, self.ids, self.pos, self.mask)
-        self.ids.copy_(logits.argmax(dim=-1, keepdim=True))
-        self.slot.add_(1)
-        return logits
-
-    def _capture(self) -> Any:
-        import torch
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # the warm-up (and compile): this step, for real
-            logits = self._step(self.forward.first_call)
-        torch.cuda.current_stream().wait_stream(stream)
-        try:
-            graph = torch.cuda.CUDAGraph()
-            # The captured step advances the counters (ours and the cache's) itself, as the eager step did:
-            # capture only records, so they stay where the warm-up left them and the first replay writes the
-            # next slot.
-            with torch.cuda.graph(graph):
-                self.out = self._step(self.forward)
-            self.graph, self.graphed = graph, True
-        except Exception as e:  # noqa: BLE001 - any capture failure leaves the eager steps, which are correct
-            self.graph_error = _first_line(e)
-            torch.cuda.synchronize()
-        return logits
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 # -- the spec -------------------------------------------------------------------------------------
@@ -700,48 +507,6 @@ class HfTokenizer(VllmTokenizer):
 
     name = "hf"
 
-
-def _memory(
-    name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any, workload: Any = None
-) -> Any:
-    """Weights in `dtype`; the KV cache of the larger of one sequence at max_length and the cost suite's largest
-    batch (up to max_batch_size sequences in one static cache of prompt + output tokens, rounded up to 128 as
-    the engine allocates it); one block of logits (rows become logits ROW_BLOCK at a time) and a batched
-    prefill's attention scores (eager: float32 softmax of batch x heads x prompt x slots)."""
-    from evalkit.ledger import GB, LedgerRow, fits_count
-
-    per = 4 if options.dtype == "float32" else 2
-    n_ctx = int(options.max_length)
-    swa = min(n_ctx, arch.sliding_window) if arch.sliding_window else None  # transformers caches only the window
-    kv = arch.kv_bytes(n_ctx, swa, per)
-    batch = min(int(options.max_batch_size), workload.batch_sequences) if workload is not None else 1
-    slots = min(n_ctx, -(-workload.batch_tokens // 128) * 128) if workload is not None and workload.batch_tokens else 0
-    scores = 0
-    if batch > 1 and slots:
-        kv = max(kv, batch * arch.kv_bytes(slots, min(slots, swa) if swa else None, per))
-        scores = batch * arch.n_heads * workload.batch_prompt_tokens * slots * 6  # prefill: 16-bit scores + f32 softmax
-    acts = n_ctx * (arch.intermediate + 4 * arch.hidden) * per + 2 * ROW_BLOCK * arch.vocab * 4 + scores
-    runtime = GB  # the interpreter with torch and transformers imported
-    on_gpu = hw.gpus > 0 and options.device != "cpu"
-    if on_gpu:
-        budget, fixed = hw.gpu_memory_bytes, weights_bytes + acts + TORCH_GPU_RUNTIME_BYTES
-        devices = f"1x GPU {hw.gpu_memory_bytes / GB:.1f} GB"
-    else:
-        budget, fixed = hw.ram_bytes, weights_bytes + acts + runtime
-        devices = f"CPU {hw.ram_bytes / GB:.1f} GB RAM"
-    per_tok = arch.kv_bytes_per_token(per)
-    mem_ctx = max_ctx = fits_count(budget - fixed, per_tok)
-    if arch.context_length and max_ctx > arch.context_length:
-        max_ctx = arch.context_length
-    overhead = fixed - weights_bytes
-    return LedgerRow(
-        deployment=name, engine="hf", precision=f"{precision} as {options.dtype}", weights_from=weights_from,
-        devices=devices, n_devices=1, weights_bytes=weights_bytes, kv_bytes_per_token=per_tok, kv_bytes=kv,
-        overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv + overhead), per_device_bytes=int(fixed + kv),
-        device_budget_bytes=budget, fits=fixed + kv <= budget, max_context=max_ctx, memory_context=mem_ctx,
-        max_concurrency=max(1, batch), notes=(f"transformers, batches of up to {options.max_batch_size} requests in a static KV cache"
-                                              + (f"; {batch} x {slots} tokens for the cost suite" if batch > 1 and slots else "")),
-    )
 
 
 def _precision(requested: str | None, capability: tuple[int, int] | None) -> Precision:
@@ -792,7 +557,7 @@ SPEC = EngineSpec(
     tokenizer_loader=HfTokenizer,
     # n_threads is kept: torch's CPU kernels may split reductions across threads, changing the rounding.
     numerics_options=("dtype", "device", "max_length", "attn_implementation", "n_threads"),
-    memory_model=_memory,
+    memory_model=predict_hf,
     describe_hardware=_hardware,
     precision=_precision,
     plan_precision=hf_rules.plan_precision,
