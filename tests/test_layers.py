@@ -23,6 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "evalkit"
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", [
         "evalkit.errors", "evalkit.fileio", "evalkit.resources", "evalkit.spreadsheet", "evalkit.peer", "evalkit.sandbox",
+        "evalkit.sandbox_runner",  # the program the sandbox runs (standard library only)
         "evalkit.models", "evalkit.gpus", "evalkit.terminal",  # gpus: the GPU model table and the plan-time verdict types
         "evalkit.versions",  # installed packages' versions, from their metadata
         "evalkit.memo",  # answers kept on disk by the hash of the question (scipy's, figures)
