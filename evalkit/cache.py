@@ -506,14 +506,16 @@ def engine_identity(engine: str, resolved: Mapping[str, Any], options: Any) -> d
     }
 
 
-def _info_to_json(info: EngineInfo) -> dict[str, Any]:
+def info_to_json(info: EngineInfo) -> dict[str, Any]:
+    """An engine description as the cache stores it (JSON; the time it was stored, not where it came from)."""
     out = asdict(info)
     out["extra"] = {k: v for k, v in out["extra"].items() if k not in {"info_from_cache", "info_stored_at"}}
     out["extra"]["info_stored_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return json.loads(json.dumps(out, default=str))  # whatever an engine puts in `extra`, as JSON
 
 
-def _info_from_json(d: Mapping[str, Any]) -> EngineInfo:
+def info_from_json(d: Mapping[str, Any]) -> EngineInfo:
+    """A stored engine description, marked as read from the cache."""
     names = {f.name for f in fields(EngineInfo)}
     info = EngineInfo(**{k: v for k, v in d.items() if k in names})
     info.extra["info_from_cache"] = True  # load_s is the stored run's start-up, not this run's
@@ -556,13 +558,13 @@ def open_engine(
     info = None
     if stored is not None:
         try:
-            info = _info_from_json(stored)
+            info = info_from_json(stored)
         except TypeError:  # a description written by another EngineInfo layout: a miss
             info = None
     if info is None:
         real = load()
         info = real.info()
-        store.put(info_key, _info_to_json(info))
+        store.put(info_key, info_to_json(info))
         lazy = LazyEngine(deployment.engine, load, info, tokenizer, engine=real)
         lazy.loads = 1
     else:
@@ -571,7 +573,7 @@ def open_engine(
 
     def on_load(real: Engine) -> None:
         fresh = real.info()
-        store.put(info_key, _info_to_json(fresh))
+        store.put(info_key, info_to_json(fresh))
         parts = parts_of(fresh)
         if parts != cached.key_parts:
             print(

@@ -24,7 +24,7 @@ def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], No
     """Record the unit's items the cache fully answers; returns how many. `on_done` receives the engine
     description a worker would have written (the stored description and the cache's hit/miss counts)."""
     from evalkit.cache import (
-        CachedEngine, LazyEngine, ResultCache, _info_from_json, engine_identity, entry_key, key_parts_from_info, weights_known,
+        CachedEngine, LazyEngine, ResultCache, info_from_json, engine_identity, entry_key, key_parts_from_info, weights_known,
     )
     from evalkit.engines.tokenizer import load_tokenizer
 
@@ -36,7 +36,7 @@ def serve_from_cache(work: UnitWork, record: Callable[[list[dict[str, Any]]], No
     if stored is None:
         return 0
     try:
-        info = _info_from_json(stored)
+        info = info_from_json(stored)
     except TypeError:
         return 0
 

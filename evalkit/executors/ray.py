@@ -434,7 +434,7 @@ class _Driver:
         driver's cache pass can key hits next time without loading anything itself."""
         from dataclasses import fields
 
-        from evalkit.cache import ResultCache, _info_to_json, engine_identity, entry_key
+        from evalkit.cache import ResultCache, info_to_json, engine_identity, entry_key
         from evalkit.engines.base import EngineInfo
 
         dep = att.work.deployment
@@ -442,7 +442,7 @@ class _Driver:
         store = ResultCache()
         if store.get(key) is None:
             names = {f.name for f in fields(EngineInfo)}
-            store.put(key, _info_to_json(EngineInfo(**{k: v for k, v in described.items() if k in names})))
+            store.put(key, info_to_json(EngineInfo(**{k: v for k, v in described.items() if k in names})))
 
     def _serve_cached(self, work: UnitWork) -> UnitWork | None:
         """Record every pending item the driver's cache can answer; what is left goes to a node."""
