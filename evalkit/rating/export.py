@@ -175,7 +175,7 @@ def export_sheets(
         # Key first: a sheet on disk without its key could never be de-blinded.
         atomic_write_text(key_path(run.path), json.dumps(key, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     for path, table in sheets:
-        (_write_csv if fmt == "csv" else _write_xlsx)(path, table)
+        (write_csv if fmt == "csv" else _write_xlsx)(path, table)
     return [p for p, _ in sheets]
 
 
@@ -248,11 +248,11 @@ def browser_sheet(run_dir: Path, rater_id: str, mode: Mode = "absolute", seed: i
         key.update(version=KEY_VERSION, run_id=run_id, reference=reference)
         key["sheets"][sheet_id] = entry
         atomic_write_text(key_path(run.path), json.dumps(key, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
-        _write_csv(path, table)
+        write_csv(path, table)
     return path
 
 
-def _write_csv(path: Path, table: list[list[str]]) -> None:
+def write_csv(path: Path, table: list[list[str]]) -> None:
     buf = io.StringIO()
     # QUOTE_ALL keeps embedded newlines, commas and quotes inside their cell; CRLF rows as RFC 4180 asks.
     writer = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\r\n")

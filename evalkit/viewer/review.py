@@ -17,7 +17,7 @@ from typing import Any
 from filelock import FileLock
 
 from evalkit.errors import RatingSheetError
-from evalkit.rating.export import SCORE_MAX, SCORE_MIN, _write_csv, browser_sheet
+from evalkit.rating.export import SCORE_MAX, SCORE_MIN, write_csv, browser_sheet
 from evalkit.rating.import_ import import_sheets
 from evalkit.resources import resource_path
 from evalkit.spreadsheet import unneutralize
@@ -98,7 +98,7 @@ def rate(run_dir: Path, rater_id: str, row_id: str, score: Any, comment: str = "
         else:
             raise ReviewError(f"no row {row_id!r} in this reviewer's sheet")
         before = path.read_bytes()
-        _write_csv(path, table)
+        write_csv(path, table)
         try:
             summary = import_sheets(Path(run_dir), [path])  # stores the sheet only; `evalkit report` scores it
         except RatingSheetError:
