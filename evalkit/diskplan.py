@@ -55,11 +55,11 @@ def size(n: float) -> str:
 
 def _vocab(config: Any, config_file: Path, name: str) -> int | None:
     """The deployment's vocabulary from its model's header or config.json, without loading it (None: unknown)."""
-    from evalkit.ledger import _resolve, gguf_weights, hf_weights
+    from evalkit.ledger import local_model_path, gguf_weights, hf_weights
 
     dep = config.deployment(name)
     try:
-        path = _resolve(dep.model.source, config_file)
+        path = local_model_path(dep.model.source, config_file)
         return (hf_weights(path) if path.is_dir() else gguf_weights(path)).arch.vocab if path is not None else None
     except Exception:  # noqa: BLE001 - an unreadable model is the ledger's row to report
         return None

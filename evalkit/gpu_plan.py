@@ -20,12 +20,12 @@ _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "flo
 def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -> ModelFacts:
     """Model type, checkpoint dtype and architecture, from the files present (config.json alone is enough; a
     GGUF's header). Unknown parts are None: the rules then say what they cannot know."""
-    from evalkit.ledger import _resolve, gguf_weights, hf_weights  # the plan's own resolution: never downloads
+    from evalkit.ledger import local_model_path, gguf_weights, hf_weights  # the plan's own resolution: never downloads
     from evalkit.variants import HF_VARIANTS
 
     if dep.model is None:  # a served model whose weights are not named
         return ModelFacts(None, None, None, weights_bytes)
-    path = _resolve(dep.model.source, Path(config_file))
+    path = local_model_path(dep.model.source, Path(config_file))
     if path is None:
         return ModelFacts(None, None, None, weights_bytes)
     model_type = dtype = arch = None

@@ -466,9 +466,10 @@ def workload_of(config: Any) -> Workload:
     return Workload(scored_rows=n_ctx - n_ctx // 2, prompt_logprob_rows=n_ctx, **batch)
 
 
-def _resolve(source: str, config_file: Path) -> Path | None:
-    """A local path for the source: beside the config, a `pkg:` package, a path, or an HF repo id already in
-    the local Hugging Face cache (its config.json is enough). Never downloads anything."""
+def local_model_path(source: str, config_file: Path) -> Path | None:
+    """The plan's local path for a model source (the ledger, the GPU and disk plans, perplexity's store note):
+    beside the config, a `pkg:` package, a path, or an HF repo id already in the local Hugging Face cache (its
+    config.json is enough). Never downloads anything."""
     from evalkit.errors import EvalkitError
     from evalkit.models import resolve_source
 
@@ -604,7 +605,7 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware, workload: Workload
                          budget, fits=None, max_context=None, memory_context=None, max_concurrency=None,
                          notes="served model, weights not named: its memory is the server's, unknown here")
     source, variant, engine = dep.model.source, dep.model.variant, dep.engine
-    path = _resolve(source, config_file)
+    path = local_model_path(source, config_file)
     info: WeightsInfo | None = None
     problem = f"model {source!r} not found (no file, installed package or Hugging Face cache entry)"
     if path is not None:

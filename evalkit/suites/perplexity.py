@@ -567,7 +567,7 @@ def store_bytes_upper_bound(n_tokens: int, vocab: int) -> int:
 def plan_store_note(config: Any, config_file: Path) -> str | None:
     """The plan's lines on exact KLD, before anything runs: which deployments get it, against whose stored
     distributions and how large that store can get; which keep the top-k bound. None: perplexity is off."""
-    from evalkit.ledger import _resolve, gguf_weights, hf_weights
+    from evalkit.ledger import local_model_path, gguf_weights, hf_weights
 
     s = config.suites.perplexity
     if s is None:
@@ -588,7 +588,7 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
     # The same estimate as the disk plan's (evalkit.diskplan): tokens at BYTES_PER_TOKEN text bytes each.
     chunks = min(len(suite.items()), chunk_count(int(len(suite._text_bytes()) / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
     tokens = chunks * (s.n_ctx - scored_from(s.n_ctx))
-    path = _resolve(ref.model.source, config_file)
+    path = local_model_path(ref.model.source, config_file)
     try:
         vocab = (hf_weights(path) if path.is_dir() else gguf_weights(path)).arch.vocab if path is not None else None
     except Exception:  # noqa: BLE001 - an unreadable model is the ledger's row to report, not this line's
