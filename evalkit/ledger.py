@@ -212,7 +212,7 @@ class LedgerRow:
     overhead_bytes: int | None  # activations + engine/runtime reservations, all devices
     need_bytes: int | None  # weights + kv + overhead
     per_device_bytes: int | None  # busiest device (vLLM: what it reserves up front); on CPU: the worker's RAM
-    device_budget_bytes: int
+    device_budget_bytes: int | None  # None: not this machine's (a server evalkit does not run)
     fits: bool | None
     max_context: int | None  # longest single context the remainder allows, capped at the trained length
     memory_context: int | None  # the same, uncapped: what memory alone allows
