@@ -453,7 +453,7 @@ def _hardware(deployment: Any) -> HardwareUse:
     return HardwareUse(describe_devices(used), capability, requested, gguf_precision(requested, capability), tuple(notes))
 
 
-def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
+def llamacpp_tokenizer(model_path: str, options: Any) -> TokenizerOnly:
     """LlamaCppEngine's tokenization on a vocabulary-only load (tokenize/prompt_token_ids are its own methods)."""
     llama_cpp = load_llama_cpp()
 
@@ -465,6 +465,17 @@ def llamacpp_tokenizer(model_path: str, options: Any) -> Engine:
             self.model_path = str(model_path)
             self._llm = llama_cpp.Llama(model_path=self.model_path, vocab_only=True, verbose=False)
             self._init_tokenizer()
+
+        def bos(self) -> tuple[bool, int | None]:
+            return self._add_bos, self._bos
+
+        def vocab_size(self) -> int:
+            return int(self._llm.n_vocab())
+
+        def end_of_generation_ids(self) -> frozenset[int]:
+            """Every id llama.cpp's vocabulary marks end-of-generation (EOS, EOT, ...)."""
+            vocab = self._llm._model.vocab
+            return frozenset(t for t in range(self._llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t))
 
         def close(self) -> None:
             self._llm.close()

@@ -4,10 +4,12 @@ Either `base_url` names a running server, or `server` names a program evalkit st
 deployment's weights (`evalkit.engines.launcher`: a free 127.0.0.1 port, the log in the run directory, stopped
 when the unit ends, never left running).
 
-What the server can do is asked, not assumed (`discover`): its models, which API it speaks (llama.cpp's own
-`/completion` with token ids out; vLLM's `/v1/completions` with `prompt_logprobs`, `logprob_token_ids` and
-`return_token_ids`; a plain OpenAI API), `/tokenize`, the top-k it allows (`max_logprobs`) and its chat
-template. A suite needing what the server lacks is skipped at plan time with the server's reason.
+What the server can do is asked, not assumed (`evalkit.engines.openai_discovery.discover`): its models, which
+API it speaks (llama.cpp's own `/completion` with token ids out; vLLM's `/v1/completions` with
+`prompt_logprobs`, `logprob_token_ids` and `return_token_ids`; a plain OpenAI API), `/tokenize`, the top-k it
+allows (`max_logprobs`) and its chat template. A suite needing what the server lacks is skipped at plan time
+with the server's reason. Each API is one class in `evalkit.engines.openai_dialects` (`LlamaServer`,
+`VllmServer`, `PlainOpenAI`): this module asks the dialect, never which one it is.
 
 Same tokens in as in-process: when the deployment names its weights (`model:`), prompts are tokenized here
 with the very code of the in-process engine for those weights (llama.cpp's for a GGUF, the HF tokenizer for a
@@ -20,23 +22,24 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import re
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
-from evalkit.engines.served_http import RetryPolicy, ServedRequestError, ServerClient, StreamConsumer
+from evalkit.engines.openai_dialects import Collect, ServerTokens, dialect_for
+from evalkit.engines.openai_discovery import LAUNCHED_CAPS, ServerFacts, discover
+from evalkit.engines.served_http import RetryPolicy, ServedRequestError, ServerClient
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
-from evalkit.errors import ConfigError, EngineUnavailableError
+from evalkit.engines.tokenizer import TokenizerOnly
+from evalkit.errors import ConfigError
 
-Dialect = Literal["llama.cpp", "vllm", "openai"]
+if TYPE_CHECKING:
+    from evalkit.engines.launcher import ServerProcess
+
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
-MAX_TOP_K = 2000  # what evalkit asks of a server it starts (vLLM --max-logprobs), as the in-process engine
 
 
 class OpenAIOptions(BaseModel):
@@ -77,41 +80,6 @@ class OpenAIOptions(BaseModel):
         return self
 
 
-# -- what a server can do --------------------------------------------------------------------------
-
-NO_FULL = "a server sends no full next-token distributions"
-LLAMA_SERVER_MISSING = {
-    Capability.PROMPT_LOGPROBS: "llama-server gives log-probs only for generated tokens (n_probs), none for prompt tokens",
-    Capability.NEXT_TOKEN_LOGPROBS: "llama-server gives only the top n_probs of a generated token, not log-probs at chosen ids",
-    Capability.FULL_DISTRIBUTION: NO_FULL,
-}
-VLLM_MISSING = {Capability.FULL_DISTRIBUTION: NO_FULL}
-
-
-@dataclass
-class ServerFacts:
-    """What discovery learned about one server (recorded in the engine description and the manifest)."""
-
-    dialect: Dialect
-    model_id: str
-    models: list[str]
-    version: str | None
-    capabilities: frozenset[Capability]
-    reasons: dict[Capability, str]
-    identity: dict[str, Any] = field(default_factory=dict)  # server-reported: the cache key without weights
-    max_logprobs: int | None = None
-    n_ctx: int | None = None
-    vocab_size: int | None = None
-    chat_template: str | None = None
-    total_slots: int | None = None
-
-    def describe(self) -> dict[str, Any]:
-        return {"dialect": self.dialect, "model_id": self.model_id, "models": self.models, "version": self.version,
-                "capabilities": sorted(c.value for c in self.capabilities),
-                "missing": {c.value: r for c, r in self.reasons.items()}, "max_logprobs": self.max_logprobs,
-                "n_ctx": self.n_ctx, "total_slots": self.total_slots, "identity": self.identity}
-
-
 def api_key(options: OpenAIOptions, where: str) -> str | None:
     """The API key from the environment variable the options name; a missing variable is the user's error."""
     if options.api_key_env is None:
@@ -122,119 +90,10 @@ def api_key(options: OpenAIOptions, where: str) -> str | None:
     return value
 
 
-def discover(client: ServerClient, served_model: str | None, where: str, top_k: int = MAX_TOP_K) -> ServerFacts:
-    """Ask the server what it serves and can do. Raises ConfigError (one line) for an unreachable server, a
-    refused API key or a model it does not serve."""
-    try:
-        listing = client.call("GET", "/v1/models")
-    except ServedRequestError as e:
-        if e.status in (401, 403):
-            raise ConfigError(where, f"{client.base_url} refused the API key (HTTP {e.status})") from None
-        raise ConfigError(where, f"cannot reach an OpenAI-compatible server at {client.base_url} ({e})") from None
-    models = [str(m.get("id")) for m in listing.get("data", []) if isinstance(m, dict)]
-    if not models:
-        raise ConfigError(where, f"{client.base_url}/models lists no model")
-    model_id = served_model or models[0]
-    if model_id not in models:
-        raise ConfigError(where, f"served_model {model_id!r} is not served at {client.base_url} (it serves: {', '.join(models)})")
-    meta = next((m for m in listing["data"] if m.get("id") == model_id), {})
-    props = _optional(client, "GET", "/props")
-    if isinstance(props, dict) and ("build_info" in props or "default_generation_settings" in props):
-        return _llama_server_facts(client, model_id, models, props, meta)
-    version = _optional(client, "GET", "/version")
-    if isinstance(version, dict) and "version" in version:
-        return _vllm_facts(client, model_id, models, str(version["version"]), meta, top_k)
-    return ServerFacts("openai", model_id, models, None, frozenset({Capability.GENERATE}),
-                       {c: "a plain OpenAI-compatible server gives no token ids, tokenizer or prompt log-probs"
-                        for c in Capability if c is not Capability.GENERATE},
-                       identity={"model": meta})
-
-
-def _optional(client: ServerClient, method: str, path: str, body: Any = None) -> Any:
-    try:
-        return client.call(method, path, body)
-    except ServedRequestError:
-        return None
-
-
-def _llama_server_facts(client: ServerClient, model_id: str, models: list[str], props: dict[str, Any],
-                        meta: dict[str, Any]) -> ServerFacts:
-    caps = {Capability.GENERATE}
-    reasons = dict(LLAMA_SERVER_MISSING)
-    tok = _optional(client, "POST", "/tokenize", {"content": "a"})
-    if isinstance(tok, dict) and isinstance(tok.get("tokens"), list):
-        caps.add(Capability.TOKENIZER)
-    else:
-        reasons[Capability.TOKENIZER] = "llama-server's /tokenize did not answer"
-    template = props.get("chat_template") or None
-    if template:
-        caps.add(Capability.CHAT_TEMPLATE)
-    else:
-        reasons[Capability.CHAT_TEMPLATE] = "llama-server reports no chat template"
-    settings = props.get("default_generation_settings") or {}
-    model_meta = meta.get("meta") or {}
-    identity = {"build_info": props.get("build_info"), "model_path": props.get("model_path"), "model_meta": model_meta,
-                "total_slots": props.get("total_slots")}
-    return ServerFacts("llama.cpp", model_id, models, props.get("build_info"), frozenset(caps), reasons, identity,
-                       max_logprobs=None, n_ctx=settings.get("n_ctx"), vocab_size=model_meta.get("n_vocab"),
-                       chat_template=template, total_slots=props.get("total_slots"))
-
-
-def _vllm_facts(client: ServerClient, model_id: str, models: list[str], version: str, meta: dict[str, Any],
-                top_k: int) -> ServerFacts:
-    caps = {Capability.GENERATE}
-    reasons = dict(VLLM_MISSING)
-    tok = _optional(client, "POST", "/tokenize", {"model": model_id, "prompt": "a"})
-    ids = tok.get("tokens") if isinstance(tok, dict) else None
-    if isinstance(ids, list) and ids:
-        caps.add(Capability.TOKENIZER)
-    else:
-        reasons[Capability.TOKENIZER] = "vLLM's /tokenize did not answer"
-        ids = [0]
-    chat = _optional(client, "POST", "/tokenize", {"model": model_id, "add_generation_prompt": True,
-                                                   "messages": [{"role": "user", "content": "a"}]})
-    if isinstance(chat, dict) and chat.get("tokens"):
-        caps.add(Capability.CHAT_TEMPLATE)
-    else:
-        reasons[Capability.CHAT_TEMPLATE] = "vLLM could not apply a chat template (/tokenize with messages failed)"
-    # Prompt log-probs at the top-k the suites want; a server started with a smaller --max-logprobs says so.
-    max_logprobs: int | None = None
-    probe = {"model": model_id, "prompt": list(ids) + list(ids), "max_tokens": 1, "temperature": 0.0}
-    try:
-        client.call("POST", "/v1/completions", {**probe, "prompt_logprobs": top_k})
-        max_logprobs = top_k
-        caps.add(Capability.PROMPT_LOGPROBS)
-    except ServedRequestError as e:
-        found = re.search(r"max_logprobs[^0-9]*\(?(\d+)\)?", str(e)) or re.search(r"\((\d+)\)", str(e))
-        max_logprobs = int(found.group(1)) if found else None
-        if max_logprobs:
-            caps.add(Capability.PROMPT_LOGPROBS)  # at a smaller top-k: the KLD bound is looser, recorded
-        else:
-            reasons[Capability.PROMPT_LOGPROBS] = f"vLLM refused prompt_logprobs ({e})"
-    try:
-        client.call("POST", "/v1/completions", {**probe, "logprobs": 1, "logprob_token_ids": [int(ids[0])]})
-        caps.add(Capability.NEXT_TOKEN_LOGPROBS)
-    except ServedRequestError as e:
-        reasons[Capability.NEXT_TOKEN_LOGPROBS] = f"vLLM refused logprob_token_ids ({e})"
-    for c in caps:
-        reasons.pop(c, None)
-    identity = {"vllm_version": version, "model": meta, "max_model_len": meta.get("max_model_len"),
-                "root": meta.get("root")}
-    return ServerFacts("vllm", model_id, models, f"vllm {version}", frozenset(caps), reasons, identity,
-                       max_logprobs=max_logprobs, n_ctx=meta.get("max_model_len"))
-
-
-# Capabilities of a server evalkit starts itself, known before it starts (checked again once it runs).
-LAUNCHED_CAPS: dict[str, tuple[frozenset[Capability], dict[Capability, str]]] = {
-    "llama-server": (frozenset({Capability.GENERATE, Capability.TOKENIZER, Capability.CHAT_TEMPLATE}), LLAMA_SERVER_MISSING),
-    "vllm": (frozenset(Capability) - {Capability.FULL_DISTRIBUTION}, VLLM_MISSING),
-}
-
-
 # -- tokens ------------------------------------------------------------------------------------------
 
 
-def local_tokenizer(model_path: str | None, options: OpenAIOptions) -> Engine | None:
+def local_tokenizer(model_path: str | None, options: OpenAIOptions) -> TokenizerOnly | None:
     """The in-process engine's own tokenization for these weights (a GGUF: llama.cpp's; a checkpoint: the HF
     tokenizer, as vLLM); None without weights."""
     if not model_path:
@@ -248,121 +107,6 @@ def local_tokenizer(model_path: str | None, options: OpenAIOptions) -> Engine | 
     return llamacpp_tokenizer(model_path, options)
 
 
-class ServerTokens:
-    """Tokenization by the server itself (no weights named): llama-server's /tokenize and /apply-template,
-    vLLM's /tokenize (with messages for chat)."""
-
-    def __init__(self, client: ServerClient, facts: ServerFacts, options: OpenAIOptions) -> None:
-        self.client, self.facts = client, facts
-        self.use_chat = options.chat_template == "auto" and Capability.CHAT_TEMPLATE in facts.capabilities
-
-    def tokenize(self, text: str, add_bos: bool) -> list[int]:
-        if self.facts.dialect == "llama.cpp":
-            out = self.client.call("POST", "/tokenize", {"content": text, "add_special": add_bos, "parse_special": False})
-        else:
-            out = self.client.call("POST", "/tokenize", {"model": self.facts.model_id, "prompt": text,
-                                                         "add_special_tokens": add_bos})
-        return [int(t if isinstance(t, int) else t["id"]) for t in out["tokens"]]
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        if self.facts.dialect == "llama.cpp":
-            return str(self.client.call("POST", "/detokenize", {"tokens": list(token_ids)})["content"])
-        return str(self.client.call("POST", "/detokenize", {"model": self.facts.model_id, "tokens": list(token_ids)})["prompt"])
-
-    def chat_ids(self, prompt: str) -> list[int]:
-        messages = [{"role": "user", "content": prompt}]
-        if self.facts.dialect == "llama.cpp":
-            text = self.client.call("POST", "/apply-template", {"messages": messages})["prompt"]
-            out = self.client.call("POST", "/tokenize", {"content": text, "add_special": True, "parse_special": True})
-            ids = [int(t if isinstance(t, int) else t["id"]) for t in out["tokens"]]
-            return _drop_double_bos(ids)
-        out = self.client.call("POST", "/tokenize", {"model": self.facts.model_id, "messages": messages,
-                                                     "add_generation_prompt": True})
-        return [int(t) for t in out["tokens"]]
-
-    def prompt_token_ids(self, request: GenRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
-        if request.chat and self.use_chat:
-            return self.chat_ids(request.prompt)
-        return self.tokenize(request.prompt, add_bos=True)
-
-    def prompt_format(self, request: GenRequest) -> str:
-        return "chat" if request.chat and self.use_chat and request.prompt_token_ids is None else "completion"
-
-
-def _drop_double_bos(ids: list[int]) -> list[int]:
-    # A template that writes BOS itself, tokenized with add_special, starts with two; the in-process engine
-    # adds none then (see LlamaCppEngine.prompt_token_ids).
-    return ids[1:] if len(ids) >= 2 and ids[0] == ids[1] else ids
-
-
-# -- streamed generation -----------------------------------------------------------------------------
-
-
-class _Collect(StreamConsumer):
-    """One streamed generation: token ids, text, when the first token and the end arrived."""
-
-    def __init__(self, dialect: Dialect, arrival: float) -> None:
-        self.dialect = dialect
-        self.arrival = arrival
-        self.tokens: list[int] = []
-        self.text: list[str] = []
-        self.first: float | None = None
-        self.end: float | None = None
-        self.finish: str = "length"
-        self.stop_reason: Any = None
-        self.completion_tokens: int | None = None
-        self.decoded: int | None = None  # llama-server: tokens it decoded (its stream may leave some ids out)
-        self.done = False
-
-    @property
-    def ids_incomplete(self) -> bool:
-        """llama-server streams only the token that completes a UTF-8 character (tools/server: process_token sends
-        nothing while the text ends inside one, send_partial_response sends `tokens` = that one token): the ids
-        of the bytes before it never arrive."""
-        return self.decoded is not None and len(self.tokens) < self.decoded
-
-    def _tokens_arrived(self, n: int) -> None:
-        if n and self.first is None:
-            self.first = time.perf_counter()
-
-    def feed(self, data: Any) -> bool:
-        if self.dialect == "llama.cpp":  # /completion: {"content", "tokens", "stop", "stop_type", ...}
-            toks = data.get("tokens") or []
-            self._tokens_arrived(len(toks))
-            self.tokens.extend(int(t) for t in toks)
-            self.text.append(data.get("content") or "")
-            if data.get("tokens_predicted") is not None:
-                self.decoded = int(data["tokens_predicted"])
-            if data.get("stop"):
-                self.finish = {"eos": "stop", "word": "stop", "limit": "length"}.get(data.get("stop_type"), "length")
-                self.end = time.perf_counter()
-                self.done = True
-                return True
-            return False
-        if data == "[DONE]":
-            self.end = self.end or time.perf_counter()
-            self.done = True
-            return True
-        if data.get("usage"):
-            self.completion_tokens = int(data["usage"].get("completion_tokens") or 0)
-        for choice in data.get("choices") or []:
-            toks = choice.get("token_ids") or []
-            text = choice.get("text") or ""
-            self._tokens_arrived(len(toks) or (1 if text else 0))
-            self.tokens.extend(int(t) for t in toks)
-            self.text.append(text)
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-                self.stop_reason = choice.get("stop_reason")
-                self.end = time.perf_counter()
-        return False
-
-    def result(self) -> "_Collect":
-        return self
-
-
 class OpenAIEngine(Engine):
     name = "openai"
 
@@ -372,7 +116,7 @@ class OpenAIEngine(Engine):
         # The worker names its deployment (the launched server's alias and log file are called after it).
         self.deployment = deployment or os.environ.get("EVALKIT_DEPLOYMENT") or "openai"
         deployment = self.deployment
-        self.server = None  # a launched ServerProcess
+        self.server: ServerProcess | None = None  # a server evalkit launched
         start = time.perf_counter()
         key = api_key(options, f"deployment {deployment}")
         base_url = options.base_url
@@ -389,9 +133,10 @@ class OpenAIEngine(Engine):
         except BaseException:
             self.close()
             raise
-        self._server_tok = ServerTokens(self.client, self.facts, options)
+        self.dialect = dialect_for(self.client, self.facts, options.cache_prompt)
+        self._server_tok = ServerTokens(self.dialect, options.chat_template)
         self._load_s = time.perf_counter() - start
-        self._token_check = {"checked": 0, "agree": 0, "mismatches": []}
+        self._token_check: dict[str, Any] = {"checked": 0, "agree": 0, "mismatches": []}
         self._requests = 0
         self._failed = 0
         self._refetched = 0  # llama-server generations whose ids its stream left out (asked again unstreamed)
@@ -407,8 +152,8 @@ class OpenAIEngine(Engine):
         plan = plan_launch(opts.launch, self.model_path, n_ctx=opts.n_ctx, parallel=opts.parallel,
                            extra=list(opts.launch_args), served_model=self.deployment, threads=opts.launch_threads,
                            flash_attn=opts.flash_attn, n_batch=opts.n_batch)
-        self.server = start_server(plan, self.deployment, opts.launch_timeout_s)
-        return self.server.root_url + "/v1"
+        server = self.server = start_server(plan, self.deployment, opts.launch_timeout_s)
+        return server.root_url + "/v1"
 
     # -- tokens -------------------------------------------------------------------------------------
 
@@ -460,20 +205,7 @@ class OpenAIEngine(Engine):
         room = self._room(ids)
         if room is not None:  # as the in-process engines: generation stops where the context is full
             max_tokens = min(max_tokens, room)
-        if self.facts.dialect == "llama.cpp":
-            return "/completion", {
-                "prompt": ids, "n_predict": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                # As the in-process engine samples: no top-k, min-p or repetition penalty.
-                "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0, "seed": sampling.seed, "ignore_eos": req.ignore_eos,
-                "stream": True, "return_tokens": True, "cache_prompt": self.options.cache_prompt, "n_probs": 0,
-            }
-        body: dict[str, Any] = {
-            "model": self.facts.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "seed": sampling.seed, "stream": True, "stream_options": {"include_usage": True},
-        }
-        if self.facts.dialect == "vllm":
-            body |= {"ignore_eos": req.ignore_eos, "return_token_ids": True, "skip_special_tokens": True}
-        return "/v1/completions", body
+        return self.dialect.generation_request(ids, req, sampling, max_tokens)
 
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
         """Every request streamed at once (at most max_concurrency in flight); results as they finish.
@@ -494,7 +226,7 @@ class OpenAIEngine(Engine):
             path, body = self._generation_body(ids, req, sampling)
             try:
                 async with sem:
-                    got: Any = await self.client.stream(path, body, lambda: _Collect(self.facts.dialect, arrival))
+                    got: Any = await self.client.stream(path, body, lambda: Collect(self.dialect, arrival))
             except Exception as e:  # after retries: reported once the others are done
                 got = e
             out.put((req, ids, fmt, got))
@@ -515,7 +247,7 @@ class OpenAIEngine(Engine):
             return
         future = self.client.submit(run_all)
         failures: list[str] = []
-        incomplete: list[tuple[GenRequest, list[int], str, _Collect]] = []
+        incomplete: list[tuple[GenRequest, list[int], str, Collect]] = []
         for _ in range(len(pending)):
             req, ids, fmt, got = out.get()
             self._requests += 1
@@ -538,21 +270,20 @@ class OpenAIEngine(Engine):
                 failures.append(f"{req.key}: {e}")
                 continue
             self._refetched += 1
-            got.tokens = [int(t) for t in whole.get("tokens") or []]
-            got.text = [str(whole.get("content") or "")]
+            self.dialect.unstreamed(got, whole)
             yield self._result(req, ids, fmt, got, arrival)
         if failures:
             raise ServedRequestError(f"deployment {self.deployment}",
                                      f"{len(failures)} of {len(pending)} request(s) failed after retries; "
                                      f"their items stay pending for --resume (first: {failures[0]})")
 
-    def _result(self, req: GenRequest, ids: list[int], fmt: str, c: _Collect, arrival: float) -> GenResult:
+    def _result(self, req: GenRequest, ids: list[int], fmt: str, c: Collect, arrival: float) -> GenResult:
         tokens = list(c.tokens)
         if c.finish == "stop" and tokens and not isinstance(c.stop_reason, str) and (
-                self.facts.dialect == "vllm" or self._is_end(tokens[-1])):
+                self.dialect.streams_stop_token or self._is_end(tokens[-1])):
             tokens.pop()  # the end-of-generation token: never kept by the in-process engines
         text = "".join(c.text)
-        if not tokens and text and self.facts.dialect == "openai" and self._tok is not None:
+        if not tokens and text and self.dialect.text_only and self._tok is not None:
             tokens = self._tok.tokenize(text, add_bos=False)  # a plain server sends text only
         end = c.end or time.perf_counter()
         return GenResult(key=req.key, prompt_token_ids=ids, output_text=text, output_token_ids=tokens,
@@ -560,23 +291,12 @@ class OpenAIEngine(Engine):
                          ttft_s=None if c.first is None else c.first - arrival, total_s=end - arrival)
 
     def _is_end(self, token: int) -> bool:
-        """End-of-generation ids (llama-server and vLLM stream the EOS token's id at a stop)."""
+        """Whether `token` ends a generation in the deployment's vocabulary (none known without weights)."""
         if self._eog is None:
-            ids: set[int] = set()
-            tok = self._tok
-            llm = getattr(tok, "_llm", None)
-            if llm is not None:
-                import llama_cpp
+            self._eog = self._tok.end_of_generation_ids() if self._tok is not None else frozenset()
+        return token in self._eog
 
-                vocab = llm._model.vocab
-                ids = {t for t in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
-            elif tok is not None and getattr(tok, "_tok", None) is not None:
-                hf = tok._tok
-                ids = {int(t) for t in [hf.eos_token_id, *getattr(hf, "all_special_ids", [])] if t is not None}
-            self._eog = ids
-        return token in self._eog if self._eog else self.facts.dialect == "vllm"
-
-    _eog: set[int] | None = None
+    _eog: frozenset[int] | None = None
 
     # -- likelihoods (vLLM's server) -----------------------------------------------------------------
 
@@ -647,13 +367,8 @@ class OpenAIEngine(Engine):
 
     def info(self) -> EngineInfo:
         tok = self._tok
-        add_bos = bool(getattr(tok, "_add_bos", False)) if tok is not None else False
-        bos = getattr(tok, "_bos", None) if tok is not None else None
-        vocab = self.facts.vocab_size
-        if tok is not None and getattr(tok, "_llm", None) is not None:
-            vocab = tok._llm.n_vocab()
-        elif tok is not None and getattr(tok, "_tok", None) is not None:
-            vocab = len(tok._tok)
+        add_bos, bos = tok.bos() if tok is not None else (False, None)
+        vocab = tok.vocab_size() if tok is not None else self.facts.vocab_size
         template = None
         if self._tokens.prompt_format(GenRequest("probe", "", chat=True)) == "chat":
             template = "local weights' chat template" if tok is not None else "server's chat template"
@@ -663,7 +378,7 @@ class OpenAIEngine(Engine):
             "tokens_from": "evalkit (the in-process engine's tokenizer for these weights), sent as token ids"
             if tok is not None else "the server's /tokenize",
             "weights_verified": tok is not None,
-            "system_info": f"{self.facts.dialect} {self.facts.version}",  # the cache key's backend part
+            "system_info": f"{self.dialect.name} {self.facts.version}",  # the cache key's backend part
             "sampling_reproducibility": "served: depends on the server's batching (llama-server --parallel > 1 and "
             "vLLM batch requests together; a request's numbers can change with what runs beside it)",
             "token_check": dict(self._token_check),
@@ -692,8 +407,9 @@ class OpenAIEngine(Engine):
         try:
             if getattr(self, "client", None) is not None:
                 self.client.close()
-            if getattr(self, "_tok", None) is not None:
-                self._tok.close()
+            tok = getattr(self, "_tok", None)
+            if tok is not None:
+                tok.close()
         finally:
             if self.server is not None:
                 self.server.stop()
@@ -811,8 +527,8 @@ SPEC = EngineSpec(
     options_model=OpenAIOptions,
     model_kind="served",
     also_loads=("gguf", "hf"),  # the weights a server serves, when the deployment names them
-    loader=_load,  # type: ignore[arg-type]
-    tokenizer_loader=_tokenizer,  # type: ignore[arg-type]
+    loader=_load,
+    tokenizer_loader=_tokenizer,
     numerics_options=("launch", "launch_args", "n_ctx", "parallel", "cache_prompt", "served_model", "flash_attn", "n_batch"),
     memory_model=_memory,
     describe_hardware=_hardware,

@@ -48,6 +48,20 @@ class TokenizerOnly(Engine):
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
         raise NotImplementedError("a tokenizer-only stand-in cannot score")
 
+    # -- the vocabulary, for an engine that tokenizes with a stand-in (the served engine, `evalkit.engines.openai`,
+    # on the deployment's weights): what it would otherwise read from the model it does not load.
+
+    def bos(self) -> tuple[bool, int | None]:
+        """Whether `tokenize(text, add_bos=True)` prepends BOS, and BOS's id (None: the vocabulary has none)."""
+        raise NotImplementedError
+
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def end_of_generation_ids(self) -> frozenset[int]:
+        """The ids that end a generation (EOS, end-of-turn): a server streams the one that stopped it."""
+        raise NotImplementedError
+
 
 def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id: int | None) -> list[int]:
     """One user turn through the tokenizer's chat template, with the generation prompt.
@@ -114,6 +128,16 @@ class VllmTokenizer(HfTokens, TokenizerOnly):
         template = getattr(self._tok, "chat_template", None)
         self._chat_template = template if isinstance(template, str) and template else None
         self._use_chat = self._chat_template is not None and options.chat_template == "auto"
+
+    def bos(self) -> tuple[bool, int | None]:
+        return self._add_bos, self._bos
+
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def end_of_generation_ids(self) -> frozenset[int]:
+        """EOS and every special id of the tokenizer."""
+        return frozenset(int(t) for t in [self._tok.eos_token_id, *getattr(self._tok, "all_special_ids", [])] if t is not None)
 
 
 def load_tokenizer(engine: str, model_path: str | None, options: Any) -> Engine:

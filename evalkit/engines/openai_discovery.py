@@ -1,0 +1,160 @@
+"""What an OpenAI-compatible server can do, asked rather than assumed (`discover`): the models it serves, which
+dialect it speaks (llama.cpp's own `/completion` with token ids out; vLLM's `/v1/completions` with
+`prompt_logprobs`, `logprob_token_ids` and `return_token_ids`; a plain OpenAI API), `/tokenize`, the top-k it
+allows (`max_logprobs`) and its chat template. What a dialect's requests and streams look like is in
+`evalkit.engines.openai_dialects`; the engine is `evalkit.engines.openai`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from evalkit.engines.served_http import ServedRequestError, ServerClient
+from evalkit.engines.spec import Capability
+from evalkit.errors import ConfigError
+
+Dialect = Literal["llama.cpp", "vllm", "openai"]
+MAX_TOP_K = 2000  # what evalkit asks of a server it starts (vLLM --max-logprobs), as the in-process engine
+
+NO_FULL = "a server sends no full next-token distributions"
+LLAMA_SERVER_MISSING = {
+    Capability.PROMPT_LOGPROBS: "llama-server gives log-probs only for generated tokens (n_probs), none for prompt tokens",
+    Capability.NEXT_TOKEN_LOGPROBS: "llama-server gives only the top n_probs of a generated token, not log-probs at chosen ids",
+    Capability.FULL_DISTRIBUTION: NO_FULL,
+}
+VLLM_MISSING = {Capability.FULL_DISTRIBUTION: NO_FULL}
+
+
+@dataclass
+class ServerFacts:
+    """What discovery learned about one server (recorded in the engine description and the manifest)."""
+
+    dialect: Dialect
+    model_id: str
+    models: list[str]
+    version: str | None
+    capabilities: frozenset[Capability]
+    reasons: dict[Capability, str]
+    identity: dict[str, Any] = field(default_factory=dict)  # server-reported: the cache key without weights
+    max_logprobs: int | None = None
+    n_ctx: int | None = None
+    vocab_size: int | None = None
+    chat_template: str | None = None
+    total_slots: int | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"dialect": self.dialect, "model_id": self.model_id, "models": self.models, "version": self.version,
+                "capabilities": sorted(c.value for c in self.capabilities),
+                "missing": {c.value: r for c, r in self.reasons.items()}, "max_logprobs": self.max_logprobs,
+                "n_ctx": self.n_ctx, "total_slots": self.total_slots, "identity": self.identity}
+
+
+
+def discover(client: ServerClient, served_model: str | None, where: str, top_k: int = MAX_TOP_K) -> ServerFacts:
+    """Ask the server what it serves and can do. Raises ConfigError (one line) for an unreachable server, a
+    refused API key or a model it does not serve."""
+    try:
+        listing = client.call("GET", "/v1/models")
+    except ServedRequestError as e:
+        if e.status in (401, 403):
+            raise ConfigError(where, f"{client.base_url} refused the API key (HTTP {e.status})") from None
+        raise ConfigError(where, f"cannot reach an OpenAI-compatible server at {client.base_url} ({e})") from None
+    models = [str(m.get("id")) for m in listing.get("data", []) if isinstance(m, dict)]
+    if not models:
+        raise ConfigError(where, f"{client.base_url}/models lists no model")
+    model_id = served_model or models[0]
+    if model_id not in models:
+        raise ConfigError(where, f"served_model {model_id!r} is not served at {client.base_url} (it serves: {', '.join(models)})")
+    meta: dict[str, Any] = next((m for m in listing["data"] if m.get("id") == model_id), {})
+    props = _optional(client, "GET", "/props")
+    if isinstance(props, dict) and ("build_info" in props or "default_generation_settings" in props):
+        return _llama_server_facts(client, model_id, models, props, meta)
+    version = _optional(client, "GET", "/version")
+    if isinstance(version, dict) and "version" in version:
+        return _vllm_facts(client, model_id, models, str(version["version"]), meta, top_k)
+    return ServerFacts("openai", model_id, models, None, frozenset({Capability.GENERATE}),
+                       {c: "a plain OpenAI-compatible server gives no token ids, tokenizer or prompt log-probs"
+                        for c in Capability if c is not Capability.GENERATE},
+                       identity={"model": meta})
+
+
+def _optional(client: ServerClient, method: str, path: str, body: Any = None) -> Any:
+    try:
+        return client.call(method, path, body)
+    except ServedRequestError:
+        return None
+
+
+def _llama_server_facts(client: ServerClient, model_id: str, models: list[str], props: dict[str, Any],
+                        meta: dict[str, Any]) -> ServerFacts:
+    caps = {Capability.GENERATE}
+    reasons = dict(LLAMA_SERVER_MISSING)
+    tok = _optional(client, "POST", "/tokenize", {"content": "a"})
+    if isinstance(tok, dict) and isinstance(tok.get("tokens"), list):
+        caps.add(Capability.TOKENIZER)
+    else:
+        reasons[Capability.TOKENIZER] = "llama-server's /tokenize did not answer"
+    template = props.get("chat_template") or None
+    if template:
+        caps.add(Capability.CHAT_TEMPLATE)
+    else:
+        reasons[Capability.CHAT_TEMPLATE] = "llama-server reports no chat template"
+    settings = props.get("default_generation_settings") or {}
+    model_meta = meta.get("meta") or {}
+    identity = {"build_info": props.get("build_info"), "model_path": props.get("model_path"), "model_meta": model_meta,
+                "total_slots": props.get("total_slots")}
+    return ServerFacts("llama.cpp", model_id, models, props.get("build_info"), frozenset(caps), reasons, identity,
+                       max_logprobs=None, n_ctx=settings.get("n_ctx"), vocab_size=model_meta.get("n_vocab"),
+                       chat_template=template, total_slots=props.get("total_slots"))
+
+
+def _vllm_facts(client: ServerClient, model_id: str, models: list[str], version: str, meta: dict[str, Any],
+                top_k: int) -> ServerFacts:
+    caps = {Capability.GENERATE}
+    reasons = dict(VLLM_MISSING)
+    tok = _optional(client, "POST", "/tokenize", {"model": model_id, "prompt": "a"})
+    ids = tok.get("tokens") if isinstance(tok, dict) else None
+    if isinstance(ids, list) and ids:
+        caps.add(Capability.TOKENIZER)
+    else:
+        reasons[Capability.TOKENIZER] = "vLLM's /tokenize did not answer"
+        ids = [0]
+    chat = _optional(client, "POST", "/tokenize", {"model": model_id, "add_generation_prompt": True,
+                                                   "messages": [{"role": "user", "content": "a"}]})
+    if isinstance(chat, dict) and chat.get("tokens"):
+        caps.add(Capability.CHAT_TEMPLATE)
+    else:
+        reasons[Capability.CHAT_TEMPLATE] = "vLLM could not apply a chat template (/tokenize with messages failed)"
+    # Prompt log-probs at the top-k the suites want; a server started with a smaller --max-logprobs says so.
+    max_logprobs: int | None = None
+    probe = {"model": model_id, "prompt": list(ids) + list(ids), "max_tokens": 1, "temperature": 0.0}
+    try:
+        client.call("POST", "/v1/completions", {**probe, "prompt_logprobs": top_k})
+        max_logprobs = top_k
+        caps.add(Capability.PROMPT_LOGPROBS)
+    except ServedRequestError as e:
+        found = re.search(r"max_logprobs[^0-9]*\(?(\d+)\)?", str(e)) or re.search(r"\((\d+)\)", str(e))
+        max_logprobs = int(found.group(1)) if found else None
+        if max_logprobs:
+            caps.add(Capability.PROMPT_LOGPROBS)  # at a smaller top-k: the KLD bound is looser, recorded
+        else:
+            reasons[Capability.PROMPT_LOGPROBS] = f"vLLM refused prompt_logprobs ({e})"
+    try:
+        client.call("POST", "/v1/completions", {**probe, "logprobs": 1, "logprob_token_ids": [int(ids[0])]})
+        caps.add(Capability.NEXT_TOKEN_LOGPROBS)
+    except ServedRequestError as e:
+        reasons[Capability.NEXT_TOKEN_LOGPROBS] = f"vLLM refused logprob_token_ids ({e})"
+    for c in caps:
+        reasons.pop(c, None)
+    identity = {"vllm_version": version, "model": meta, "max_model_len": meta.get("max_model_len"),
+                "root": meta.get("root")}
+    return ServerFacts("vllm", model_id, models, f"vllm {version}", frozenset(caps), reasons, identity,
+                       max_logprobs=max_logprobs, n_ctx=meta.get("max_model_len"))
+
+
+# Capabilities of a server evalkit starts itself, known before it starts (checked again once it runs).
+LAUNCHED_CAPS: dict[str, tuple[frozenset[Capability], dict[Capability, str]]] = {
+    "llama-server": (frozenset({Capability.GENERATE, Capability.TOKENIZER, Capability.CHAT_TEMPLATE}), LLAMA_SERVER_MISSING),
+    "vllm": (frozenset(Capability) - {Capability.FULL_DISTRIBUTION}, VLLM_MISSING),
+}
