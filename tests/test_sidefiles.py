@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from host_tolerance import mismatches, perplexity_figure, table
 
 from evalkit.errors import RunDirError
 from evalkit.metrics.likelihood import token_drift, token_drift_arrays
@@ -178,9 +179,13 @@ suites:
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+@pytest.mark.host_sensitive
 def test_a_v1_run_re_scores_to_the_same_scores(tmp_path: Path) -> None:
     """tests/data/v1_run: a run written by evalkit before records v2 (perplexity arrays inline). `evalkit report`
-    today gives the scores.csv and comparisons.csv that evalkit wrote then, byte for byte."""
+    today gives the scores.csv and comparisons.csv that evalkit wrote then: the same rows, columns and verdicts;
+    every figure character for character except the perplexity suite's, which are within tests/host_tolerance.py's
+    tolerance (written on an AVX-512 machine with numpy's pairwise sums and AVX-512 exp/log: on AVX2 numpy's exp/log
+    differ in the last bit, and today's sums are math.fsum's)."""
     fixture = Path(__file__).parent / "data" / "v1_run"
     lines = [json.loads(ln) for ln in (fixture / "records" / "smol-q8.jsonl").read_text().splitlines()]
     assert {r["schema_version"] for r in lines} == {1} and any("top" in r and "kld" in r for r in lines)
@@ -190,5 +195,11 @@ def test_a_v1_run_re_scores_to_the_same_scores(tmp_path: Path) -> None:
         (run / name).unlink()
     proc = subprocess.run([sys.executable, "-m", "evalkit", "report", str(run)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("scores.csv", "comparisons.csv"):
-        assert (run / name).read_bytes() == (fixture / name).read_bytes(), name
+    for name, key in (("scores.csv", ("deployment", "suite", "category", "metric")),
+                      ("comparisons.csv", ("deployment", "reference", "suite", "category", "metric"))):
+        before, after = (fixture / name).read_text(encoding="utf-8"), (run / name).read_text(encoding="utf-8")
+        assert before.splitlines()[0] == after.splitlines()[0], name  # the same columns
+        assert len(table(before)) == len(table(after)), name  # no row added or lost
+        assert not mismatches(table(before), table(after), key, tolerant=perplexity_figure), name
+        exact = [ln for ln in before.splitlines() if ",perplexity," not in ln]
+        assert len(exact) > 5 and set(exact) <= set(after.splitlines()), name  # the rest byte for byte

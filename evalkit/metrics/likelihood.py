@@ -13,6 +13,13 @@ set beside its output:
 - Same top: both argmaxes equal. llama.cpp's ± is the Wald SE; the CI here is Wilson (scipy) because
   agreement sits near 100% where Wald collapses to zero width.
 
+Across hosts (tests/host_tolerance.py): every sum and mean reported here is `math.fsum`'s correctly rounded sum
+(`fsum_mean`), then IEEE-exact elementwise steps, so from the same records it is the same number on every host
+whatever numpy's SIMD path (numpy's own reductions are fixed-order today, but that is its implementation, not a
+promise). numpy's float64 exp/log are not: with AVX-512 numpy has its own vector exp/log, on AVX2 it calls libm,
+and they differ in the last bit; figures that pass through them (KLD, Δp, the top-k bound) are equal across hosts
+only within a stated tolerance.
+
 KLD is exact where both sides give full distributions (`evalkit.metrics.kld`: the reference's stored once,
 each deployment's computed against it token by token); otherwise the top-k approximation with one tail
 bucket (see `kld_topk_tail`), a lower bound.
@@ -32,20 +39,38 @@ LN2 = math.log(2.0)
 TopK = Sequence[Sequence[float]]  # [[token id, logprob], ...] for one position
 
 
+def fsum(values: Sequence[float] | np.ndarray) -> float:
+    """The correctly rounded sum (math.fsum): one number whatever the order, the SIMD width or numpy's version."""
+    return math.fsum(np.asarray(values, dtype=np.float64).ravel().tolist())
+
+
+def fsum_mean(values: Sequence[float] | np.ndarray) -> float:
+    """Mean as the correctly rounded sum divided by n (NaN when empty): the same bits on every host."""
+    x = np.asarray(values, dtype=np.float64)
+    return fsum(x) / x.size if x.size else math.nan
+
+
 def mean_se(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     """Mean and its standard error, as llama.cpp's `mean_and_uncertainty`: sqrt((E[x²] - E[x]²)/(n - 1)).
 
     (That is the sample standard deviation over sqrt(n).) llama.cpp reports 0 below 11 values; here the
-    SE is NaN below 2 values and 0 only when the values really are all equal.
+    SE is NaN below 2 values and 0 only when the values really are all equal. Both from correctly rounded
+    sums (two passes: the mean, then the squared deviations from it), so host-independent.
     """
     x = np.asarray(values, dtype=np.float64)
     n = x.size
     if n == 0:
         return math.nan, math.nan
-    mean = float(x.mean())
+    mean = fsum_mean(x)
     if n < 2:
         return mean, math.nan
-    return mean, float(x.std(ddof=1) / math.sqrt(n))
+    return mean, sample_sd(x, mean) / math.sqrt(n)
+
+
+def sample_sd(x: np.ndarray, mean: float) -> float:
+    """Sample standard deviation (n - 1) about `mean` from the correctly rounded sum of squared deviations."""
+    d = np.asarray(x, dtype=np.float64) - mean
+    return math.sqrt(fsum(d * d) / (d.size - 1))
 
 
 def _covariance_of_means(a: np.ndarray, b: np.ndarray) -> float:
@@ -53,7 +78,7 @@ def _covariance_of_means(a: np.ndarray, b: np.ndarray) -> float:
     n = a.size
     if n < 2:
         return math.nan
-    return float((np.mean(a * b) - a.mean() * b.mean()) / (n - 1))
+    return (fsum_mean(a * b) - fsum_mean(a) * fsum_mean(b)) / (n - 1)
 
 
 @dataclass(frozen=True)
@@ -78,7 +103,7 @@ def perplexity_stats(nll: Sequence[float] | np.ndarray, n_bytes: int) -> PplStat
     x = np.asarray(nll, dtype=np.float64)
     mean, se = mean_se(x)
     ppl = math.exp(mean) if x.size else math.nan
-    total_bits = float(x.sum()) / LN2
+    total_bits = fsum(x) / LN2
     bpb = total_bits / n_bytes if n_bytes > 0 else math.nan
     # bits/byte = mean NLL * n / (ln 2 * bytes): a fixed multiple of the mean, so its SE scales alike.
     bpb_se = se * x.size / (LN2 * n_bytes) if n_bytes > 0 else math.nan

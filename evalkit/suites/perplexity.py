@@ -44,8 +44,11 @@ from evalkit.metrics.likelihood import (
     DriftSummary,
     PplStats,
     TokenDrift,
+    fsum,
+    fsum_mean,
     paired_perplexity,
     perplexity_stats,
+    sample_sd,
     summarize_drift,
     token_drift_arrays,
 )
@@ -373,8 +376,8 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                 }
                 if pair is not None and pair.drift is not None and cid in pair.per_chunk:
                     d = pair.per_chunk[cid]
-                    row.update(kld_mean=float(np.mean(d.kld)), kld_max=float(np.max(d.kld)),
-                               top1_agreement=float(np.mean(d.same_top)), delta_p_mean=float(np.mean(d.delta_p)))
+                    row.update(kld_mean=fsum_mean(d.kld), kld_max=float(np.max(d.kld)),
+                               top1_agreement=fsum_mean(d.same_top), delta_p_mean=fsum_mean(d.delta_p))
                 out.append(row)
         return out
 
@@ -968,7 +971,7 @@ class _Pair:
         else:  # identical per-token NLL differences: no noise to test against
             p_value = 1.0 if p.ln_ratio == 0 else 0.0
         lo, hi = p.diff - z * p.diff_se, p.diff + z * p.diff_se
-        ppl_q, ppl_b = math.exp(q.mean()), math.exp(b.mean())
+        ppl_q, ppl_b = math.exp(fsum_mean(q)), math.exp(fsum_mean(b))
         rows = [ComparisonRow(
             dep, ref, suite, CATEGORY, "ppl", ppl_q, ppl_b, p.diff, lo, hi, p_value, n,
             f"paired over {n} tokens: PPL(Q)-PPL(ref) ± z SE with the NLL covariance (llama-perplexity); "
@@ -976,8 +979,8 @@ class _Pair:
         )]
         n_bytes = sum(int(self.ref.records[c].n_bytes or 0) for c in self.ref_ids)
         d = q - b
-        bpb_diff = float(d.sum()) / (math.log(2) * n_bytes)
-        bpb_se = float(d.std(ddof=1)) * math.sqrt(n) / (math.log(2) * n_bytes) if n > 1 else math.nan
+        bpb_diff = fsum(d) / (math.log(2) * n_bytes)
+        bpb_se = sample_sd(d, fsum_mean(d)) * math.sqrt(n) / (math.log(2) * n_bytes) if n > 1 else math.nan
         dep_bpb = self.dep.ppl(self.dep_ids).bits_per_byte
         ref_bpb = self.ref.ppl(self.ref_ids).bits_per_byte
         rows.append(ComparisonRow(
@@ -1119,7 +1122,7 @@ def _pair(ref_c: "_Chunks", dep_c: "_Chunks", reference: str, drift: bool = True
     summary = summarize_drift(_concat([per_chunk[c] for c in shared]), exact=True)
     bias = None
     if complete_bound and top_k and summary.kld_mean > 0:
-        bias = 1.0 - float(np.mean(_concat([bound[c] for c in shared]).kld)) / summary.kld_mean
+        bias = 1.0 - fsum_mean(_concat([bound[c] for c in shared]).kld) / summary.kld_mean
     return _Pair(ref_c, dep_c, shared, shared, None, per_chunk, summary, top_k, bias)
 
 
