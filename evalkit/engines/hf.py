@@ -462,7 +462,7 @@ class HfEngine(HfTokens, Engine):
         import gc
 
         self._step = None
-        self._model = None  # type: ignore[assignment]
+        self._model = None
         gc.collect()
 
 

@@ -111,7 +111,10 @@ class BatchStepper:
         self.pos = torch.zeros((n, 1), dtype=torch.long, device=device)
         self.pads = torch.zeros((n,), dtype=torch.long, device=device)
         self.slot = torch.zeros((1,), dtype=torch.long, device=device)  # the cache slot the next step writes
-        self.want_graph, self.graph, self.graphed, self.graph_error = graphs, None, False, None
+        self.want_graph = graphs
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphed = False
+        self.graph_error: str | None = None
         self.stepped = False  # whether a decode step ran (the first one traces, compiles, captures)
         self.out: Any = None  # the captured step's logits (the graph's output, rewritten by each replay)
 

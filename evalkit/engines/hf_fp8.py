@@ -26,6 +26,9 @@ MIN_SCALE = 1e-12  # an all-zero row or token: any positive scale gives zeros
 class Fp8Linear(torch.nn.Module):
     """y = (round_e4m3(x / s_x) @ round_e4m3(W / s_w)^T) * s_x * s_w (+ bias), per-token s_x, per-channel s_w."""
 
+    qweight: torch.Tensor  # buffers (register_buffer): the FP8 weight (out, in) and its scales (1, out)
+    wscale: torch.Tensor
+
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         w = linear.weight.detach()

@@ -47,7 +47,7 @@ def _retryable(e: BaseException) -> bool:
     return isinstance(e, (_Transient, httpx.TransportError))
 
 
-def _problem(e: BaseException) -> str:
+def _problem(e: BaseException | None) -> str:
     if isinstance(e, httpx.TransportError):
         return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     return str(e)

@@ -93,8 +93,11 @@ class EngineSpec:
     name: str
     options_model: type[BaseModel]
     model_kind: Literal["gguf", "hf", "served"]
-    loader: Callable[[str | None, Any], "Engine"]
-    tokenizer_loader: Callable[[str | None, Any], "Engine"]
+    # (model_path, options): model_path is a str except for a served model whose weights are not named (None), so
+    # an engine that always loads weights declares `str`; which one a loader gets depends on `model_kind`, a value
+    # the type cannot follow, hence Any.
+    loader: Callable[[Any, Any], "Engine"]
+    tokenizer_loader: Callable[[Any, Any], "Engine"]
     numerics_options: tuple[str, ...]
     memory_model: Callable[..., Any]
     describe_hardware: Callable[[Any], Any]

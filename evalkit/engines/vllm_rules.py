@@ -316,8 +316,8 @@ def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = 
     installed = installed_version()
     version = version or installed or NEWEST
     rs = rule_set(version)
-    settings = dict(dtype=str(getattr(options, "dtype", "auto")), checkpoint_dtype=facts.checkpoint_dtype,
-                    model_type=facts.model_type, quantization=getattr(options, "quantization", None))
+    settings: dict[str, Any] = dict(dtype=str(getattr(options, "dtype", "auto")), checkpoint_dtype=facts.checkpoint_dtype,
+                                    model_type=facts.model_type, quantization=getattr(options, "quantization", None))
     variant = getattr(deployment.model, "variant", None)
     if variant is not None and variant.upper() == variant:
         settings["quantization"] = settings["quantization"] or variant  # a GGUF ladder variant
