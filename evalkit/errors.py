@@ -12,7 +12,7 @@ class EvalkitError(Exception):
         self.problem = problem
         super().__init__(f"{source}: {problem}" if source else problem)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type[EvalkitError], tuple[str | None, str]]:
         # Picklable with its two fields (a Ray task's error crosses processes to the driver).
         return (self.__class__, (self.source, self.problem))
 

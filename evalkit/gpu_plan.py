@@ -53,7 +53,7 @@ def verdicts(config: Any, config_file: Path, rows: list[Any] | None = None) -> t
 
     spec = getattr(config, "hardware", None)
     gpu = spec.gpu_model() if spec is not None and hasattr(spec, "gpu_model") else None
-    if gpu is None or not spec.gpu_count():
+    if gpu is None or spec is None or not spec.gpu_count():
         return None, []
     return gpu, verdicts_on(config, config_file, gpu, hardware_from_config(config), rows)
 
@@ -101,16 +101,15 @@ def detected_gpu() -> tuple[GpuModel | None, int]:
     from evalkit.gpus import lookup
     from evalkit.hardware import detect_accelerators
 
-    accs = [a for a in detect_accelerators() if a.capability is not None]
+    accs = [(a, a.capability) for a in detect_accelerators() if a.capability is not None]
     if not accs:
         return None, 0
-    a = min(accs, key=lambda x: x.capability)  # type: ignore[arg-type, return-value]
+    a, cap = min(accs, key=lambda pair: pair[1])
     known = lookup(a.name)
-    if known is not None and known.capability == a.capability:
+    if known is not None and known.capability == cap:
         return known, len(accs)
-    cap = a.capability
     memory = (a.memory_bytes or 0) / 1e9
-    return GpuModel(a.name, round(memory, 1), cap, None, cap >= (8, 9), cap >= (8, 0), source="detected"), len(accs)  # type: ignore[operator]
+    return GpuModel(a.name, round(memory, 1), cap, None, cap >= (8, 9), cap >= (8, 0), source="detected"), len(accs)
 
 
 def _this_machine(gpu: GpuModel, n: int) -> Any:

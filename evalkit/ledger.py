@@ -545,7 +545,7 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     source, variant, arch = dep.model.source, dep.model.variant, info.arch
     spec = engine_spec(dep.engine)
     dtype, quant = spec.dtype_of(dep.options), str(spec.quantization_of(dep.options) or "")
-    notes = (info.note,) if info.note else ()
+    notes: tuple[str, ...] = (info.note,) if info.note else ()
 
     if variant is not None and not (variant == HF_VARIANT and path.is_dir()):
         built = _built_variant(source, path, variant)

@@ -408,7 +408,7 @@ def run_programs(programs: Mapping[Any, tuple[str, str, str | None]], timeout_s:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as pool:
-        return dict(zip(programs, pool.map(lambda p: run_tests(*p, timeout_s=timeout_s, memo=memo), programs.values())))
+        return dict(zip(programs, pool.map(lambda p: run_tests(p[0], p[1], p[2], timeout_s=timeout_s, memo=memo), programs.values())))
 
 
 VERDICT_FORMAT = 1  # the kept verdicts' key layout: a change runs the programs again

@@ -29,7 +29,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 from filelock import FileLock
 
@@ -339,13 +339,15 @@ def _shared_gguf_reader() -> Iterator[None]:
     memoising stand-ins there are seen; the reader is read-only (a memmap) and transformers only looks names
     up in the map, so sharing them is safe. If transformers stops going through them, this saves nothing.
     """
+    from unittest import mock
+
     import gguf
 
     original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
     maps: dict[tuple[Any, int], Any] = {}
 
-    def shared(path: Any, mode: str = "r") -> Any:
+    def shared(path: Any, mode: Literal["r", "r+", "c"] = "r") -> Any:
         key = (str(path), mode)
         if key not in readers:
             readers[key] = original_reader(path, mode)
@@ -356,13 +358,8 @@ def _shared_gguf_reader() -> Iterator[None]:
             maps[arch, n_blocks] = original_map(arch, n_blocks)
         return maps[arch, n_blocks]
 
-    gguf.GGUFReader = shared  # type: ignore[assignment,misc]
-    gguf.get_tensor_name_map = name_map  # type: ignore[assignment]
-    try:
+    with mock.patch.object(gguf, "GGUFReader", shared), mock.patch.object(gguf, "get_tensor_name_map", name_map):
         yield
-    finally:
-        gguf.GGUFReader = original_reader  # type: ignore[misc]
-        gguf.get_tensor_name_map = original_map
 
 
 def _match_tokenizer(tok: Any, meta: dict[str, Any]) -> str | None:
@@ -458,12 +455,13 @@ def _dtype_kwarg(transformers: Any, dtype: Any) -> dict[str, Any]:
 
 def _dequantize_kwarg(transformers: Any) -> dict[str, Any]:
     # transformers >= 5.x keeps GGUF weights packed when a kernel exists; we want plain dense nn.Linear.
-    cls = getattr(transformers, "GgufConfig", None)
+    cls: Any = getattr(transformers, "GgufConfig", None)
     if cls is None:
         try:
-            from transformers.utils.quantization_config import GgufConfig as cls  # type: ignore[no-redef]
+            from transformers.utils.quantization_config import GgufConfig
         except ImportError:
             return {}
+        cls = GgufConfig
     return {"quantization_config": cls(dequantize=True)}
 
 

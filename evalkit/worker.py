@@ -21,7 +21,8 @@ from typing import Any, Callable, Protocol
 from evalkit.capabilities import runnable_suites
 from evalkit.config import Config
 from evalkit.engines import load_engine
-from evalkit.engines.base import SamplingParams
+from evalkit.cache import ResultCache
+from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import EXIT_USER_ERROR, EvalkitError
 from evalkit.executors.units import Unit, shard_of
 from evalkit.progress import RunProgress
@@ -111,12 +112,14 @@ def run_unit(
     name = work.unit.deployment
     resolved = {**work.resolved, "path": model_path or work.resolved["path"]}
     os.environ["EVALKIT_DEPLOYMENT"] = name  # what a server started for this unit is called (its log file)
+    engine: Engine
     if work.use_cache:
         from evalkit.cache import open_engine
 
-        engine = open_engine(work.deployment, resolved, name)
+        cached = open_engine(work.deployment, resolved, name)
         if on_cache_put is not None:
-            engine.store = _TeeCache(engine.store, on_cache_put)
+            cached.store = _TeeCache(cached.store.root, on_cache_put)
+        engine = cached
     else:
         engine = load_engine(work.deployment.engine, resolved["path"], work.deployment.options, name)
     described: dict[str, Any] = {"deployment": name, "worker_pid": os.getpid(), **engine.info().__dict__}
@@ -144,21 +147,15 @@ def run_unit(
         engine.close()
 
 
-class _TeeCache:
-    """A result cache that also tells a listener about every entry it stores."""
+class _TeeCache(ResultCache):
+    """The unit's result cache (the same directory), also telling a listener about every entry it stores."""
 
-    def __init__(self, inner: Any, listener: Callable[[str, Any, str | None], None]) -> None:
-        self.inner = inner
+    def __init__(self, root: Path, listener: Callable[[str, Any, str | None], None]) -> None:
+        super().__init__(root)
         self.listener = listener
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    def get(self, key: str) -> Any | None:
-        return self.inner.get(key)
-
     def put(self, key: str, value: Any, measured_at: str | None = None) -> None:
-        self.inner.put(key, value, measured_at)
+        super().put(key, value, measured_at)
         self.listener(key, value, measured_at)
 
 

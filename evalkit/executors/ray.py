@@ -226,7 +226,7 @@ class _Driver:
         return self.config.deployment(self.resolved[name].get("base", name))
 
     def units(self) -> list[Unit]:
-        out = []
+        out: list[Unit] = []
         for name in self.names:
             n = self._deployment(name).replicas
             out.extend(Unit(name, i, n) for i in range(n))
