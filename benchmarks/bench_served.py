@@ -27,7 +27,7 @@ import httpx
 import yaml
 
 from evalkit.engines.base import GenRequest, SamplingParams
-from evalkit.engines.launcher import plan_launch, start_server
+from evalkit.engines.launcher import ServerSettings, plan_launch, start_server
 from evalkit.engines.openai import OpenAIEngine, OpenAIOptions
 from evalkit.models import resolve_source
 from evalkit.suites.cost import synthetic_prompt
@@ -56,8 +56,8 @@ async def plain_loop(url: str, prompts: list[list[int]], tokens: int) -> int:
 
 
 def part1(gguf: Path, rounds: int, tokens: int, prompt_tokens: int, concurrency: int) -> None:
-    plan = plan_launch("llama-server", str(gguf), n_ctx=prompt_tokens + tokens + 16, parallel=concurrency, extra=[],
-                       served_model="bench", threads=None)
+    plan = plan_launch("llama-server", str(gguf), ServerSettings(n_ctx=prompt_tokens + tokens + 16, parallel=concurrency),
+                       extra=[], served_model="bench")
     server = start_server(plan, "bench", 120, log_dir=Path(tempfile.mkdtemp(prefix="bench-served-")))
     try:
         engine = OpenAIEngine(str(gguf), OpenAIOptions(base_url=server.root_url + "/v1", max_concurrency=concurrency))

@@ -38,12 +38,12 @@ def gguf() -> Path:
 @pytest.fixture(scope="module")
 def server(gguf: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A llama-server evalkit does not manage (as a user's would be), with an API key, one slot."""
-    from evalkit.engines.launcher import llama_server_path, plan_launch, start_server
+    from evalkit.engines.launcher import ServerSettings, llama_server_path, plan_launch, start_server
 
     if llama_server_path() is None:
         unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
-    plan = plan_launch("llama-server", str(gguf), n_ctx=2048, parallel=1, extra=["--api-key", KEY],
-                       served_model="smollm2-external", threads=None)
+    plan = plan_launch("llama-server", str(gguf), ServerSettings(n_ctx=2048), extra=["--api-key", KEY],
+                       served_model="smollm2-external")
     srv = start_server(plan, "external", 120, log_dir=tmp_path_factory.mktemp("external-server"))
     yield srv
     srv.stop()
@@ -255,8 +255,8 @@ def test_launched_server_dies_with_a_killed_worker(tmp_path: Path, gguf: Path) -
         unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
     code = (
         "import sys\n"
-        "from evalkit.engines.launcher import plan_launch, start_server\n"
-        f"plan = plan_launch('llama-server', {str(gguf)!r}, n_ctx=256, parallel=1, extra=[], served_model='x', threads=1)\n"
+        "from evalkit.engines.launcher import ServerSettings, plan_launch, start_server\n"
+        f"plan = plan_launch('llama-server', {str(gguf)!r}, ServerSettings(n_ctx=256, threads=1), extra=[], served_model='x')\n"
         f"srv = start_server(plan, 'orphan', 120, log_dir=__import__('pathlib').Path({str(tmp_path)!r}))\n"
         "print(srv.proc.pid, flush=True)\n"
         "import time; time.sleep(600)\n"

@@ -65,13 +65,13 @@ def test_options_need_exactly_one_of_base_url_and_launch() -> None:
 
 
 def test_launched_server_command_binds_localhost_and_names_its_slots(tmp_path: Path) -> None:
-    from evalkit.engines.launcher import plan_launch
+    from evalkit.engines.launcher import ServerSettings, plan_launch
 
-    plan = plan_launch("llama-server", "/m.gguf", n_ctx=512, parallel=4, extra=["--foo"], served_model="d", threads=2)
+    plan = plan_launch("llama-server", "/m.gguf", ServerSettings(n_ctx=512, parallel=4, threads=2), extra=["--foo"], served_model="d")
     argv = list(plan.argv)
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("-c") + 1] == "2048"
     assert argv[argv.index("--parallel") + 1] == "4" and argv[-1] == "--foo" and "{port}" in argv
-    vplan = plan_launch("vllm", "/ckpt", n_ctx=1024, parallel=1, extra=[], served_model="d", threads=None)
+    vplan = plan_launch("vllm", "/ckpt", ServerSettings(n_ctx=1024), extra=[], served_model="d")
     vargv = list(vplan.argv)
     assert "vllm.entrypoints.openai.api_server" in vargv and vargv[vargv.index("--host") + 1] == "127.0.0.1"
     assert vargv[vargv.index("--logprobs-mode") + 1] == "raw_logprobs"  # as the in-process vLLM engine

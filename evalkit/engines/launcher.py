@@ -109,9 +109,21 @@ class LaunchPlan:
         return {"program": self.program, "version": self.version, "argv": list(self.argv), "env": dict(self.env)}
 
 
-def plan_launch(program: Program, model_path: str, *, n_ctx: int, parallel: int, extra: list[str],
-                served_model: str, threads: int | None, flash_attn: bool = False, n_batch: int = 512) -> LaunchPlan:
+@dataclass(frozen=True)
+class ServerSettings:
+    """How a launched server runs the deployment (the served engine's options say)."""
+
+    n_ctx: int  # context per sequence
+    parallel: int = 1  # llama-server slots (vLLM batches continuously)
+    threads: int | None = None  # None: the cores other work leaves free
+    flash_attn: bool = False  # llama-server -fa
+    n_batch: int = 512  # llama-server -b and -ub
+
+
+def plan_launch(program: Program, model_path: str, settings: ServerSettings, *, extra: list[str], served_model: str) -> LaunchPlan:
     """The command line for a deployment's server (the same one at plan time and at start)."""
+    n_ctx, parallel, threads = settings.n_ctx, settings.parallel, settings.threads
+    flash_attn, n_batch = settings.flash_attn, settings.n_batch
     if program == "llama-server":
         path = llama_server_path()
         argv = [str(path or "llama-server"), "-m", model_path, "--host", "127.0.0.1", "--port", "{port}",

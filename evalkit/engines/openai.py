@@ -142,16 +142,16 @@ class OpenAIEngine(Engine):
         self._refetched = 0  # llama-server generations whose ids its stream left out (asked again unstreamed)
 
     def _start_server(self) -> str:
-        from evalkit.engines.launcher import check_program, plan_launch, start_server
+        from evalkit.engines.launcher import ServerSettings, check_program, plan_launch, start_server
 
         opts = self.options
         assert opts.launch is not None
         if not self.model_path:
             raise ConfigError(f"deployment {self.deployment}", f"launch: {opts.launch} needs the deployment's weights (model:)")
         check_program(opts.launch)
-        plan = plan_launch(opts.launch, self.model_path, n_ctx=opts.n_ctx, parallel=opts.parallel,
-                           extra=list(opts.launch_args), served_model=self.deployment, threads=opts.launch_threads,
-                           flash_attn=opts.flash_attn, n_batch=opts.n_batch)
+        settings = ServerSettings(n_ctx=opts.n_ctx, parallel=opts.parallel, threads=opts.launch_threads,
+                                  flash_attn=opts.flash_attn, n_batch=opts.n_batch)
+        plan = plan_launch(opts.launch, self.model_path, settings, extra=list(opts.launch_args), served_model=self.deployment)
         server = self.server = start_server(plan, self.deployment, opts.launch_timeout_s)
         return server.root_url + "/v1"
 
