@@ -12,7 +12,7 @@ import pytest
 
 from evalkit.config import Config
 from evalkit.engines.llamacpp import LlamaCppOptions
-from evalkit.engines.llamacpp_memory import predict_llamacpp
+from evalkit.engines.llamacpp_memory import predict_llamacpp, swa_cells
 from evalkit.engines.vllm import VllmOptions
 from evalkit.engines.vllm_memory import VLLM_BATCH_TOKENS, predict_vllm
 from evalkit.ledger import (
@@ -242,8 +242,9 @@ def test_gemma_kv_from_metadata_with_sliding_window(gemma_path: Path) -> None:
     # keeps 1024 cells (pad(512 + 512, 256)) in the 15 windowed layers: 12 + 15 MiB.
     assert arch.kv_bytes(4096, None, 2) == 72 * 2**20
     assert arch.kv_bytes(4096, 1024, 2) == 27 * 2**20
-    row = predict_llamacpp("g", arch, 1, "Q4_K_M", "x", LlamaCppOptions(n_ctx=4096), V100, swa_full=False)
-    assert row.kv_bytes == 27 * 2**20
+    assert swa_cells(arch, 4096, 512, swa_full=False) == 1024 and swa_cells(arch, 4096, 512) is None
+    row = predict_llamacpp("g", arch, 1, "Q4_K_M", "x", LlamaCppOptions(n_ctx=4096), V100)
+    assert row.kv_bytes == 72 * 2**20  # llama-cpp-python keeps the full-size SWA cache
 
 
 RSS = """

@@ -29,14 +29,23 @@ LLAMACPP_GPU_RUNTIME_BYTES = 1_380_000_000
 RUNTIME_BYTES = GB // 5
 
 
+SWA_FULL = True  # llama-cpp-python keeps llama.cpp's default swa_full (see the module docstring)
+
+
+def swa_cells(arch: ArchSpec, n_ctx: int, n_ubatch: int, swa_full: bool = SWA_FULL) -> int | None:
+    """Cells of a windowed layer's KV cache: None for a full-size cache (swa_full), else llama.cpp's
+    pad(window x n_seq + n_ubatch, 256), at most n_ctx."""
+    if swa_full or not arch.sliding_window:
+        return None
+    return min(n_ctx, math.ceil((arch.sliding_window + n_ubatch) / 256) * 256)
+
+
 def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
-                     swa_full: bool = True, workload: Workload | None = None) -> LedgerRow:
+                     workload: Workload | None = None) -> LedgerRow:
     n_ctx, n_ubatch = int(options.n_ctx), int(options.n_batch)  # the engine sets n_ubatch = n_batch
     cache_bytes = 2  # llama.cpp's default K/V type is f16; evalkit exposes no cache-type option for it
-    swa_cells = None
-    if not swa_full and arch.sliding_window:  # llama.cpp: pad(window x n_seq + n_ubatch, 256), at most n_ctx
-        swa_cells = min(n_ctx, math.ceil((arch.sliding_window + n_ubatch) / 256) * 256)
-    kv = arch.kv_bytes(n_ctx, swa_cells, cache_bytes)
+    cells = swa_cells(arch, n_ctx, n_ubatch)
+    kv = arch.kv_bytes(n_ctx, cells, cache_bytes)
     logits = n_ubatch * arch.vocab * 4
     acts = n_ubatch * (arch.intermediate + 4 * arch.hidden) * 4
     # Logit rows one decode returns: evalkit asks only for the rows it scores (the workload), at most a ubatch.
@@ -79,7 +88,7 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
         max_ctx = arch.context_length
     kv_dev = kv * (share * offload if on_gpu else 1)
     if arch.sliding_window:
-        notes.append(f"{arch.n_swa_layers}/{arch.n_layers} layers windowed ({arch.sliding_window}); " + ("full-size SWA cache (llama.cpp default)" if swa_full else f"{swa_cells} cells"))
+        notes.append(f"{arch.n_swa_layers}/{arch.n_layers} layers windowed ({arch.sliding_window}); " + ("full-size SWA cache (llama.cpp default)" if cells is None else f"{cells} cells"))
     notes.append("requests are queued in one context; concurrency = parallel slots memory would allow")
     return LedgerRow(
         deployment=name, engine="llamacpp", precision=precision, weights_from=weights_from, devices=devices,
