@@ -61,7 +61,7 @@ def _vocab(config: Any, config_file: Path, name: str) -> int | None:
     try:
         path = local_model_path(dep.model.source, config_file)
         return (hf_weights(path) if path.is_dir() else gguf_weights(path)).arch.vocab if path is not None else None
-    except Exception:  # noqa: BLE001 - an unreadable model is the ledger's row to report
+    except Exception:  # an unreadable model is the ledger's row to report
         return None
 
 
@@ -82,7 +82,6 @@ def disk_plan(config: Any, config_file: Path, use_cache: bool = True) -> DiskPla
             n_bytes = len(suite._text_bytes())
             chunks = min(len(suite.items()), chunk_count(int(n_bytes / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
             per_chunk = s.n_ctx - scored_from(s.n_ctx)
-            tokens = chunks * per_chunk
             from evalkit.suites.perplexity import streaming_readers
 
             owner = kld_reference(config) if streaming_readers(config) else None  # no reader: nothing stored

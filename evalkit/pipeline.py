@@ -63,7 +63,7 @@ def _prepares_variants(config: Config) -> bool:
             try:
                 if built_variant(dep.model.source, dep.model.variant) is None:
                     return True
-            except Exception:  # noqa: BLE001 (a bad source is new_run's to report, in one line)
+            except Exception:  # a bad source is new_run's to report, in one line
                 return False
     return False
 

@@ -71,7 +71,7 @@ class DecodeForward:
         start = time.perf_counter()
         try:
             return self.compiled(*args)
-        except Exception as e:  # noqa: BLE001 - any compiler failure leaves the eager forward, which is correct
+        except Exception as e:  # any compiler failure leaves the eager forward, which is correct
             self.error = first_line(e)
             return decode_forward(*args)
         finally:
@@ -198,7 +198,7 @@ class BatchStepper:
             with torch.cuda.graph(graph):
                 self.out = self._step(self.forward)
             self.graph, self.graphed = graph, True
-        except Exception as e:  # noqa: BLE001 - any capture failure leaves the eager steps, which are correct
+        except Exception as e:  # any capture failure leaves the eager steps, which are correct
             self.graph_error = first_line(e)
             torch.cuda.synchronize()
         return logits

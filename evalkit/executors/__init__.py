@@ -6,6 +6,7 @@ Importing this package never imports Ray.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Protocol
 
 from evalkit.store import RunDir
@@ -26,7 +27,7 @@ def make_executor(kind: str, address: str | None = None, max_attempts: int = 3, 
         return LocalExecutor()
     if kind == "ray":
         try:
-            import ray  # noqa: F401
+            importlib.import_module("ray")  # installed, and importable here
         except ImportError:
             from evalkit.errors import EngineUnavailableError
 

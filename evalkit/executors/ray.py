@@ -17,7 +17,6 @@ import platform
 import queue
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -272,8 +271,6 @@ class _Driver:
         return self.writers[name]
 
     def _start(self, unit: Unit, attempt: int) -> None:
-        import ray
-
         name = unit.deployment
         if name in self.failed:
             return

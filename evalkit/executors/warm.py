@@ -76,7 +76,7 @@ def wait_for_order(engine: str) -> dict | None:
     try:
         for module in modules:
             importlib.import_module(module)
-    except Exception:  # noqa: BLE001 (the real load reports it)
+    except Exception:  # the real load reports it
         pass
     print(f"{STARTED_EARLY}: imported {', '.join(modules)} in {time.perf_counter() - start:.1f} s "
           "while the driver prepared the run", file=sys.stderr, flush=True)
