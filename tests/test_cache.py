@@ -21,6 +21,8 @@ from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, Samp
 from evalkit.models import fingerprint
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=4, seed=0)
+# Keys hold floats (sampling settings, from the config: written by repr, never computed): the same on both paths.
+pytestmark = pytest.mark.host_sensitive
 
 
 class CountingEngine(Engine):

@@ -25,7 +25,7 @@ from evalkit.metrics.likelihood import kl_divergence
 from evalkit.suites.base import RunBinding, ScoreContext
 from evalkit.suites.perplexity import STORE_SUFFIX, PerplexitySuite, scored_from, store_dir
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.host_sensitive]
 
 N_CTX = 512
 CHUNKS = 2

