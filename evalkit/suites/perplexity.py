@@ -337,8 +337,11 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             p = pairs[dep]
             ratio = p.ppl.ratio_rows() if p.ppl is not None and p.ppl.reason is None else []
             if p.kld is None or p.kld.drift is None:
-                # No KLD for this one (a v2 KLD reference stores no top-k): its PPL ratio still stands.
-                rows += [ScoreRow(dep, self.name, CATEGORY, m, v, None, None, p.ppl.n_tokens) for m, v, _ in ratio] \
+                # No KLD for this one (a v2 KLD reference stores no top-k, or the two sides come from two runs):
+                # its PPL ratio still stands, with the interval it has beside a KLD (as _drift_rows gives it).
+                z = z_value(ctx.stats.alpha)
+                rows += [ScoreRow(dep, self.name, CATEGORY, m, v, *((v - z * se, v + z * se) if se is not None and math.isfinite(se)
+                                                                    else (None, None)), p.ppl.n_tokens) for m, v, se in ratio] \
                     if p.ppl is not None and ratio and dep != ctx.reference else []
                 continue
             extra = ratio + p.kld.bias_rows()
