@@ -1,4 +1,4 @@
-"""`python -m evalkit <verb>`: run, report, prepare, doctor, plan, rate, view."""
+"""`python -m evalkit <verb>`: run, report, prepare, doctor, plan, rate, view, diff, history."""
 from __future__ import annotations
 
 import argparse
@@ -127,6 +127,18 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from evalkit.diffcli import run_diff
+
+    return run_diff(args)
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    from evalkit.diffcli import run_history
+
+    return run_history(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evalkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"evalkit {__version__}")
@@ -184,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a --host other machines reach; needs the password in EVALKIT_VIEW_PASSWORD")
     p.set_defaults(func=_cmd_view)
+
+    from evalkit.diffcli import add_diff_parsers
+
+    add_diff_parsers(verbs, _cmd_diff, _cmd_history)
     return parser
 
 

@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("report/view/cli", [
         "evalkit", "evalkit.__main__", "evalkit.cli", "evalkit.pipeline", "evalkit.results",
         "evalkit.report", "evalkit.report.*", "evalkit.viewer", "evalkit.viewer.*",
+        "evalkit.history", "evalkit.diff", "evalkit.diffcli",  # runs over time: comparability keys, `evalkit diff`
     ]),
 ]
 
