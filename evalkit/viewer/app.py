@@ -216,6 +216,17 @@ def create_app(settings: Settings) -> Starlette:
             pairs = default_pairs(cache.get(cand).deployments, cache.get(base).deployments)
         return JSONResponse(compare_runs(cand, base, pairs, cache))  # type: ignore[arg-type]
 
+    history_memory: dict[str, Any] = {}
+    history_lock = threading.Lock()
+
+    def trends(request: Request) -> Response:  # a metric across the folder's runs (evalkit.history; writes nothing)
+        from evalkit.history import trend
+
+        p = request.query_params
+        with history_lock:
+            return JSONResponse(trend(root, p.get("suite", "")[:200], p.get("metric", "")[:200], p.get("category", "")[:200],
+                                      memory=history_memory))
+
     async def _body(request: Request) -> dict[str, Any]:
         if not request.headers.get("content-type", "").startswith("application/json"):
             raise review_mod.ReviewError("send JSON")
@@ -256,6 +267,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/api/runs/{run}/items", items),
         Route("/api/runs/{run}/item", item),
         Route("/api/compare", compare),
+        Route("/api/trends", trends),
         Route("/api/runs/{run}/review/sheet", review_sheet, methods=["POST"]),
         Route("/api/runs/{run}/review/rate", review_rate, methods=["POST"]),
     ]

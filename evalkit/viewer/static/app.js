@@ -148,7 +148,8 @@ async function showRuns() {
       el("td", {title: r.decision || null, text: r.recommended || (r.decision ? "none qualifies" : "")}), status));
   }
   main.replaceChildren(el("h1", {text: "Runs in " + data.root}),
-    data.runs.length ? table : el("p", {cls: "muted", text: "No run directories here yet."}), el("p", {}, compareBtn));
+    data.runs.length ? table : el("p", {cls: "muted", text: "No run directories here yet."}), el("p", {}, compareBtn, " ",
+      el("a", {href: "#/trends", id: "trends-link", text: "Trends over runs"})));
   clearTimeout(refreshTimer);
   if (data.runs.some((r) => r.status === "running")) refreshTimer = setTimeout(() => { if (route().parts.length === 0) render(); }, 5000);
 }
@@ -299,6 +300,89 @@ async function showCompare(params) {
   main.replaceChildren(...parts);
 }
 
+// ---------------------------------------------------------------- trends over runs
+
+const SVGNS = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...children) { // SVG nodes: attributes set one by one, text only as text nodes
+  const node = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) if (v !== undefined && v !== null) node.setAttribute(k, String(v));
+  for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+const LINE_COLOURS = ["#1f5fa8", "#b3541e", "#2e7d32", "#7b3fa0", "#8a6d00", "#00838f", "#ad1457", "#455a64"];
+const GROUP_COLOURS = {"first run": "#9e9e9e", "nothing": "#ffffff", "not comparable": "#000000", "weights": "#d32f2f",
+  "engine": "#f57c00", "options": "#fbc02d", "sampling": "#7b1fa2", "settings only": "#4fc3f7", "environment only": "#a5d6a7"};
+
+async function showTrends(params) {
+  setCrumbs(["trends", null]);
+  const data = await api("/api/trends?" + qs({suite: params.get("suite") || "", metric: params.get("metric") || "", category: params.get("category") || ""}));
+  const go = (changes) => { location.hash = "#/trends?" + qs({suite: data.suite, metric: data.metric, category: data.category, ...changes}); };
+  const parts = [el("h1", {text: "Trends over runs"}),
+    el("p", {cls: "muted", text: "A metric per deployment over the folder's runs (oldest left), each point with its interval. A point's fill says what changed in what the result depends on since that deployment's previous run (weights, engine, options, ...); a ringed point is a step: its interval does not overlap the previous one's. `evalkit diff` gives the paired test."})];
+  if (!data.series.length) { main.replaceChildren(...parts, el("p", {cls: "muted", text: "No scored runs in this folder."})); return; }
+  const metricSel = el("select", {name: "metric", onchange: (e) => { const [suite, metric] = e.target.value.split("\u0000"); go({suite, metric, category: ""}); }},
+    data.metrics.map((m) => el("option", {value: m.suite + "\u0000" + m.metric, text: m.suite + " / " + m.metric, selected: m.suite === data.suite && m.metric === data.metric})));
+  const catSel = el("select", {name: "category", onchange: (e) => go({category: e.target.value})},
+    data.categories.map((c) => el("option", {value: c, text: c, selected: c === data.category})));
+  parts.push(el("div", {cls: "controls"}, "metric ", metricSel, " category ", catSel,
+    el("span", {cls: "muted", text: data.direction === "higher" ? "higher is better" : data.direction === "lower" ? "lower is better" : ""})));
+  // Scales: x by run (ordinal, in creation order), y over every value and interval bound.
+  const runs = data.runs.map((r) => r.run);
+  const xs = new Map(runs.map((r, i) => [r, i]));
+  const ys = data.series.flatMap((s) => s.points.flatMap((p) => [p.value, p.ci_low, p.ci_high])).filter((v) => typeof v === "number" && isFinite(v));
+  let lo = Math.min(...ys), hi = Math.max(...ys);
+  if (!(hi > lo)) { lo -= 0.5 * (Math.abs(lo) || 1); hi += 0.5 * (Math.abs(hi) || 1); }
+  const pad = (hi - lo) * 0.08; lo -= pad; hi += pad;
+  const W = 900, H = 360, L = 70, R = 20, T = 20, B = 70;
+  const X = (i) => L + (runs.length === 1 ? (W - L - R) / 2 : i * (W - L - R) / (runs.length - 1));
+  const Y = (v) => T + (hi - v) * (H - T - B) / (hi - lo);
+  const chart = svg("svg", {id: "trend-chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img"},
+    svg("title", {}, `${data.suite} / ${data.metric} (${data.category}) over ${runs.length} runs`));
+  chart.append(svg("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#888"}), svg("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#888"}));
+  for (let k = 0; k <= 4; k++) {
+    const v = lo + (hi - lo) * k / 4;
+    chart.append(svg("line", {x1: L - 4, y1: Y(v), x2: W - R, y2: Y(v), stroke: "#eee"}), svg("text", {x: L - 6, y: Y(v) + 4, "text-anchor": "end", "font-size": 11}, fmt(v, 3)));
+  }
+  runs.forEach((r, i) => chart.append(svg("text", {x: X(i), y: H - B + 14, "text-anchor": "end", "font-size": 10, transform: `rotate(-30 ${X(i)} ${H - B + 14})`}, r)));
+  data.series.forEach((s, k) => {
+    const colour = LINE_COLOURS[k % LINE_COLOURS.length];
+    const pts = s.points.filter((p) => typeof p.value === "number" && xs.has(p.run));
+    const dx = (k - (data.series.length - 1) / 2) * 4; // deployments side by side at one run
+    if (pts.length > 1) chart.append(svg("polyline", {points: pts.map((p) => `${X(xs.get(p.run)) + dx},${Y(p.value)}`).join(" "), fill: "none", stroke: colour, "stroke-width": 1.5}));
+    for (const p of pts) {
+      const x = X(xs.get(p.run)) + dx;
+      const g = svg("g", {class: "point" + (p.step ? " step" : ""), "data-run": p.run, "data-deployment": s.deployment, "data-group": p.group});
+      if (typeof p.ci_low === "number" && typeof p.ci_high === "number") g.append(svg("line", {class: "ci", x1: x, y1: Y(p.ci_low), x2: x, y2: Y(p.ci_high), stroke: colour, "stroke-width": 1.2}));
+      if (p.step) g.append(svg("circle", {class: "step-ring", cx: x, cy: Y(p.value), r: 9, fill: "none", stroke: "#d32f2f", "stroke-width": 2}));
+      g.append(svg("circle", {cx: x, cy: Y(p.value), r: 5, fill: GROUP_COLOURS[p.group] || "#9e9e9e", stroke: colour, "stroke-width": 2}),
+        svg("title", {}, `${s.deployment} @ ${p.run}: ${fmt(p.value)} [${fmt(p.ci_low)}, ${fmt(p.ci_high)}]${p.step ? " — step change" : ""}\nchanged: ${p.changed || "(first run)"}`));
+      chart.append(g);
+    }
+  });
+  parts.push(el("div", {cls: "scroll"}, chart));
+  // Legend, drawn as SVG too (colours are attributes: the page allows no inline style).
+  const used = data.groups.filter((g) => data.series.some((s) => s.points.some((p) => p.group === g)));
+  const rows = Math.max(data.series.length, used.length);
+  const legend = svg("svg", {id: "trend-legend", width: W, height: 18 * rows + 24, viewBox: `0 0 ${W} ${18 * rows + 24}`},
+    svg("text", {x: 0, y: 12, "font-size": 12, "font-weight": 600}, "deployment (line)"), svg("text", {x: 320, y: 12, "font-size": 12, "font-weight": 600}, "what changed since its previous run (fill)"));
+  data.series.forEach((s, k) => legend.append(svg("line", {x1: 0, y1: 26 + 18 * k, x2: 24, y2: 26 + 18 * k, stroke: LINE_COLOURS[k % LINE_COLOURS.length], "stroke-width": 3}),
+    svg("text", {x: 30, y: 30 + 18 * k, "font-size": 12}, s.deployment)));
+  used.forEach((g, k) => legend.append(svg("circle", {cx: 326, cy: 26 + 18 * k, r: 5, fill: GROUP_COLOURS[g] || "#9e9e9e", stroke: "#333"}),
+    svg("text", {x: 338, y: 30 + 18 * k, "font-size": 12}, g)));
+  legend.append(svg("circle", {cx: 646, cy: 26, r: 9, fill: "none", stroke: "#d32f2f", "stroke-width": 2}), svg("text", {x: 662, y: 30, "font-size": 12}, "step change"));
+  parts.push(el("div", {cls: "scroll"}, legend));
+  const t = el("table", {cls: "stats trend"});
+  t.append(el("tr", {}, ["run", "deployment", data.metric, "interval", "n", "step", "changed since its previous run"].map((h) => el("th", {text: h}))));
+  for (const s of data.series) for (const p of s.points) {
+    t.append(el("tr", {data: {run: p.run, deployment: s.deployment, step: p.step ? "1" : "0"}},
+      el("td", {}, el("a", {href: "#/run/" + encodeURIComponent(p.run), text: p.run})), el("td", {text: s.deployment}),
+      el("td", {text: fmt(p.value)}), el("td", {text: p.ci_low === null ? "none" : `[${fmt(p.ci_low)}, ${fmt(p.ci_high)}]`}),
+      el("td", {text: fmt(p.n)}), el("td", {cls: p.step ? "flip" : null, text: p.step ? "step" : ""}), el("td", {}, visible(p.changed || "(first run)"))));
+  }
+  parts.push(t);
+  main.replaceChildren(...parts);
+}
+
 // ---------------------------------------------------------------- blind review
 
 async function showReview(name, params) {
@@ -353,6 +437,7 @@ async function render() {
     else if (parts[0] === "run" && parts[1]) await showRun(parts[1], params);
     else if (parts[0] === "item" && parts[1]) await showItem(parts[1], params);
     else if (parts[0] === "compare") await showCompare(params);
+    else if (parts[0] === "trends") await showTrends(params);
     else if (parts[0] === "review" && parts[1]) await showReview(parts[1], params);
     else main.replaceChildren(el("p", {text: "Nothing here."}));
   } catch (e) { fail(e); return; }
