@@ -35,14 +35,13 @@ from filelock import FileLock
 
 from evalkit.config import VARIANTS
 from evalkit.engines import ENGINES, engine_spec
+from evalkit.engines.fp8_rounding import fp8_roundtrip
 from evalkit.errors import EvalkitError, VariantError
 from evalkit.fileio import pid_alive
 from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, read_gguf_header, resolve_source
 from evalkit.versions import package_version
 
 if TYPE_CHECKING:
-    import torch
-
     from evalkit.config import Config
 
 LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
@@ -51,7 +50,6 @@ FP8_WEIGHT_VARIANT = "fp8-weight"  # the hf checkpoint with every linear weight 
 NATIVE_FP8_VARIANT = "fp8"  # the hf engine quantizes it to W8A8 FP8 at load (engines/hf_fp8.py)
 HF_VARIANTS = (HF_VARIANT, FP8_WEIGHT_VARIANT, NATIVE_FP8_VARIANT)
 PROVENANCE = "evalkit_variant.json"
-FP8_E4M3_MAX = 448.0
 # Strings whose tokenization must match llama.cpp's (spaces, newlines, unicode, code, digits, a special token).
 PARITY_STRINGS = (
     "hello",
@@ -146,40 +144,6 @@ def read_provenance(path: Path) -> dict[str, Any] | None:
         if d.is_dir() and f.is_file():
             return json.loads(f.read_text())
     return None
-
-
-def fp8_e4m3(x: "torch.Tensor") -> "torch.Tensor":
-    """Cast to float8_e4m3fn saturating at +-448, as vLLM does (it clamps first; torch's own overflow
-    behaviour has changed between versions, NaN before saturation)."""
-    import torch
-
-    return x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-
-
-def fp8_channel_scale(weight: "torch.Tensor") -> "torch.Tensor":
-    """Per-output-channel scale [out, 1] in fp32: amax(|row|) / 448, floored at 1/(448*512) like vLLM's."""
-    amax = weight.float().abs().amax(dim=1, keepdim=True)
-    return (amax / FP8_E4M3_MAX).clamp_min(1.0 / (FP8_E4M3_MAX * 512))
-
-
-def fp8_roundtrip(weight: "torch.Tensor", dtype: "torch.dtype | None" = None) -> "torch.Tensor":
-    """`weight` [out, in] as vLLM's weight-only FP8 (Marlin, W8A16) computes with it, returned in 16 bits.
-
-    Mirrors vLLM's online per-channel FP8 (vllm/model_executor/layers/quantization/online/fp8.py):
-    q = fp8_e4m3(w / scale) with true division in fp32, round to nearest even. Marlin then multiplies the
-    FP8 value by the scale *cast to the activation dtype* (`prepare_fp8_layer_for_marlin`:
-    `weight_scale.to(orig_dtype)`), so the scale is rounded to `dtype` before the product. `dtype`
-    defaults to the weight's own 16-bit dtype, or bfloat16 for an fp32 weight.
-    """
-    import torch
-
-    if weight.dim() != 2:
-        raise ValueError(f"fp8_roundtrip expects a 2-D [out, in] weight, got shape {tuple(weight.shape)}")
-    if dtype is None:
-        dtype = weight.dtype if weight.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-    scale = fp8_channel_scale(weight)
-    q = fp8_e4m3(weight.float() / scale)
-    return (q.float() * scale.to(dtype).float()).to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------- cache

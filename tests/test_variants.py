@@ -15,12 +15,11 @@ from conftest import require_module
 import torch
 
 from evalkit.config import Config
+from evalkit.engines.fp8_rounding import fp8_e4m3, fp8_roundtrip
 from evalkit.models import cache_dir, fingerprint, resolve_source
 from evalkit.variants import (
     PROVENANCE,
     VariantError,
-    fp8_e4m3,
-    fp8_roundtrip,
     linear_weight_names,
     prepare_all,
     prepare_variant,
