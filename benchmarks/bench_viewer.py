@@ -37,7 +37,7 @@ WORDS = ("the model answer is paris berlin seven twelve because first then so th
 
 def generate(out: Path, n_items: int, n_deps: int, seed: int = 0) -> Path:
     from evalkit.config import Config
-    from evalkit.records import PromptRecord, dump_record
+    from evalkit.records import Generation, PromptRecord, dump_record
     from evalkit.store import RunDir
 
     rng = random.Random(seed)
@@ -75,10 +75,10 @@ def generate(out: Path, n_items: int, n_deps: int, seed: int = 0) -> Path:
                     words[rng.randrange(len(words))] = rng.choice(WORDS)
                 text = " ".join(words)
                 rec = PromptRecord(item_id=it["id"], category=it["category"], prompt=it["prompt"], prompt_format="chat",
-                                   prompt_token_ids=list(range(len(it["prompt"]) // 4)), output_text=text,
-                                   output_token_ids=[zlib.crc32(w.encode()) % 50000 for w in words], n_prompt_tokens=len(it["prompt"]) // 4,
-                                   n_output_tokens=len(words), finish_reason="stop", total_s=0.1, item=it,
-                                   deployment=dep)
+                                   prompt_token_ids=list(range(len(it["prompt"]) // 4)), n_prompt_tokens=len(it["prompt"]) // 4,
+                                   generation=Generation(output_text=text, output_token_ids=[zlib.crc32(w.encode()) % 50000 for w in words],
+                                                         finish_reason="stop", total_s=0.1),
+                                   item=it, deployment=dep)
                 batch.append(dump_record(rec))
                 if len(batch) >= 2000:
                     w.write_batch(batch)

@@ -6,14 +6,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_serializer, model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from evalkit.errors import ConfigError
 from evalkit.metrics.declarations import check_margin_key
-from evalkit.metrics.stats import StatsSettings  # noqa: F401  (the `stats:` section; declared with the statistics)
+from evalkit.metrics.stats import StatsSettings  # the `stats:` section; declared with the statistics
 from evalkit.resources import resource_path
 
-CATEGORIES = ("code", "reasoning", "translation", "qa")
+CATEGORIES = ("code", "reasoning", "translation", "qa")  # the prompt categories (rating sheets, prompts suite)
 VARIANTS = ("hf", "fp8-weight", "fp8", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 
 
@@ -60,7 +63,9 @@ class Deployment(_Strict):
     @field_validator("suites")
     @classmethod
     def _known_suites(cls, v: list[str] | None) -> list[str] | None:
-        names = list(Suites.model_fields)  # the `suites:` section's keys (the registry evalkit.suites.SUITES mirrors them)
+        from evalkit.suites import SUITES
+
+        names = list(SUITES)
         for name in v or []:
             if name not in names:
                 raise ValueError(f"unknown suite {name!r}{_did_you_mean(name, names)} "
@@ -113,86 +118,75 @@ def engine_options_model(engine: str) -> type[BaseModel]:
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
-Seed = Annotated[int, Field(ge=0)]  # numpy's Generator (MMLU sampling, passkeys) rejects negative seeds
+Seed = Annotated[int, Field(ge=0)]  # numpy's Generator (sampling, seeded suites) rejects negative seeds
 
 
-class PromptsSettings(_Strict):
-    path: str = Field(default="prompts/", min_length=1)
-    categories: list[Literal["code", "reasoning", "translation", "qa"]] = Field(default=list(CATEGORIES), min_length=1)
-    limit_per_category: PositiveInt | None = None
-    code_timeout_s: float = Field(default=10.0, gt=0)
+class Suites(BaseModel):
+    """`suites:` each key a registered suite (evalkit.suites.SUITES), its block validated by that suite's settings
+    model (its `SuiteSpec.settings_model`): config knows no suite. A suite left out (or null) is off; reading
+    it (`config.suites.<name>` / `config.suites.get(name)`) gives None."""
 
-
-class PerplexitySettings(_Strict):
-    text: str = Field(default="texts/ppl_default.txt", min_length=1)
-    # Tokens from n_ctx//2 + 1 on are scored (llama-perplexity's rule): 3 is the least with one scored token.
-    n_ctx: int = Field(default=512, ge=3)
-    max_chunks: PositiveInt | None = 4
-    # Where KLD is the top-k + tail bound (vLLM): at k = 2000 it read 2.9% below the exact KLD of fp8-weight vs
-    # bf16 Gemma 3 270M (hf engine, same weights; k = 20: 31%, 100: 17%, 1000: 5.0%). Exact pairs ignore it.
-    top_k: int = Field(default=2000, ge=1)
-    # The deployment whose full next-token distributions every other full-distribution deployment's exact
-    # KLD is measured against (None: the run's reference). It must give full distributions (Capability.
-    # FULL_DISTRIBUTION); deployments that cannot (vLLM) keep the top-k bound against the run's reference.
-    kld_reference: str | None = Field(default=None, min_length=1)
-    # Streaming exact KLD: at most this many chunks of the KLD reference's stored distributions on disk at a
-    # time (the reference waits; a chunk is deleted once every reader recorded it), the reference and its
-    # readers running at once. None: every chunk kept for the whole run (evalkit plan says which fits).
-    kld_window: PositiveInt | None = None
-
-
-class MmluSettings(_Strict):
-    source: str = Field(default="builtin", min_length=1)  # "builtin", "hf" (cais/mmlu via datasets) or a local directory
-    subjects: list[str] | None = Field(default=None, min_length=1)
-    per_subject: PositiveInt | None = 20
-    shots: int = Field(default=5, ge=0, le=5)
-    seed: Seed = 0
-
-
-class LongContextSettings(_Strict):
-    lengths: list[PositiveInt] = Field(default=[1024, 2048, 4096, 8192], min_length=1)
-    depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default=[0.1, 0.5, 0.9], min_length=1)
-    continuation_tokens: PositiveInt = 128
-    seed: Seed = 0
-    filler: str = Field(default="texts/longcontext_filler.txt", min_length=1)
-
-
-class HumanEvalSettings(_Strict):
-    path: str = Field(min_length=1)
-    limit: PositiveInt | None = None
-    timeout_s: float = Field(default=10.0, gt=0)
-
-
-# The field comparison's speed protocol (../shared/MOTIVATION.md): 128-token prompts, 256 generated tokens,
-# temperature 0.7, 1/4/8/16 concurrent requests, median of three runs. `cost: {preset: field}`.
-COST_PRESETS: dict[str, dict[str, Any]] = {
-    "field": {"concurrency": [1, 4, 8, 16], "prompt_tokens": 128, "output_tokens": 256, "repeats": 3, "temperature": 0.7},
-}
-
-
-class CostSettings(_Strict):
-    preset: Literal["field"] | None = None  # fills every setting left out from COST_PRESETS
-    concurrency: list[PositiveInt] = Field(default=[1, 4, 8, 16], min_length=1)
-    prompt_tokens: PositiveInt = 128
-    output_tokens: PositiveInt = 256
-    repeats: PositiveInt = 3
-    temperature: float | None = Field(default=None, ge=0.0)  # None: the run's sampling temperature
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     @model_validator(mode="before")
     @classmethod
-    def _preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("preset") in COST_PRESETS:
-            return {**COST_PRESETS[data["preset"]], **data}
-        return data
+    def _through_the_registry(cls, data: Any) -> Any:
+        from evalkit.suites import SUITES, suite_spec
+
+        if data is None or isinstance(data, Suites):
+            return {} if data is None else data
+        if not isinstance(data, dict):
+            raise PydanticCustomError(_SUITES_ERROR, "{message}", {"message": f"suites: expected a mapping (got {data!r})"})
+        out: dict[str, Any] = {}
+        for name, block in data.items():
+            if name not in SUITES:
+                message = f"unknown field 'suites.{name}'{_did_you_mean(str(name), list(SUITES))}"
+                raise PydanticCustomError(_SUITES_ERROR, "{message}", {"message": message})
+            if block is None:
+                continue
+            model = suite_spec(name).settings_model
+            if isinstance(block, model):
+                out[name] = block
+                continue
+            try:
+                out[name] = model.model_validate(block)
+            except ValidationError as e:
+                message = explain_validation_error(e, block, root=model, prefix=("suites", name))
+                raise PydanticCustomError(_SUITES_ERROR, "{message}", {"message": message}) from None
+        return out
+
+    @model_serializer(mode="wrap")
+    def _every_registered_suite(self, handler: Any, info: Any) -> dict[str, Any]:
+        """Every registered suite in registry order, null when off (the layout manifests have always had)."""
+        from evalkit.suites import SUITES
+
+        data = handler(self)
+        if info.exclude_none:
+            return {n: data[n] for n in SUITES if n in data}
+        return {n: data.get(n) for n in SUITES}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            from evalkit.suites import SUITES
+
+            if name in SUITES:
+                return None
+            raise
+
+    def get(self, name: str) -> BaseModel | None:
+        """The settings of suite `name`, None when it is off."""
+        return (self.__pydantic_extra__ or {}).get(name)
+
+    def enabled(self) -> list[str]:
+        """The suites switched on, in registry order."""
+        from evalkit.suites import SUITES
+
+        return [n for n in SUITES if self.get(n) is not None]
 
 
-class Suites(_Strict):
-    prompts: PromptsSettings | None = None
-    perplexity: PerplexitySettings | None = None
-    mmlu: MmluSettings | None = None
-    longcontext: LongContextSettings | None = None
-    humaneval: HumanEvalSettings | None = None
-    cost: CostSettings | None = None
+_SUITES_ERROR = "suites_error"  # a `suites:` error, already one line (explain_validation_error passes it through)
 
 
 class Sampling(_Strict):
@@ -304,9 +298,11 @@ class Config(_Strict):
         suites = info.data.get("suites")
         if v is None or suites is None:
             return v
+        from evalkit.suites import SUITES
+
         for key in v.margins:
             suite = key.split("/")[0]
-            if suite in Suites.model_fields and getattr(suites, suite) is None:
+            if suite in SUITES and suites.get(suite) is None:
                 raise ValueError(f"margin {key!r}: suite {suite!r} is not enabled under suites:")
         return v
 
@@ -320,33 +316,18 @@ class Config(_Strict):
             hint = _did_you_mean(self.reference, names)
             raise ValueError(f"reference {self.reference!r} is not a deployment name{hint}")
         ref = self.deployment(self.reference)
-        enabled = [n for n in Suites.model_fields if getattr(self.suites, n) is not None]
+        enabled = self.suites.enabled()
         lacking = [n for n in enabled if not ref.runs(n)]
         if lacking:  # every comparison of a suite is against the reference's results
             raise ValueError(f"deployments: the reference {ref.name} must run every enabled suite; its suites: list "
                              f"leaves out {', '.join(lacking)}")
-        self._check_kld_reference(names)
+        from evalkit.suites import suite_spec
+
+        for name in enabled:  # each suite's own checks across sections (SuiteSpec.config_check)
+            check = suite_spec(name).config_check
+            if check is not None:
+                check(self.suites.get(name), self)
         return self
-
-    def _check_kld_reference(self, names: list[str]) -> None:
-        """`suites.perplexity.kld_reference` names a deployment that gives full distributions and runs perplexity."""
-        from evalkit.engines import gives_full_distributions
-
-        ppl = self.suites.perplexity
-        name = ppl.kld_reference if ppl is not None else None
-        if name is None:
-            return
-        where = "suites.perplexity.kld_reference"
-        if name not in names:
-            raise ValueError(f"{where}: {name!r} is not a deployment name{_did_you_mean(name, names)}")
-        dep = self.deployment(name)
-        if not gives_full_distributions(dep.engine):
-            full = [d.name for d in self.deployments if gives_full_distributions(d.engine)]
-            hint = f" (deployments that do: {', '.join(full)})" if full else ""
-            raise ValueError(f"{where}: {name} runs on engine {dep.engine}, which gives no full next-token "
-                             f"distributions, so exact KLD cannot be measured against it{hint}")
-        if not dep.runs("perplexity"):
-            raise ValueError(f"{where}: {name} does not run the perplexity suite (its suites: list)")
 
     def deployment(self, name: str) -> Deployment:
         return next(d for d in self.deployments if d.name == name)
@@ -404,16 +385,20 @@ def _unwrap(ann: Any) -> Any:
     return ann
 
 
-def explain_validation_error(err: ValidationError, raw: Any = None) -> str:
-    """Turn pydantic's multi-line report into the single most useful line (`raw`: the validated input)."""
+def explain_validation_error(err: ValidationError, raw: Any = None, root: type[BaseModel] | None = None,
+                             prefix: tuple[Any, ...] = ()) -> str:
+    """Turn pydantic's multi-line report into the single most useful line (`raw`: the validated input, of model
+    `root`, default Config; `prefix`: where that input sits in the config, e.g. ("suites", "mmlu"))."""
     # A typo shows up twice (unknown field + missing field); the unknown one, with its suggestion, helps more.
     priority = {"extra_forbidden": 0, "missing": 3}
     first = min(err.errors(), key=lambda e: priority.get(e["type"], 2))
-    loc = tuple(first["loc"])
+    if first["type"] == _SUITES_ERROR:  # a suite's block, already explained
+        return str(first["msg"])
+    loc = prefix + tuple(first["loc"])
     where = _location(loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         field = str(loc[-1])
-        hint = _did_you_mean(field, _fields_at(Config, loc, raw))
+        hint = _did_you_mean(field, _fields_at(root or Config, tuple(first["loc"]), raw))
         return f"unknown field {where!r}{hint}"
     if first["type"] == "missing":
         if loc[-1] == "engine":
@@ -461,3 +446,14 @@ def resolve_data_path(value: str, config_file: Path) -> Path:
             return base / p
     shipped = resource_path(value)
     return shipped if shipped.exists() else config_file.parent / p
+
+
+def __getattr__(name: str) -> Any:
+    """A suite's settings model by its class name (`from evalkit.config import MmluSettings`, where evalkit once
+    defined them all): now in the suite's module, found through the registry (SuiteSpec.settings_model)."""
+    from evalkit.suites import all_specs
+
+    for spec in all_specs():
+        if spec.settings_model.__name__ == name:
+            return spec.settings_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -65,6 +65,12 @@ def token_parity_rows(by_suite: dict[str, dict[str, list[Record]]], ctx: ScoreCo
     return rows
 
 
+def _output_ids(rec: Record | None) -> list[int] | None:
+    """The generated token ids of a record with a generation (records.Generation), else None."""
+    gen = getattr(rec, "generation", None)
+    return None if gen is None else gen.output_token_ids
+
+
 def _output_rows(suite: str, dep: str, ref: str, recs: list[Record], ref_recs: dict[str, Record]) -> list[dict[str, Any]]:
     """Greedy outputs of the same prompt tokens compared token by token (a served deployment against the same
     weights in-process, say): one summary row, and one row per item that differs, where it starts to differ.
@@ -73,7 +79,7 @@ def _output_rows(suite: str, dep: str, ref: str, recs: list[Record], ref_recs: d
     compared = same = 0
     for r in recs:
         theirs = ref_recs.get(r.item_id)
-        mine_out, ref_out = getattr(r, "output_token_ids", None), getattr(theirs, "output_token_ids", None)
+        mine_out, ref_out = _output_ids(r), _output_ids(theirs)
         if mine_out is None or ref_out is None or _tokens(r) != _tokens(theirs):  # type: ignore[arg-type]
             continue
         compared += 1

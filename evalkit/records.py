@@ -13,16 +13,18 @@ a cache entry stored before entries carried it, or a version-0 line.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Sequence, Union
+import sys
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalkit.engines.base import Engine, utc_now  # noqa: F401  (utc_now: the suites' clock, re-exported)
+from evalkit.engines.base import Engine, GenResult, utc_now
 from evalkit.errors import RunDirError
-from evalkit.sidefiles import SideFile, read_side_file
+from evalkit.sidefiles import read_side_file
+from evalkit.suites import all_specs, registry_state
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def provenance(result: Any) -> dict[str, Any]:
@@ -58,7 +60,10 @@ def combined(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 class Record(BaseModel):
-    """Fields every record has. Frozen: a record is what was measured, not a working copy."""
+    """Fields every record has. Frozen: a record is what was measured, not a working copy.
+
+    A record type whose layout changed at a version upgrades its own lines: `from_v2(raw) -> raw` (version 2 to 3;
+    e.g. `nested_generation`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -70,25 +75,61 @@ class Record(BaseModel):
     cached: bool = False
     measured_at: str | None = None
 
+    @classmethod
+    def from_v2(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return raw
 
-# -- prompts ------------------------------------------------------------------------------------
+
+# -- the generation part, shared by every suite that generates ---------------------------------
 
 
-class PromptRecord(Record):
-    suite: Literal["prompts"] = "prompts"
-    prompt: str
-    prompt_format: str
-    prompt_token_ids: list[int]
-    output_text: str
+class Generation(BaseModel):
+    """What one generation request gave (the output side of evalkit.engines.base.GenResult): the text, its token
+    ids, why it stopped, and when (seconds from the engine call's start to the first token and to the last).
+
+    Every generating suite's record carries it as `generation` (version 3; before, each suite copied these fields
+    into its own shape: flat, or long context's `timings`, upgraded when read)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output_text: str | None = None  # None only in cost records written before version 3 (they kept no text)
     output_token_ids: list[int]
-    n_prompt_tokens: int
-    n_output_tokens: int
     finish_reason: str
     ttft_s: float | None = None
     total_s: float
-    reference: str | None = None
-    target_lang: str | None = None
-    item: dict[str, Any]  # the prompt-file line: everything scoring needs travels with the record
+
+    @classmethod
+    def of(cls, result: GenResult) -> "Generation":
+        return cls(output_text=result.output_text, output_token_ids=list(result.output_token_ids),
+                   finish_reason=result.finish_reason, ttft_s=result.ttft_s, total_s=result.total_s)
+
+    @property
+    def text(self) -> str:
+        """The output text ("" where none was kept)."""
+        return self.output_text or ""
+
+    @property
+    def n_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+_GENERATION_FIELDS = ("output_text", "output_token_ids", "finish_reason", "ttft_s", "total_s")
+
+
+def nested_generation(raw: dict[str, Any], drop: Sequence[str] = ("n_output_tokens",)) -> dict[str, Any]:
+    """A version-2 line's generation fields (flat on the record, or in long context's `timings`) nested as its
+    `generation` (version 3); `drop`: fields of the old layout the part makes redundant (token counts). A line
+    with no generation (a skipped item) is returned as it is."""
+    if "generation" in raw or "output_token_ids" not in raw:
+        return dict(raw)
+    data = dict(raw)
+    timings = data.pop("timings", None) or {}
+    generation = {k: data.pop(k) for k in _GENERATION_FIELDS if k in data}
+    generation.update({k: timings[k] for k in ("ttft_s", "total_s") if k in timings})
+    for k in drop:
+        data.pop(k, None)
+    data["generation"] = generation
+    return data
 
 
 # -- perplexity ---------------------------------------------------------------------------------
@@ -215,133 +256,29 @@ def _v1_arrays(r: "PerplexityRecord") -> np.ndarray:
     return out
 
 
-# -- mmlu ---------------------------------------------------------------------------------------
+# -- the record types: every registered suite's (SuiteSpec.records) -------------------------------
 
 
-class MmluTimings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    batch_s: float
-    batch_size: int
-    per_item_s: float
-
-
-class MmluRecord(Record):
-    suite: Literal["mmlu"] = "mmlu"
-    prompt_token_ids: list[int]
-    n_prompt_tokens: int
-    prompt_sha256: str
-    letter_token_ids: list[int] | None = None  # None: the letters were not single tokens
-    method: Literal["one-pass", "four-continuations"]
-    choice_logprobs: list[float]
-    pred: str
-    gold: str
-    correct: bool
-    timings: MmluTimings
+def record_types() -> dict[str, type[Record]]:
+    """suite name -> its record type, from the suite registry (evalkit.suites: each spec's `records`)."""
+    state = registry_state()
+    if state not in _RECORD_TYPES:
+        _RECORD_TYPES[state] = {spec.name: rtype for spec in all_specs() for rtype in spec.records}  # type: ignore[misc]
+    return _RECORD_TYPES[state]
 
 
-# -- longcontext --------------------------------------------------------------------------------
+_RECORD_TYPES: dict[tuple[tuple[str, str], ...], dict[str, type[Record]]] = {}
 
 
-class GenTimings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    ttft_s: float | None = None
-    total_s: float
-
-
-class LongContextRecord(Record):
-    """A repetition or recall item; `skipped` (with the reason) when its length does not fit."""
-
-    suite: Literal["longcontext"] = "longcontext"
-    kind: Literal["rep", "recall"]
-    length_target: int
-    depth: float | None = None
-    passkey: str | None = None
-    n_ctx: int | None = None  # absent from records written before it was recorded
-    filler_repeats: int
-    skipped: str | None = None
-    needle_token_pos: int | None = None
-    depth_actual: float | None = None
-    n_prompt_tokens: int | None = None
-    prompt_sha256: str | None = None
-    output_text: str | None = None
-    output_token_ids: list[int] | None = None
-    n_output_tokens: int | None = None
-    finish_reason: str | None = None
-    timings: GenTimings | None = None
-    correct: bool | None = None  # recall items only
-
-
-# -- humaneval ----------------------------------------------------------------------------------
-
-
-class HumanEvalRecord(Record):
-    suite: Literal["humaneval"] = "humaneval"
-    prompt: str
-    prompt_token_ids: list[int]
-    output_text: str
-    output_token_ids: list[int]
-    finish_reason: str
-    ttft_s: float | None = None
-    total_s: float
-    entry_point: str | None = None  # records written before they carried their task: completed from the data
-    test: str | None = None
-
-
-# -- cost ---------------------------------------------------------------------------------------
-
-
-class CostRequest(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    key: str
-    prompt_tokens: int
-    output_tokens: int
-    finish_reason: str
-    ttft_s: float | None = None
-    total_s: float
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-
-
-class CostRecord(Record):
-    """One (concurrency level, repeat) measurement; `cached` when a re-run reused a stored measurement."""
-
-    suite: Literal["cost"] = "cost"
-    concurrency: int
-    repeat: int
-    prompt_tokens: int
-    output_tokens_requested: int
-    ignore_eos: bool
-    prompt_construction: str
-    wall_s: float
-    requests: list[CostRequest]
-    baseline_rss_mb: float
-    peak_rss_mb: float  # MiB, sampled during this level
-    worker_peak_rss_mb: float | None = None  # MiB, the worker's process-tree high-water (VmHWM) up to this level
-    server_peak_rss_mb: float | None = None  # MiB, high-water of a server evalkit started for the deployment
-    gpu: list[dict[str, Any]] | None = None
-    # The memory-bandwidth bound of decode: {bytes_per_s, source, weights_bytes, device} (absent before it was recorded)
-    bandwidth: dict[str, Any] | None = None
-    startup_s: float
-    warmup_s: float
-    engine: str
-    engine_version: str
-    n_ctx: int | None = None  # absent from records written before it was recorded
-    n_threads: int | None = None
-    sampling: dict[str, Any]
-
-
-AnyRecord = Annotated[
-    Union[PromptRecord, PerplexityRecord, MmluRecord, LongContextRecord, HumanEvalRecord, CostRecord],
-    Field(discriminator="suite"),
-]
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyRecord)
-RECORD_TYPES: dict[str, type[Record]] = {
-    "prompts": PromptRecord, "perplexity": PerplexityRecord, "mmlu": MmluRecord,
-    "longcontext": LongContextRecord, "humaneval": HumanEvalRecord, "cost": CostRecord,
-}
+def __getattr__(name: str) -> Any:
+    """A suite's record type (or a model it nests) by its class name, where evalkit once defined them all
+    (`from evalkit.records import PromptRecord`): now in the suite's module, found through the registry."""
+    for spec in all_specs():
+        module = sys.modules[spec.suite_class.__module__]
+        found = getattr(module, name, None)
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _upgrade_v0(raw: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +296,15 @@ def _upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "schema_version": 2}
 
 
-UPGRADES = {0: _upgrade_v0, 1: _upgrade_v1}  # version -> function producing version + 1
+def _upgrade_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 2: generating suites copied the generation into their own fields; version 3 nests it as one
+    `Generation` part. Each record type says how (`Record.from_v2`)."""
+    rtype = record_types().get(raw.get("suite"))  # type: ignore[arg-type]
+    data = rtype.from_v2(raw) if rtype is not None else dict(raw)
+    return {**data, "schema_version": 3}
+
+
+UPGRADES = {0: _upgrade_v0, 1: _upgrade_v1, 2: _upgrade_v2}  # version -> function producing version + 1
 
 
 def parse_record(raw: dict[str, Any], where: str = "records") -> Record:
@@ -372,13 +317,14 @@ def parse_record(raw: dict[str, Any], where: str = "records") -> Record:
     while version < SCHEMA_VERSION:
         data = UPGRADES[version](data)
         version += 1
-    if data.get("suite") not in RECORD_TYPES:
+    rtype = record_types().get(data.get("suite"))  # type: ignore[arg-type]
+    if rtype is None:
         raise RunDirError(where, f"record of unknown suite {data.get('suite')!r} (item {data.get('item_id')!r})")
     try:
-        return _ADAPTER.validate_python(data)
+        return rtype.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"][1:]) or "(record)"
+        loc = ".".join(str(p) for p in err["loc"]) or "(record)"
         raise RunDirError(where, f"{data['suite']} record {data.get('item_id')!r}: {loc}: {err['msg']}") from None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from evalkit.config import Config
 from evalkit.records import Record, parse_record
 from evalkit.spreadsheet import neutralize_cell
-from evalkit.store import (  # noqa: F401  (the file names: re-exported for callers of evalkit.scoring)
+from evalkit.store import (  # the file names: re-exported for callers of evalkit.scoring
     COMPARISON_COLUMNS, COMPARISONS_CSV, ITEMS_DIR, SCORE_COLUMNS, SCORES_CSV, RunDir, atomic_write_text, rows_to_csv,
 )
 from evalkit.suites import enabled_suites
@@ -70,11 +70,11 @@ def _score(run: RunDir, ctx: ScoreContext) -> None:
         if not records:
             continue
         print(f"evalkit: scoring {suite.name}", file=sys.stderr, flush=True)
-        scores += suite.score(records, ctx)
-        comparisons += suite.compare(records, ctx)
-        items = suite.item_rows(records, ctx)
-        if items:
-            atomic_write_text(run.path / ITEMS_DIR / f"{suite.name}.csv", _items_csv(items))
+        result = suite.scored(records, ctx)
+        scores += result.scores
+        comparisons += result.comparisons
+        if result.items:
+            atomic_write_text(run.path / ITEMS_DIR / f"{suite.name}.csv", _items_csv(result.items))
     # Imported human ratings are a suite like the others in the tidy tables (evalkit.rating.aggregate).
     from evalkit.rating.aggregate import tidy_rows
 

@@ -115,9 +115,9 @@ def make_hostile(run: Path, deployment: str) -> None:
     for line in path.read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
         if r["suite"] == "prompts" and r["category"] == "qa":
-            r["output_text"] = "\n".join(HOSTILE)
-        elif r["suite"] == "longcontext" and r.get("kind") == "rep" and "output_text" in r:
-            r["output_text"] += " " + HOSTILE[0]
+            r["generation"]["output_text"] = "\n".join(HOSTILE)
+        elif r["suite"] == "longcontext" and r.get("kind") == "rep" and "generation" in r:
+            r["generation"]["output_text"] += " " + HOSTILE[0]
         lines.append(json.dumps(r, ensure_ascii=False))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for stale in ("decision.json",):

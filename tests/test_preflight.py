@@ -105,7 +105,7 @@ def test_each_mistake_is_one_line_exit_2_and_no_run_directory(tmp_path: Path, ki
 def test_a_missing_rubric_is_found_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rubrics ship with evalkit, so this one cannot be made from a config: point the rubric lookup at a
     folder that lacks the QA rubric."""
-    import evalkit.rating.export as export
+    import evalkit.suites.prompts as export  # the rubrics are the prompt categories': the suite checks them
     from evalkit.config import load_config
     from evalkit.errors import DataError
     from evalkit.preflight import preflight

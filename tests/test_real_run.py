@@ -33,7 +33,7 @@ def test_every_suite_ran_on_the_real_engine(real_run: Path) -> None:
             by_suite.setdefault(r["suite"], []).append(r)
         assert set(by_suite) == set(SUITES), dep
         assert len(by_suite["prompts"]) == N_PROMPTS and len(by_suite["humaneval"]) == 3
-        assert all(r["output_token_ids"] for r in by_suite["prompts"])
+        assert all(r["generation"]["output_token_ids"] for r in by_suite["prompts"])
         engine = json.loads((real_run / "engines" / f"{dep}.json").read_text())
         assert engine["engine"] == "llamacpp" and engine["chat_template"] == "gguf:tokenizer.chat_template"
         assert 1 <= engine["extra"]["n_threads"] <= len(__import__("os").sched_getaffinity(0))  # free cores we may use
@@ -43,7 +43,7 @@ def test_every_suite_ran_on_the_real_engine(real_run: Path) -> None:
 def test_humaneval_ran_real_completions_in_the_sandbox(real_run: Path) -> None:
     recs = [r for r in _records(real_run, REAL_RUN_REFERENCE) if r["suite"] == "humaneval"]
     assert [r["item_id"] for r in recs] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
-    assert all(r["output_token_ids"] and r["finish_reason"] in ("stop", "length") for r in recs)
+    assert all(r["generation"]["output_token_ids"] and r["generation"]["finish_reason"] in ("stop", "length") for r in recs)
     items = pd.read_csv(real_run / "items" / "humaneval.csv", encoding="utf-8-sig")
     assert len(items) == 3 * len(REAL_RUN_DEPLOYMENTS)
     assert set(items["status"]) <= {"passed", "failed", "timeout", "error", "no_code"}

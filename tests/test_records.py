@@ -14,7 +14,8 @@ import pytest
 from evalkit.engines.base import GenResult
 from evalkit.errors import RunDirError
 from evalkit.records import (
-    SCHEMA_VERSION, CostRecord, HumanEvalRecord, LongContextRecord, MmluRecord, PerplexityRecord, PromptRecord, dump_record, parse_record,
+    SCHEMA_VERSION, CostRecord, Generation, HumanEvalRecord, LongContextRecord, MmluRecord, PerplexityRecord, PromptRecord, dump_record,
+    parse_record,
     provenance,
 )
 
@@ -29,9 +30,11 @@ PROMPT_V0 = {  # a prompts line as evalkit wrote it before records were versione
 def test_v0_line_is_upgraded() -> None:
     rec = parse_record(PROMPT_V0)
     assert isinstance(rec, PromptRecord)
-    assert rec.schema_version == SCHEMA_VERSION == 2
+    assert rec.schema_version == SCHEMA_VERSION == 3
     assert rec.cached is False and rec.measured_at is None  # nothing in a v0 line says otherwise
-    assert rec.output_text == "Answer: Paris" and rec.item["answers"] == ["Paris"]
+    assert rec.generation.output_text == "Answer: Paris" and rec.item["answers"] == ["Paris"]
+    assert rec.generation == Generation(output_text="Answer: Paris", output_token_ids=[5, 6], finish_reason="stop",
+                                        ttft_s=0.1, total_s=0.3)  # v3: the flat fields nested as the shared part
 
 
 def real_records(run: Path) -> list[dict]:
@@ -54,13 +57,13 @@ def test_dump_carries_schema_version_and_round_trips() -> None:
 
 
 def test_newer_version_is_refused_naming_it() -> None:
-    with pytest.raises(RunDirError, match=r"schema_version 7 is newer .*up to 2"):
+    with pytest.raises(RunDirError, match=r"schema_version 7 is newer .*up to 3"):
         parse_record(PROMPT_V0 | {"schema_version": 7}, "records/x.jsonl")
 
 
 def test_malformed_record_is_one_line_naming_field() -> None:
-    bad = PROMPT_V0 | {"n_output_tokens": "many"}
-    with pytest.raises(RunDirError, match=r"prompts record 'qa-01': n_output_tokens"):
+    bad = PROMPT_V0 | {"total_s": "long"}
+    with pytest.raises(RunDirError, match=r"prompts record 'qa-01': generation.total_s"):
         parse_record(bad)
     with pytest.raises(RunDirError, match="unknown suite 'nope'"):
         parse_record({"suite": "nope", "item_id": "1", "category": "x"})
@@ -69,7 +72,7 @@ def test_malformed_record_is_one_line_naming_field() -> None:
 def test_records_are_frozen() -> None:
     rec = parse_record(PROMPT_V0)
     with pytest.raises(Exception):
-        rec.output_text = "changed"  # type: ignore[misc]
+        rec.prompt = "changed"  # type: ignore[misc]
 
 
 def test_provenance_from_engine_results() -> None:

@@ -175,16 +175,16 @@ def test_prompts_section(rated: Path) -> None:
         recs = records(rated, dep, "prompts")
         cells = row(t, dep)
         qa = [r for r in recs if r["category"] == "qa"]
-        shows(cells["QA correct"].value, sum(answer_found(r["output_text"], r["item"]["answers"]) for r in qa) / len(qa), 100)
+        shows(cells["QA correct"].value, sum(answer_found(r["generation"]["output_text"], r["item"]["answers"]) for r in qa) / len(qa), 100)
         reasoning = [r for r in recs if r["category"] == "reasoning"]
-        found = sum(answer_found(r["output_text"], r["item"]["answers"]) for r in reasoning)
+        found = sum(answer_found(r["generation"]["output_text"], r["item"]["answers"]) for r in reasoning)
         shows(cells["reasoning correct"].value, found / len(reasoning), 100)
         assert interval(cells["QA correct"].interval) == pytest.approx(
-            [100 * x for x in wilson(sum(answer_found(r["output_text"], r["item"]["answers"]) for r in qa), len(qa))], abs=0.051)
-        shows(cells["output tokens (mean)"].value, float(np.mean([len(r["output_token_ids"]) for r in recs])))
+            [100 * x for x in wilson(sum(answer_found(r["generation"]["output_text"], r["item"]["answers"]) for r in qa), len(qa))], abs=0.051)
+        shows(cells["output tokens (mean)"].value, float(np.mean([len(r["generation"]["output_token_ids"]) for r in recs])))
         for lang, tokenize in (("de", "13a"), ("zh", "zh")):  # sacrebleu's own defaults per target language
             tr = [r for r in recs if r["category"] == "translation" and r["target_lang"] == lang]
-            hyps, refs = [r["output_text"].strip() for r in tr], [[r["reference"] for r in tr]]
+            hyps, refs = [r["generation"]["output_text"].strip() for r in tr], [[r["reference"] for r in tr]]
             shows(cells[f"BLEU en-{lang}"].value, sacrebleu.corpus_bleu(hyps, refs, tokenize=tokenize).score)
             shows(cells[f"chrF en-{lang}"].value, sacrebleu.corpus_chrf(hyps, refs).score)
     assert row(t, REF)["QA correct"].delta == "" and row(t, DEP)["QA correct"].delta  # Δ only against the reference
@@ -268,11 +268,11 @@ def test_longcontext_section(rated: Path) -> None:
         recs = records(rated, d, "longcontext")
         reps = {r["length_target"]: r for r in recs if r["kind"] == "rep" and "skipped" not in r}
         for length, r in reps.items():
-            words = r["output_text"].split()
+            words = r["generation"]["output_text"].split()
             shows(row(t["longcontext-seq_rep_4"], d)[f"{length} tokens"].value, seq_rep(words, 4), 100)
             shows(row(t["longcontext-distinct_2"], d)[f"{length} tokens"].value, 1 - seq_rep(words, 2), 100)
         recall = [r for r in recs if r["kind"] == "recall"]
-        found = sum(r["passkey"] in r["output_text"] for r in recall)  # the number appears in the continuation
+        found = sum(r["passkey"] in r["generation"]["output_text"] for r in recall)  # the number appears in the continuation
         shows(row(t["longcontext-recall_accuracy"], d)["all lengths"].value, found / len(recall), 100)
     md = (rated / "report.md").read_text(encoding="utf-8")
     assert "### Example: continuation after 512 tokens of context" in md
@@ -288,7 +288,7 @@ def test_humaneval_section(rated: Path) -> None:
     for d in DEPS:
         recs = records(rated, d, "humaneval")
         assert len(recs) == 3
-        passed = [run_tests(extract_code(r["output_text"], r["prompt"], r["entry_point"]), r["test"], r["entry_point"],
+        passed = [run_tests(extract_code(r["generation"]["output_text"], r["prompt"], r["entry_point"]), r["test"], r["entry_point"],
                             timeout_s=20).passed for r in recs]
         shows(row(t, d)["pass@1"].value, sum(passed) / len(recs), 100)
         assert interval(row(t, d)["pass@1"].interval) == pytest.approx([100 * x for x in wilson(sum(passed), len(recs))], abs=0.051)
@@ -599,26 +599,27 @@ def test_report_is_inert_in_chromium(hostile_run: Path, tmp_path: Path) -> None:
 
 
 def test_a_figure_showing_the_same_numbers_is_read_back_not_drawn(tmp_path: Path) -> None:
-    """Kept figures (report.plots._drawn): the same spec gives the kept PNG without drawing; another spec draws; no
+    """Kept figures (report.plots.drawn): the same spec gives the kept PNG without drawing; another spec draws; no
     memo draws every time. And importing the report imports no matplotlib (it is loaded only to draw)."""
     from evalkit.report import plots as P
+    from evalkit.suites.report.cost import _draw_cost
 
     drawn: list[dict[str, Any]] = []
 
     def draw(spec: dict[str, Any]) -> bytes:
         drawn.append(spec)
-        return P._draw_cost(spec)
+        return _draw_cost(spec)
 
     style = {"deployments": ["a", "b"], "colors": {"a": "#444444", "b": "#1f77b4"}, "labels": {"a": "a (reference)", "b": "b"}}
     spec = {"style": style, "levels": [1, 4], "panels": [{"ylabel": m, "points": {"a": [[1, 2.0], [4, 5.5]], "b": [[1, 1.5], [4, 4.0]]}}
                                                           for m in ("x", "y", "z")]}
     with P.figure_memo(tmp_path / "figures"):
-        png = P._drawn("cost", spec, draw)
+        png = P.drawn("cost", spec, draw)
         assert png.startswith(b"\x89PNG") and len(drawn) == 1
-        assert P._drawn("cost", json.loads(json.dumps(spec)), draw) == png and len(drawn) == 1
+        assert P.drawn("cost", json.loads(json.dumps(spec)), draw) == png and len(drawn) == 1
         other = {**spec, "levels": [1, 8]}
-        assert P._drawn("cost", other, draw) != png and len(drawn) == 2
-    assert P._drawn("cost", spec, draw) == png and len(drawn) == 3  # no memo: drawn again, the same bytes
+        assert P.drawn("cost", other, draw) != png and len(drawn) == 2
+    assert P.drawn("cost", spec, draw) == png and len(drawn) == 3  # no memo: drawn again, the same bytes
     code = "import sys, evalkit.report.render; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -201,7 +201,8 @@ def test_index_follows_a_run_being_written(small_root: Path, tmp_path: Path) -> 
     before = cache.get(run)
     assert cache.get(run) is before  # cached while nothing changed
     rd = RunDir(run)
-    rec = dict(rd.records("dep1")[0], item_id="qa-99999", output_text="a new answer")
+    first = rd.records("dep1")[0]
+    rec = dict(first, item_id="qa-99999", generation={**first["generation"], "output_text": "a new answer"})
     with rd.writer("dep1") as w:
         w.write_batch([rec])
     assert cache.get(run) is before  # a run being written is re-indexed at most every few seconds
@@ -265,7 +266,7 @@ def _hostile_copy(hostile_run: Path, root: Path) -> Path:
             r = json.loads(line)
             if r["suite"] == "prompts" and r["category"] == "reasoning":
                 if dep == other:
-                    r["output_text"] = "\n".join(EXTRA_HOSTILE)
+                    r["generation"]["output_text"] = "\n".join(EXTRA_HOSTILE)
                 else:
                     r["prompt"] = r["prompt"] + " " + EXTRA_HOSTILE[0] + "<script>window.pwned=1</script>"
             out.append(json.dumps(r, ensure_ascii=False))
@@ -330,8 +331,8 @@ def test_viewer_in_chromium(real_run: Path, hostile_run: Path, tmp_path: Path) -
         run_dir = RunDir(real)
         recs = {d: {(r["suite"], str(r["item_id"])): r for r in run_dir.records(d) if r["suite"] != "cost"} for d in deps}
         expected = sorted(k for k, r in recs[other].items() if k[0] in ("prompts", "humaneval", "longcontext")
-                          and k in recs[REAL_RUN_REFERENCE] and "output_text" in r
-                          and r["output_text"] != recs[REAL_RUN_REFERENCE][k].get("output_text"))
+                          and k in recs[REAL_RUN_REFERENCE] and "generation" in r
+                          and r["generation"]["output_text"] != recs[REAL_RUN_REFERENCE][k]["generation"]["output_text"])
         expected += sorted(k for k, r in recs[other].items() if k[0] == "mmlu" and r["pred"] != recs[REAL_RUN_REFERENCE][k]["pred"])
         evaluate(cdp, session, "1")
         _go(cdp, session, f"#/run/{real.name}?differs=1&suite=prompts", "run")
@@ -347,7 +348,7 @@ def test_viewer_in_chromium(real_run: Path, hostile_run: Path, tmp_path: Path) -
         _wait(cdp, session, "document.body.dataset.loading === '0' && document.body.dataset.view === 'item'")
         for d in deps:
             text = evaluate(cdp, session, f"document.querySelector('.card[data-dep=\"{d}\"] .output').textContent")
-            assert text == recs[d][(suite, item_id)]["output_text"], d
+            assert text == recs[d][(suite, item_id)]["generation"]["output_text"], d
         assert evaluate(cdp, session, "document.getElementById('prompt').textContent") == recs[REAL_RUN_REFERENCE][(suite, item_id)]["prompt"]
         # A perplexity chunk's token ids (records v2 keep them in a side file): as evalkit.load_run reads them.
         chunk = sorted(k[1] for k in recs[other] if k[0] == "perplexity" and "skipped" not in recs[other][k])[0]

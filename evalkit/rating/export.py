@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from evalkit.errors import DataError, RatingSheetError, RunDirError
-from evalkit.resources import resource_path
 from filelock import FileLock
 
 from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text, lock_path
+from evalkit.suites.prompts import rubric_summary
 from evalkit.spreadsheet import FORMULA_TRIGGERS, neutralize, unneutralize  # noqa: F401 (re-exported for sheet readers)
 
 Mode = Literal["absolute", "pairwise"]
@@ -64,19 +64,6 @@ def load_key(run_path: Path) -> dict[str, Any]:
     return key
 
 
-def rubric_summary(category: str, rubrics_dir: Path | None = None) -> str:
-    """The `Summary:` line of `rubrics/<category>.md`, quoted in every row of that category."""
-    path = Path(rubrics_dir or resource_path("rubrics")) / f"{category}.md"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        raise DataError(str(path), f"no rubric for category {category!r}") from None
-    for line in text.splitlines():
-        if line.startswith("Summary:"):
-            return line.removeprefix("Summary:").strip()
-    raise DataError(str(path), "rubric has no line starting with 'Summary:'")
-
-
 def _deployment_names(manifest: dict[str, Any]) -> list[str]:
     return [d["name"] if isinstance(d, dict) else str(d) for d in manifest.get("deployments", [])]
 
@@ -93,6 +80,13 @@ def _prompt_items(run: RunDir, deployments: Sequence[str]) -> dict[str, dict[str
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
+
+
+def _output(rec: dict[str, Any]) -> str:
+    """A records line's generated text: its `generation` (records.Generation, version 3), or the flat field of
+    the layouts before."""
+    generation = rec.get("generation")
+    return _text(generation.get("output_text") if isinstance(generation, dict) else rec.get("output_text"))
 
 
 def _item_meta(outs: dict[str, dict[str, Any]], reference: str) -> tuple[str, str, str]:
@@ -198,9 +192,9 @@ def _sheet(run_id: str, reference: str, mode: str, seed: int, rater: int | str, 
         rows[row_id] = {"category": category, **entry}
         common = [sheet_id, run_id, rater_id, row_id, entry["item_id"], category, prompt, ref_text]
         if mode == "absolute":
-            body = [entry["label"], _text(outs[entry["deployment"]].get("output_text"))]
+            body = [entry["label"], _output(outs[entry["deployment"]])]
         else:
-            body = [_text(outs[entry["A"]].get("output_text")), _text(outs[entry["B"]].get("output_text"))]
+            body = [_output(outs[entry["A"]]), _output(outs[entry["B"]])]
         table.append(common + body + [rubric_for[category], "", ""])
     key_entry = {
         "run_id": run_id, "mode": mode, "rater_id": rater_id, "rater_index": rater, "file": file_name,

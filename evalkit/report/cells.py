@@ -231,3 +231,12 @@ class Example:
     title: str
     prompt: str
     outputs: list[tuple[str, str, str]] = field(default_factory=list)  # (deployment, verdict, text)
+
+
+EXAMPLE_CHARS = 1500  # longer outputs are cut (the full text is in records/ and items/)
+
+
+def cut(text: Any) -> str:
+    """A model output as an example shows it: at most EXAMPLE_CHARS characters, saying how many more there were."""
+    text = "" if text is None else str(text)
+    return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + f" …[{len(text) - EXAMPLE_CHARS} more characters]"

@@ -118,13 +118,13 @@ def pareto_plot(decision: Decision) -> P.Plot | None:
                        "ylabel": f"{key} ({'Δ vs reference' if basis == 'difference' else 'value'}; "
                                  f"{'higher' if direction == 'higher' else 'lower'} is better)"})
     return P.Plot("decision", "Quality against throughput at the stated load (marker area: memory per device)",
-                  P._drawn("decision", {"panels": panels}, _draw_pareto),
+                  P.drawn("decision", {"panels": panels}, _draw_pareto),
                   "Scatter of each margin's estimate with its interval against throughput; marker size is memory")
 
 
 def _draw_pareto(spec: dict[str, Any]) -> bytes:
     panels = spec["panels"]
-    fig, axes = P._figure(4.2 * len(panels) + 0.6, 3.4, ncols=len(panels))
+    fig, axes = P.figure(4.2 * len(panels) + 0.6, 3.4, ncols=len(panels))
     for ax, panel in zip(axes, panels):
         for mk in panel["marks"]:
             x, color = mk["x"], mk["color"]
@@ -148,8 +148,8 @@ def _draw_pareto(spec: dict[str, Any]) -> bytes:
         ax.set_xlabel(panel["xlabel"])
         ax.set_ylabel(panel["ylabel"], fontsize=8)
         ax.grid(alpha=0.3)
-    P._legend(fig, max(axes, key=lambda a: len(a.get_legend_handles_labels()[0])))  # the panel naming the most
-    return P._png(fig)
+    P.legend(fig, max(axes, key=lambda a: len(a.get_legend_handles_labels()[0])))  # the panel naming the most
+    return P.png(fig)
 
 
 def _front(xs: list[float], ys: list[float], direction: str) -> list[tuple[float, float]]:

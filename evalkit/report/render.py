@@ -12,20 +12,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from evalkit.report import plots as P
 from evalkit.report import tables as T
-from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, Example, Table, marks
+from evalkit.rating.export import PROMPT_SUITE as RATED_SUITE
+from evalkit.report.cells import Example, Table, marks
 from evalkit.report.verdict import how_sure, verdict
 from evalkit.report.view import RunView
 from evalkit.results import Run
 from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text
+from evalkit.suites import SuiteSpec, all_specs, load_hook
 
 TEMPLATES = Path(__file__).parent / "templates"
 FILES_DIR = "report_files"
-EXAMPLE_CHARS = 1500  # longer outputs are cut (the full text is in records/ and items/)
 
 
 @dataclass
@@ -42,98 +42,32 @@ class Section:
 # -- sections ----------------------------------------------------------------------------------
 
 
-def _outcome(row: pd.Series) -> str:
-    """"pass" / "fail" from a per-item row (code: tests passed; reasoning, QA: answer found), else ""."""
-    for col in ("pass", "contains", "passed", "correct"):
-        if col in row and pd.notna(row[col]):
-            return "pass" if str(row[col]).lower() in ("1", "1.0", "true") else "fail"
-    return ""
-
-
-def prompt_examples(view: RunView, per_category: int = 2) -> list[Example]:
-    """Per category, the items where deployments disagree most (reference right, another wrong) first."""
-    recs = view.records("prompts")
-    items = view.items("prompts")
-    if items.empty:
-        return []
-    # to_dict, not itertuples: a column named "pass" (a keyword) would be renamed there
-    outcomes = {(r["item_id"], r["deployment"]): _outcome(pd.Series(r)) for r in items.to_dict("records")}
-    by_item: dict[str, dict[str, dict[str, Any]]] = {}
-    for dep, rs in recs.items():
-        for r in rs:
-            by_item.setdefault(r["item_id"], {})[dep] = r
-    out: list[Example] = []
-    for cat in CATEGORIES:
-        ids = sorted(i for i, per in by_item.items() if next(iter(per.values()))["category"] == cat)
-
-        def disagreement(item_id: str) -> tuple[int, int, str]:
-            v = {d: outcomes.get((item_id, d), "") for d in view.deployments}
-            texts = {(by_item[item_id].get(d) or {}).get("output_text", "").strip() for d in view.deployments}
-            ref_ok = v[view.reference] == "pass" and "fail" in v.values()
-            return (-int(ref_ok), -len(set(v.values()) - {""}) - len(texts), item_id)
-
-        for item_id in sorted(ids, key=disagreement)[:per_category]:
-            per = by_item[item_id]
-            first = per.get(view.reference) or next(iter(per.values()))
-            out.append(Example(f"{item_id} ({CATEGORY_LABEL[cat]})", _cut(first.get("prompt", "")),
-                               [(d, outcomes.get((item_id, d), ""), _cut(per[d].get("output_text", "")))
-                                for d in view.deployments if d in per]))
-    return out
-
-
-def longcontext_examples(view: RunView) -> list[Example]:
-    """The repetition continuation at the longest length each deployment ran, side by side."""
-    recs = view.records("longcontext")
-    done = {d: [r for r in rs if r.get("kind") == "rep" and "skipped" not in r] for d, rs in recs.items()}
-    lengths = [max((r["length_target"] for r in rs), default=0) for rs in done.values() if rs]
-    if not lengths:
-        return []
-    longest = min(lengths)  # the longest length every deployment reached
-    outs = [(d, "", _cut(r.get("output_text", ""))) for d, rs in done.items() for r in rs if r["length_target"] == longest]
-    return [Example(f"continuation after {longest} tokens of context", "", outs)]
-
-
-def _cut(text: Any) -> str:
-    text = "" if text is None else str(text)
-    return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + f" …[{len(text) - EXAMPLE_CHARS} more characters]"
-
-
-def _some(*plots: P.Plot | None) -> list[P.Plot]:
+def some(*plots: P.Plot | None) -> list[P.Plot]:
     return [p for p in plots if p is not None]
+
+
+def suite_section(view: RunView, spec: SuiteSpec) -> Section | None:
+    """A suite's section: its own (`SuiteSpec.report`), else a table of its declared metrics by category."""
+    if not view.has(spec.name):
+        return None
+    if spec.report is not None:
+        return load_hook(spec.report)(view)
+    return Section(spec.name, spec.label, "", [T.declared_metrics_table(view, spec)])
 
 
 def sections(view: RunView) -> list[Section]:
     out: list[Section] = []
-    if view.has("prompts"):
-        out.append(Section("prompts", "Prompts: code, reasoning, translation, QA",
-                           "Automatic scores per category; BLEU and chrF are sacrebleu's (signatures below).",
-                           [T.prompts_table(view)], _some(P.prompts_plot(view)), prompt_examples(view)))
-    if view.human:
-        out.append(Section("human", "Human ratings",
-                           "Blind ratings imported from the rating sheets, de-blinded with the run's key.",
-                           T.human_tables(view), _some(P.human_plot(view))))
-    if view.has("perplexity"):
-        out.append(Section("perplexity", "Perplexity and distribution drift", "",
-                           [T.perplexity_table(view), T.llama_block_table(view)], _some(P.perplexity_plot(view))))
-    if view.has("mmlu"):
-        flipped = T.flipped_items(view, "mmlu")
-        out.append(Section("mmlu", f"{view.mmlu_label}: multiple choice",
-                           "" if view.mmlu_label == "MMLU" else "evalkit's built-in multiple-choice set, not MMLU.",
-                           [T.mmlu_subject_table(view), T.flips_table(view, "mmlu", "all", "questions")],
-                           _some(P.mmlu_plot(view)), details=[flipped] if not flipped.empty else []))
-    if view.has("longcontext"):
-        out.append(Section("longcontext", "Long context: repetition and recall", "",
-                           T.longcontext_tables(view), P.longcontext_plots(view), longcontext_examples(view)))
-    if view.has("humaneval"):
-        flipped = T.flipped_items(view, "humaneval")
-        out.append(Section("humaneval", "HumanEval", "", [T.humaneval_table(view), T.flips_table(view, "humaneval", "code", "tasks")],
-                           details=[flipped] if not flipped.empty else []))
-    if view.has("cost"):
-        out.append(Section("cost", "Cost: speed and memory", "",
-                           T.cost_tables(view), _some(P.cost_plot(view))))
+    for spec in all_specs():  # in registry order
+        section = suite_section(view, spec)
+        if section is not None:
+            out.append(section)
+        if spec.name == RATED_SUITE and view.human:  # the ratings of a suite's outputs follow its section
+            out.append(Section("human", "Human ratings",
+                               "Blind ratings imported from the rating sheets, de-blinded with the run's key.",
+                               T.human_tables(view), some(P.human_plot(view))))
     if view.run.manifest.get("ledger"):
         out.append(Section("ledger", "Memory ledger", "What “evalkit plan” predicted before loading, beside what was measured.",
-                           [T.ledger_table(view)], _some(P.ledger_plot(view))))
+                           [T.ledger_table(view)], some(P.ledger_plot(view))))
     out.append(Section("hardware", "What the hardware really ran", "", [T.hardware_table(view)] + T.parity_tables(view)))
     out.append(Section("environment", "Environment and signatures", "",
                        [T.environment_table(view), T.engines_table(view), T.signatures_table(view)]))

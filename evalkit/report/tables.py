@@ -12,8 +12,9 @@ from evalkit.capabilities import grouped_skips
 from evalkit.report.cells import (
     CATEGORIES, CATEGORY_LABEL, Cell, Table, cell, fmt, fmt_interval, isnum, plain, signed, spec_for,
 )
-from evalkit.report.verdict import human_cell, kld_kind, translation_langs
-from evalkit.report.view import RunView, bleu_signatures, measured_peak
+from evalkit.report.verdict import human_cell
+from evalkit.report.view import RunView, measured_peak
+from evalkit.suites import SUITES, SuiteSpec, load_hook, suite_spec
 
 
 # -- suite tables ------------------------------------------------------------------------------
@@ -27,117 +28,12 @@ def metric_table(view: RunView, key: str, title: str, columns: list[tuple[str, s
     return Table(key, title, ["deployment"] + [c[0] for c in present], rows if present else [], caption, numeric=True)
 
 
-def prompts_table(view: RunView) -> Table:
-    cols = [("code pass@1", "prompts", "code", "pass@1"),
-            ("reasoning correct", "prompts", "reasoning", "contains"),
-            ("QA correct", "prompts", "qa", "contains")]
-    for lang in translation_langs(view, "bleu_en-"):
-        cols += [(f"BLEU en-{lang}", "prompts", "translation", f"bleu_en-{lang}"),
-                 (f"chrF en-{lang}", "prompts", "translation", f"chrf_en-{lang}")]
-    cols.append(("output tokens (mean)", "prompts", "all", "output_tokens_mean"))
-    return metric_table(view, "prompts-scores", "Automatic scores by category", cols,
-                        "“correct”: a gold answer appears in the output (exact match is in All numbers). "
-                        "Code runs its tests in the sandbox.")
-
-
-def perplexity_table(view: RunView) -> Table:
-    cols = [("PPL", "ppl"), ("bits/byte", "bits_per_byte"), ("KLD mean", "kld_mean"), ("KLD median", "kld_median"),
-            ("KLD p90", "kld_p90"), ("KLD p99", "kld_p99"), ("KLD max", "kld_max"),
-            ("top-1 agreement", "top1_agreement"), ("Δp RMS", "delta_p_rms"), ("tokens", "n_tokens")]
-    return metric_table(view, "perplexity-scores", "Perplexity and drift from the reference",
-                        [(label, "perplexity", "text", m) for label, m in cols],
-                        kld_caption(view) + " PPL ± is llama-perplexity's (tokens as independent draws).")
-
-
-def kld_caption(view: RunView) -> str:
-    """Which deployments' KLD is exact (against whom), which a lower bound, and how low the bound read where
-    both exist."""
-    exact: dict[str, list[str]] = {}  # "exact against X" -> deployments
-    bound, bias = [], []
-    for d in view.deployments:
-        kind = kld_kind(view, d)
-        if kind.startswith("exact"):
-            exact.setdefault(kind, []).append(d)
-        elif kind:
-            bound.append(f"{d} ({kind.removeprefix('lower bound').lstrip(', ')})")
-        b = view.score(d, "perplexity", "text", "kld_bound_bias")
-        if b is not None and isnum(b["value"]):
-            bias.append((d, float(b["value"])))
-    parts = ["KLD is KL(reference ‖ deployment) per token."]
-    for kind, deps in exact.items():
-        parts.append(f"Exact over the full vocabulary for {', '.join(deps)} ({kind}: its distributions stored once, "
-                     "each deployment compared token by token).")
-    if bound:
-        k = view.suite_info.get("perplexity", {}).get("top_k", "k")
-        text = (f"A lower bound for {', '.join(bound)}: top-{k} log-probabilities plus one tail bucket, where a pair "
-                "cannot give exact KLD (an engine without full distributions, or the KLD reference itself against "
-                "the reference)")
-        if bias:
-            text += "; on this run's exact pairs the same top-k bound reads " + ", ".join(
-                f"{100 * b:.1f}% low for {d}" for d, b in bias)
-        else:
-            measured = view.suite_info.get("perplexity", {}).get("kld_bias")
-            text += f"; {measured}" if measured else ""
-        parts.append(text + ".")
-    return " ".join(parts)
-
-
-# llama.cpp's `llama-perplexity --kl-divergence` output, row by row: (label, metric, declared format).
-LLAMA_BLOCK = (
-    ("Mean PPL(Q)", "ppl", "num"), ("Cor(ln PPL(Q), ln PPL(base))", "nll_correlation", "pct"),
-    ("Mean ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", "num"), ("Mean PPL(Q)/PPL(base)", "ppl_ratio", "num"),
-    ("Mean PPL(Q)-PPL(base)", "ppl_diff", "num"),
-    ("Mean KLD", "kld_mean", "num"), ("Maximum KLD", "kld_max", "num"), ("99.9% KLD", "kld_p99_9", "num"),
-    ("99.0% KLD", "kld_p99", "num"), ("95.0% KLD", "kld_p95", "num"), ("90.0% KLD", "kld_p90", "num"),
-    ("Median KLD", "kld_median", "num"), ("10.0% KLD", "kld_p10", "num"), ("5.0% KLD", "kld_p5", "num"),
-    ("1.0% KLD", "kld_p1", "num"), ("0.1% KLD", "kld_p0_1", "num"), ("Minimum KLD", "kld_min", "num"),
-    ("Mean Δp", "delta_p_mean", "pct"), ("Maximum Δp", "delta_p_max", "pct"), ("99.9% Δp", "delta_p_p99_9", "pct"),
-    ("99.0% Δp", "delta_p_p99", "pct"), ("95.0% Δp", "delta_p_p95", "pct"), ("90.0% Δp", "delta_p_p90", "pct"),
-    ("75.0% Δp", "delta_p_p75", "pct"), ("Median Δp", "delta_p_median", "pct"), ("25.0% Δp", "delta_p_p25", "pct"),
-    ("10.0% Δp", "delta_p_p10", "pct"), ("5.0% Δp", "delta_p_p5", "pct"), ("1.0% Δp", "delta_p_p1", "pct"),
-    ("0.1% Δp", "delta_p_p0_1", "pct"), ("Minimum Δp", "delta_p_min", "pct"), ("RMS Δp", "delta_p_rms", "pct"),
-    ("Same top p", "top1_agreement", "pct"),
-)
-
-
-def llama_block_table(view: RunView) -> Table:
-    """llama.cpp's statistics block, one column per deployment, so the two outputs read side by side."""
-    deps = [d for d in view.deployments if view.score(d, "perplexity", "text", "kld_mean") is not None]
-    rows = []
-    for label, metric, kind in LLAMA_BLOCK:
-        cells = []
-        for d in deps:
-            r = view.score(d, "perplexity", "text", metric)
-            if r is None or not isnum(r["value"]):
-                cells.append(Cell("–"))
-                continue
-            interval = fmt_interval(r["ci_low"], r["ci_high"], kind) if isnum(r.get("ci_low")) else ""
-            cells.append(Cell(fmt(r["value"], kind), interval))
-        if any(c.value != "–" for c in cells):
-            rows.append([Cell(label)] + cells)
-    if deps:
-        rows.append([Cell("KLD")] + [Cell(kld_kind(view, d) or "lower bound") for d in deps])
-    ref = view.score(view.reference, "perplexity", "text", "ppl")
-    base = f"PPL(base) = {fmt(ref['value'], 'num')} ({view.reference}). " if ref is not None else ""
-    return Table("perplexity-llama-block", "Statistics block as llama-perplexity --kl-divergence prints it",
-                 ["statistic"] + deps, rows,
-                 base + "PPL ratios are against it; KLD, Δp and same top p against the deployment the KLD row names. "
-                 "Intervals are the run's (1 − alpha) normal intervals (llama.cpp prints ± one SE). "
-                 "Percentiles interpolate linearly, as llama.cpp.", numeric=True)
-
-
-def mmlu_subject_table(view: RunView) -> Table:
-    """Rows = subjects (then all); one column per deployment: accuracy [CI] and its difference."""
-    s = view.suite_scores("mmlu")
-    if s.empty:
-        return Table("mmlu-subjects", "", [], [])
-    subjects = sorted({str(c) for c in s[s.metric == "accuracy"].category if str(c) != "all"}) + ["all"]
-    rows = [[Cell(sub.replace("_", " "))] + [view.cell(d, "mmlu", sub, "accuracy") for d in view.deployments]
-            for sub in subjects]
-    return Table("mmlu-subjects", f"{view.mmlu_label} accuracy by subject", ["subject"] + list(view.deployments), rows,
-                 f"Accuracy with Wilson {view.level} intervals; differences: exact McNemar test and the interval that "
-                 "inverts it (hover for the paired bootstrap interval).",
-                 numeric=True)
+def declared_metrics_table(view: RunView, spec: SuiteSpec) -> Table:
+    """A suite without a section of its own: each declared metric it scored, per category, one row per deployment."""
+    s = view.suite_scores(spec.name)
+    cats = sorted({str(c) for c in s.category}) if not s.empty else []
+    cols = [(f"{m.name} ({c})" if len(cats) > 1 else m.name, spec.name, c, m.name) for m in spec.metrics for c in cats]
+    return metric_table(view, f"{spec.name}-scores", spec.label, cols)
 
 
 def flips_table(view: RunView, suite: str, category: str, unit: str) -> Table:
@@ -160,90 +56,21 @@ def flips_table(view: RunView, suite: str, category: str, unit: str) -> Table:
                  "A small p means the flips go mostly one way: a real change, not noise.")
 
 
-def flipped_items(view: RunView, suite: str = "mmlu", limit: int = 40) -> Table:
+def flipped_items(view: RunView, suite: str, shown: tuple[str, ...], limit: int = 40) -> Table:
+    """The items whose pass/fail flipped against the reference, with the per-item CSV's columns `shown` (a
+    multiple-choice letter and the gold one; for code, too long for a table, its sandbox status and detail)."""
     items = view.items(suite)
     if items.empty or "flip" not in items:
         return Table(f"{suite}-flipped", "", [], [])
     f = items[items.flip.fillna("").astype(str) != ""]
-    # MMLU's output is a letter; HumanEval's is code, too long for a table: its status and detail say enough.
-    wanted = ("item_id", "deployment", "flip") + (("reference_pred", "output", "gold") if suite == "mmlu" else ("status", "detail"))
+    wanted = ("item_id", "deployment", "flip") + shown
     cols = [c for c in wanted if c in f]
     rows = [[plain(r[c]) for c in cols] for _, r in f.head(limit).iterrows()]
     more = f" (first {limit} of {len(f)})" if len(f) > limit else ""
     return Table(f"{suite}-flipped", f"Flipped items{more}", cols, rows)
 
 
-def longcontext_tables(view: RunView) -> list[Table]:
-    s = view.suite_scores("longcontext")
-    if s.empty:
-        return []
-    lengths = sorted({str(c) for c in s.category if str(c).startswith("L")}, key=lambda c: int(c[1:]))
-    out = []
-    for metric, title in (("seq_rep_4", "Repetition (seq-rep-4) by context length"),
-                          ("distinct_2", "Distinct bigrams (distinct-2) by context length"),
-                          ("recall_accuracy", "Pass-key recall by context length")):
-        cols = [(f"{c[1:]} tokens", "longcontext", c, metric) for c in lengths]
-        if metric == "recall_accuracy":
-            cols.append(("all lengths", "longcontext", "all", metric))
-        t = metric_table(view, f"longcontext-{metric}", title, cols)
-        if not t.empty:
-            out.append(t)
-    skipped = s[s.metric == "skipped_items"]
-    if not skipped.empty:
-        rows = [[Cell(r.deployment), Cell(f"{str(r.category)[1:]} tokens"), plain(int(r.value))] for r in skipped.itertuples()]
-        out.append(Table("longcontext-skipped", "Lengths not run", ["deployment", "length", "items skipped"], rows,
-                         "The prompt plus the tokens to generate did not fit the engine's context (n_ctx)."))
-    return out
-
-
-def humaneval_table(view: RunView) -> Table:
-    return metric_table(view, "humaneval-scores", "HumanEval pass@1", [("pass@1", "humaneval", "code", "pass@1")],
-                        "Plain completion of each task prompt, run against its tests in the sandbox.")
-
-
 # -- cost and memory -----------------------------------------------------------------------------
-
-
-def _levels(view: RunView) -> list[str]:
-    s = view.suite_scores("cost")
-    return sorted({str(c) for c in s.category if str(c).startswith("c")}, key=lambda c: int(c[1:])) if not s.empty else []
-
-
-def cost_tables(view: RunView) -> list[Table]:
-    levels = _levels(view)
-    if not levels:
-        return []
-    out = []
-    for metric, title in (
-        ("per_request_tokens_per_s", "Output tokens/s per request, by concurrent requests"),
-        ("tokens_per_s", "Output tokens/s, all requests together, by concurrent requests"),
-        ("ttft_median_s", "Time to first token (median), by concurrent requests"),
-        ("latency_p90_s", "Request latency (p90), by concurrent requests"),
-        ("decode_tokens_per_s", "Decode tokens/s per request (after the first token), by concurrent requests"),
-        ("bandwidth_bound_share", "Share of the memory-bandwidth bound (decode tokens/s per request / (bandwidth / weight bytes)), by concurrent requests"),
-        ("peak_gpu_mem_mb", "GPU memory, NVML peak during the level (busiest GPU), by concurrent requests"),
-        ("power_w", "GPU power draw, NVML mean during the level (all GPUs), by concurrent requests"),
-    ):
-        kind = spec_for("cost", metric).kind
-        rows = []
-        for dep in view.deployments:
-            vals = [view.score(dep, "cost", c, metric) for c in levels]
-            if all(v is None for v in vals):
-                continue
-            rows.append([Cell(dep)] + [Cell(fmt(v["value"], kind)) if v is not None else Cell("–") for v in vals])
-        if rows:
-            out.append(Table(f"cost-{metric}", title, ["deployment"] + [c[1:] for c in levels], rows,
-                             "Median over repeats; requests arrive together at each level."))
-    rows = []
-    for dep in view.deployments:
-        start = view.score(dep, "cost", "all", "startup_s")
-        peak = measured_peak(view, dep)
-        if start is not None or peak:
-            rows.append([Cell(dep), Cell(fmt(start["value"], spec_for("cost", "startup_s").kind) if start is not None else "–"),
-                         Cell(fmt(peak[0] / 2**20, "mb") + f" ({peak[1]})" if peak else "–")])
-    if rows:
-        out.append(Table("cost-startup", "Start-up and peak memory", ["deployment", "model load", "peak memory"], rows))
-    return out
 
 
 def _gb(n: int | None, estimate: bool | None = False) -> str:
@@ -252,7 +79,7 @@ def _gb(n: int | None, estimate: bool | None = False) -> str:
 
 
 def ledger_table(view: RunView) -> Table:
-    """The memory ledger's prediction beside the cost suite's measured peak (when both exist)."""
+    """The memory ledger's prediction beside the measured peak (when both exist: `view.measured_peak`)."""
     ledger = view.run.manifest.get("ledger") or []
     rows = []
     gb = 1e9
@@ -401,23 +228,23 @@ def environment_table(view: RunView) -> Table:
 
 def signatures_table(view: RunView) -> Table:
     rows = []
-    for lang, sigs in bleu_signatures(view).items():
-        for name, sig in sigs.items():
-            rows.append([Cell(f"prompts · {name} en-{lang}"), Cell(str(sig))])
-    for suite, info in view.suite_info.items():
-        for k, v in _flatten(info):
-            if k.startswith("bleu_signatures"):
-                continue
+    for suite, info in view.suite_info.items():  # each suite's describe(), through its own hook if it has one
+        spec = suite_spec(suite) if suite in SUITES else None
+        if spec is not None and spec.signatures is not None:
+            rows += [[Cell(k), Cell(v)] for k, v in load_hook(spec.signatures)(view, info)]
+            continue
+        for k, v in flatten(info):
             rows.append([Cell(f"{suite} · {k}"), Cell(v)])
     return Table("signatures", "Signatures and provenance", ["what", "value"], rows,
                  "Everything needed to reproduce a number: metric signatures, data files and their hashes, methods.")
 
 
-def _flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
+def flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, text) of each leaf of a describe() dict; long lists cut."""
     if isinstance(d, dict):
         out = []
         for k, v in d.items():
-            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+            out += flatten(v, f"{prefix}.{k}" if prefix else str(k))
         return out
     if isinstance(d, list):
         text = ", ".join(map(str, d))

@@ -8,9 +8,10 @@ from typing import Callable
 import pandas as pd
 
 from evalkit.report.cells import (
-    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Table, cell, fmt, fmt_interval, isnum, spec_for, z_score,
+    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Table, fmt_interval, isnum, spec_for, z_score,
 )
 from evalkit.report.view import RunView
+from evalkit.suites import all_specs, load_hook
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,6 @@ class Column:
         return self.full or f"{self.group} {self.short}"
 
 
-def translation_langs(view: RunView, prefix: str) -> list[str]:
-    s = view.suite_scores("prompts")
-    if s.empty:
-        return []
-    return sorted({str(m)[len(prefix):] for m in s.metric if str(m).startswith(prefix)})
-
-
 def human_cell(view: RunView, dep: str, category: str) -> Cell:
     """A mean rating cell, read like any metric: suite `ratings` of scores.csv / comparisons.csv."""
     c = view.cell(dep, "ratings", category, "rating")
@@ -42,7 +36,8 @@ def human_cell(view: RunView, dep: str, category: str) -> Cell:
     return replace(c, note=f"{c.note}; {int(a.iloc[0]['n_raters'])} raters")
 
 
-def _flips_cell(view: RunView, dep: str, suite: str = "mmlu", category: str = "all") -> Cell:
+def flips_cell(view: RunView, dep: str, suite: str, category: str) -> Cell:
+    """Flipped pass/fail answers against the reference: how many, which way, and whether they go one way."""
     if dep == view.reference:
         return Cell("–", note="reference")
     rate = view.comp(dep, suite, category, "flip_rate")
@@ -63,98 +58,17 @@ def _flips_cell(view: RunView, dep: str, suite: str = "mmlu", category: str = "a
                 if isnum(p) else "", z_score(rate) if mark != "same" else 0.0)
 
 
-def kld_kind(view: RunView, dep: str) -> str:
-    """How a deployment's KLD was measured, in words: exact against whom, or a lower bound and how far it reads
-    below the exact value another engine measured on the same weights in this run. "" without KLD."""
-    from evalkit.suites.perplexity import same_weights
-
-    flag = view.score(dep, "perplexity", "text", "kld_exact")
-    if flag is None:
-        return ""
-    comp = view.comps[(view.comps.deployment == dep) & (view.comps.suite == "perplexity") & (view.comps.metric == "kld")] \
-        if not view.comps.empty else view.comps
-    against = f" against {comp.iloc[0]['reference']}" if not comp.empty else ""
-    if float(flag["value"]) == 1.0:
-        return f"exact{against}"
-    text = f"lower bound{against}"
-    below = view.score(dep, "perplexity", "text", "kld_bound_reads_below")
-    if below is not None and isnum(below["value"]):
-        x = float(below["value"])
-        exact = view.score(dep, "perplexity", "text", "kld_same_weights_exact")
-        by = [d for d in view.deployments if d != dep and same_weights(view.run.manifest, d, dep)
-              and (f := view.score(d, "perplexity", "text", "kld_exact")) is not None and float(f["value"]) == 1.0]
-        text += (f", reads {abs(100 * x):.1f}% {'below' if x >= 0 else 'above'} the exact value measured on the same "
-                 f"weights ({fmt(exact['value'] if exact is not None else None, 'kld')}{', ' + by[0] if by else ''})")
-        own = view.score(by[0], "perplexity", "text", "kld_bound_bias") if by else None
-        if x < 0:  # above: the two engines' numerics differ by more than the top-k truncation loses
-            text += ": the engines' numerics differ by more than the top-k truncation loses" + (
-                f" ({100 * float(own['value']):.1f}% on {by[0]}'s exact pair)" if own is not None and isnum(own["value"]) else "")
-    return text
-
-
-def _kld_cell(view: RunView, dep: str) -> Cell:
-    if dep == view.reference:
-        return Cell("–", note="reference")
-    score = view.score(dep, "perplexity", "text", "kld_mean")
-    comp = view.comp(dep, "perplexity", "text", "kld")
-    if comp is not None and not isnum(comp.get("value")):  # not computed (e.g. tokenizations differ)
-        return Cell("–", note=str(comp.get("method")))
-    c = cell(score, comp, spec_for("perplexity", "kld"))
-    kind = kld_kind(view, dep)
-    # The value is the difference (the reference's KLD is 0): shown once, with its interval beside the mark.
-    return Cell(c.value, "", "", c.interval, c.mark, "; ".join(x for x in (kind, c.note) if x), c.raw)
-
-
-def _longest_length(view: RunView, metric: str) -> str | None:
-    """The longest context length at which every deployment has `metric` (so the column compares like with like)."""
-    s = view.suite_scores("longcontext")
-    if s.empty:
-        return None
-    s = s[(s.metric == metric) & s.category.astype(str).str.match(r"^L\d+$")]
-    common = None
-    for dep in view.deployments:
-        cats = set(s[s.deployment == dep].category.astype(str))
-        common = cats if common is None else common & cats
-    return max(common, key=lambda c: int(c[1:])) if common else None
-
-
 def verdict_columns(view: RunView) -> list[Column]:
+    """Human ratings first when imported, then each suite's own columns (`SuiteSpec.verdict`) in registry order."""
     cols: list[Column] = []
     human = not view.human.get("absolute", pd.DataFrame()).empty
     if human:
         for cat in CATEGORIES:
             cols.append(Column("human rating (1–5)", CATEGORY_LABEL[cat], lambda d, c=cat: human_cell(view, d, c),
                                f"{CATEGORY_LABEL[cat]} rating"))
-    elif view.has("prompts"):
-        group = "prompts (automatic)"
-        for cat in CATEGORIES:
-            if cat == "code":
-                cols.append(Column(group, "code pass@1", lambda d: view.cell(d, "prompts", "code", "pass@1"), "code pass@1"))
-            elif cat == "translation":
-                for lang in translation_langs(view, "chrf_en-"):
-                    cols.append(Column(group, f"chrF en-{lang}",
-                                       lambda d, m=f"chrf_en-{lang}": view.cell(d, "prompts", "translation", m),
-                                       f"translation chrF en-{lang}"))
-            else:
-                cols.append(Column(group, CATEGORY_LABEL[cat], lambda d, c=cat: view.cell(d, "prompts", c, "contains"),
-                                   f"{CATEGORY_LABEL[cat]} correct"))
-    for lang in translation_langs(view, "bleu_en-"):
-        cols.append(Column("BLEU", f"en-{lang}", lambda d, m=f"bleu_en-{lang}": view.cell(d, "prompts", "translation", m)))
-    if view.has("perplexity"):
-        cols.append(Column("perplexity", "PPL", lambda d: view.cell(d, "perplexity", "text", "ppl"), "PPL"))
-        cols.append(Column("perplexity", "KLD", lambda d: _kld_cell(view, d), "KLD"))
-    if view.has("mmlu"):
-        cols.append(Column(view.mmlu_label, "accuracy", lambda d: view.cell(d, "mmlu", "all", "accuracy")))
-        cols.append(Column(view.mmlu_label, "flips", lambda d: _flips_cell(view, d)))
-    if view.has("humaneval"):
-        cols.append(Column("HumanEval", "pass@1", lambda d: view.cell(d, "humaneval", "code", "pass@1")))
-    length = _longest_length(view, "seq_rep_4")
-    if length:
-        cols.append(Column("long context", f"repetition @{_k(length)}",
-                           lambda d: view.cell(d, "longcontext", length, "seq_rep_4"), f"repetition @{_k(length)}"))
-    if view.score(view.reference, "longcontext", "all", "recall_accuracy") is not None:
-        cols.append(Column("long context", "recall", lambda d: view.cell(d, "longcontext", "all", "recall_accuracy"),
-                           "pass-key recall"))
+    for spec in all_specs():
+        if spec.verdict is not None:
+            cols += load_hook(spec.verdict)(view)
     return cols
 
 
@@ -164,11 +78,6 @@ def _compact(c: Cell) -> Cell:
         return c
     note = f"value 95% interval {c.interval}" + (f"; {c.note}" if c.note else "")
     return replace(c, interval="", note=note)
-
-
-def _k(category: str) -> str:
-    n = int(category[1:])
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
 def verdict(view: RunView) -> Table:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from evalkit.records import dump_record, parse_record
 from evalkit.report.cells import Cell, cell, spec_for
 from evalkit.results import Run
 
@@ -64,8 +65,10 @@ class RunView:
         return self._items[suite]
 
     def records(self, suite: str) -> dict[str, list[dict[str, Any]]]:
-        """Raw records of one suite per deployment (model output unescaped: render escapes it)."""
-        return {d: [r for r in self.run.run_dir.records(d) if r.get("suite") == suite] for d in self.deployments}
+        """Records of one suite per deployment as lines of today's layout (older ones upgraded: evalkit.records);
+        model output unescaped: render escapes it."""
+        return {d: [dump_record(parse_record(r, f"records/{d}.jsonl")) for r in self.run.run_dir.records(d) if r.get("suite") == suite]
+                for d in self.deployments}
 
     @cached_property
     def level(self) -> str:
@@ -92,15 +95,6 @@ class RunView:
             return stored
         return describe_suites(self.run)
 
-    @cached_property
-    def mmlu_label(self) -> str:
-        """evalkit's built-in set must not be called MMLU (evalkit.suites.mmlu.BUILTIN_LABEL)."""
-        label = self.suite_info.get("mmlu", {}).get("dataset")
-        if label:
-            return "MMLU" if label == "MMLU" else "MC"
-        source = ((self.run.manifest.get("config") or {}).get("suites") or {}).get("mmlu", {}) or {}
-        return "MC" if source.get("source") == "builtin" else "MMLU"
-
 
 def _positions(df: pd.DataFrame) -> dict[tuple[Any, Any, str, Any], int]:
     """(deployment, suite, category as text, metric) -> the position of its first row. The report looks a few
@@ -121,11 +115,10 @@ def _row(df: pd.DataFrame, positions: dict[tuple[Any, Any, str, Any], int], dep:
 def describe_suites(run: Run) -> dict[str, dict[str, Any]]:
     """describe() of every enabled suite, each guarded: provenance must never stop a report.
 
-    Suites whose data would be fetched from the network (MMLU from the hub) are not asked.
+    Suites whose data would be fetched from the network (`SuiteSpec.offline_description`: MMLU from the hub) are not asked.
     """
     from evalkit.config import Config
-    from evalkit.suites import enabled_suites
-    from evalkit.suites.mmlu import HUB_SOURCE
+    from evalkit.suites import enabled_suites, suite_spec
 
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -134,8 +127,10 @@ def describe_suites(run: Run) -> dict[str, dict[str, Any]]:
     except Exception as e:  # an old or hand-edited manifest: say so instead of failing the report
         return {"*": {"error": f"{type(e).__name__}: {e}"}}
     for suite in suites:
-        if suite.name == "mmlu" and getattr(suite.settings, "source", "") == HUB_SOURCE:
-            out[suite.name] = {"source": HUB_SOURCE, "note": "not described offline (data on the hub)"}
+        offline = suite_spec(suite.name).offline_description
+        instead = offline(suite.settings) if offline is not None else None
+        if instead is not None:
+            out[suite.name] = instead
             continue
         try:
             out[suite.name] = suite.describe()
@@ -144,38 +139,14 @@ def describe_suites(run: Run) -> dict[str, dict[str, Any]]:
     return out
 
 
-def bleu_signatures(view: RunView) -> dict[str, dict[str, str]]:
-    """sacrebleu signatures per target language: describe()'s when it gave them, else from the metrics used."""
-    info = view.suite_info.get("prompts", {}).get("bleu_signatures")
-    if isinstance(info, dict) and info:
-        return info
-    langs = sorted({m.split("_en-")[1] for m in view.suite_scores("prompts").get("metric", pd.Series(dtype=str))
-                    if "_en-" in str(m)})
-    if not langs:
-        return {}
-    from evalkit.metrics.bleu import metrics_for
-
-    out: dict[str, dict[str, str]] = {}
-    for lang in langs:
-        sigs = {}
-        for name, metric in metrics_for(lang).items():
-            metric.corpus_score(["a"], [["a"]])  # sacrebleu fills the reference count in on first use
-            sigs[name] = str(metric.get_signature())
-        out[lang] = sigs
-    return out
-
-
 def measured_peak(view: RunView, dep: str) -> tuple[int, str] | None:
-    """Highest memory the cost suite saw, in bytes: the busiest GPU when GPUs were sampled, else the worker's
-    process tree (vLLM's engine-core process included): its high-water mark where recorded, else the peak
-    sampled during the levels. The records hold MiB (2^20 bytes)."""
-    s = view.suite_scores("cost")
-    if s.empty:
-        return None
-    mine = s[s.deployment == dep]
-    for metric, where in (("peak_gpu_mem_mb", "busiest GPU"), ("worker_peak_rss_mb", "RAM, worker high-water"),
-                          ("peak_rss_mb", "RAM, process tree")):
-        v = mine[mine.metric == metric].value
-        if not v.empty:
-            return int(float(v.max()) * 2**20), where
+    """The highest memory a suite measured for `dep`, in bytes, with where it was measured: from the first suite
+    (registry order) that measures memory (`SuiteSpec.memory`: the cost suite) and has a figure; None without."""
+    from evalkit.suites import all_specs, load_hook
+
+    for spec in all_specs():
+        if spec.memory is not None:
+            found = load_hook(spec.memory)(view, dep)
+            if found is not None:
+                return found
     return None

@@ -16,7 +16,7 @@ from evalkit.config import Config
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.stats import StatsSettings
-from evalkit.records import Record
+from evalkit.records import Record, typed
 from evalkit.engines.spec import Capability
 from evalkit.store import ComparisonRow, ScoreRow
 
@@ -73,6 +73,9 @@ class Suite(ABC, Generic[SettingsT]):
 
     name: str = "suite"
     binding: RunBinding | None = None
+    # Set by the cached executor (evalkit/executors/cached.py) while it answers this suite's items from the result
+    # cache alone: a suite that would wait on another unit (streaming KLD) must not, then.
+    cache_pass: bool = False
     # What the engine must be able to do; a deployment whose engine lacks one is skipped at plan time
     # (evalkit/capabilities.py). An instance may narrow or widen it from its settings.
     requires: frozenset[Capability] = frozenset()
@@ -121,9 +124,25 @@ class Suite(ABC, Generic[SettingsT]):
         """Per-item scores for manual review CSVs (item_id, deployment, output, each per-item score)."""
         return []
 
+    def scored(self, records: SuiteRecords[Any], ctx: ScoreContext) -> "Scored":
+        """Everything scoring writes for this suite, from one call: scores, comparisons and per-item rows. The
+        records are parsed once here; a suite whose three parts share work (sandbox runs, pairings) overrides
+        this to do that work once."""
+        parsed = typed(records)
+        return Scored(self.score(parsed, ctx), self.compare(parsed, ctx), self.item_rows(parsed, ctx))
+
     def describe(self) -> dict[str, Any]:
         """Provenance for the manifest and report (data files, seeds, signatures)."""
         return {}
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What scoring takes from a suite (`Suite.scored`): scores.csv and comparisons.csv rows, items/<suite>.csv rows."""
+
+    scores: list[ScoreRow]
+    comparisons: list[ComparisonRow]
+    items: list[dict[str, Any]]
 
 
 # -- helpers for suites -----------------------------------------------------------------------

@@ -10,20 +10,50 @@ import gzip
 import hashlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from evalkit.config import resolve_data_path
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit.config import PositiveInt, resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
-from evalkit.records import HumanEvalRecord, dump_record, provenance, typed
+from evalkit.metrics.declarations import MetricSpec, flip_metrics
+from evalkit.records import Generation, Record, dump_record, nested_generation, provenance, typed
 from evalkit.sandbox import SandboxResult, extract_code, isolation, run_programs, run_tests, verdict_memo
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, jsonl_values, paired_with_reference
+from evalkit.suites.spec import SuiteSpec
 
-if TYPE_CHECKING:  # the settings model of this suite (config `suites.humaneval`)
-    from evalkit.config import Config, HumanEvalSettings
+if TYPE_CHECKING:
+    from evalkit.config import Config
+
+
+class HumanEvalSettings(BaseModel):
+    """`suites.humaneval`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(min_length=1)
+    limit: PositiveInt | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
+
+
+class HumanEvalRecord(Record):
+    suite: Literal["humaneval"] = "humaneval"
+    prompt: str
+    prompt_token_ids: list[int]
+    generation: Generation
+    entry_point: str | None = None  # records written before they carried their task: completed from the data
+    test: str | None = None
+
+    @classmethod
+    def from_v2(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return nested_generation(raw)
+
+
+METRICS = (MetricSpec("humaneval", "pass@1", "share", "higher", "rate", "pct", "mcnemar"), *flip_metrics("humaneval"))
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +145,7 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
         return dump_record(HumanEvalRecord(
             item_id=item.item_id, category="code",
             prompt=item.data["prompt"], prompt_token_ids=res.prompt_token_ids,
-            output_text=res.output_text, output_token_ids=res.output_token_ids,
-            finish_reason=res.finish_reason, ttft_s=res.ttft_s, total_s=res.total_s,
+            generation=Generation.of(res),
             entry_point=item.data["entry_point"], test=item.data["test"], **provenance(res),
         ))
 
@@ -129,7 +158,7 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
         for dep, recs in records.items():
             for r in recs:
                 r = self._with_task(r)
-                code = extract_code(r.output_text, prompt=r.prompt, entry_point=r.entry_point)
+                code = extract_code(r.generation.text, prompt=r.prompt, entry_point=r.entry_point)
                 keyed[(dep, r.item_id)] = (self._key(code, r), code, r)
         todo = {k: (code, r.test or "", r.entry_point) for k, code, r in keyed.values() if k not in self._results}
         if todo:
@@ -192,7 +221,7 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
                     flip = "right->wrong" if base.passed else "wrong->right"
                 rows.append({
                     "suite": self.name, "item_id": rec.item_id, "deployment": dep, "category": "code",
-                    "output": rec.output_text, "finish_reason": rec.finish_reason,
+                    "output": rec.generation.text, "finish_reason": rec.generation.finish_reason,
                     "passed": res.passed, "status": res.status, "detail": res.detail,
                     "reference_passed": base.passed if base is not None else None, "flip": flip,
                 })
@@ -212,3 +241,15 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
             "timeout_s": self.settings.timeout_s, "prompting": "plain completion of the task prompt, pass@1",
             "sandbox": sandbox,
         }
+
+
+SPEC = SuiteSpec(
+    name="humaneval",
+    settings_model=HumanEvalSettings,
+    suite_class=HumanEvalSuite,
+    records=(HumanEvalRecord,),
+    metrics=METRICS,
+    title="HumanEval",
+    report="evalkit.suites.report.humaneval:section",
+    verdict="evalkit.suites.report.humaneval:verdict_columns",
+)

@@ -28,19 +28,118 @@ import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 import psutil
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
-from evalkit.records import CostRecord, CostRequest, dump_record, parse_record, typed, utc_now
+from evalkit.config import PositiveInt
+from evalkit.metrics.declarations import MetricSpec
+from evalkit.records import Generation, Record, dump_record, nested_generation, parse_record, typed, utc_now
 from evalkit.store import ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords
+from evalkit.suites.spec import SuiteSpec, ViewerSpec
 
-if TYPE_CHECKING:  # the settings model of this suite (config `suites.cost`)
-    from evalkit.config import CostSettings
+
+# The field comparison's speed protocol (../shared/MOTIVATION.md): 128-token prompts, 256 generated tokens,
+# temperature 0.7, 1/4/8/16 concurrent requests, median of three runs. `cost: {preset: field}`.
+COST_PRESETS: dict[str, dict[str, Any]] = {
+    "field": {"concurrency": [1, 4, 8, 16], "prompt_tokens": 128, "output_tokens": 256, "repeats": 3, "temperature": 0.7},
+}
+
+
+class CostSettings(BaseModel):
+    """`suites.cost`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: Literal["field"] | None = None  # fills every setting left out from COST_PRESETS
+    concurrency: list[PositiveInt] = Field(default=[1, 4, 8, 16], min_length=1)
+    prompt_tokens: PositiveInt = 128
+    output_tokens: PositiveInt = 256
+    repeats: PositiveInt = 3
+    temperature: float | None = Field(default=None, ge=0.0)  # None: the run's sampling temperature
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in COST_PRESETS:
+            return {**COST_PRESETS[data["preset"]], **data}
+        return data
+
+
+class CostRequest(BaseModel):
+    """One request of a level: its prompt and what it generated (version 3: `generation`; before, flat and
+    without the text, with `output_tokens` its token count)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    prompt_tokens: int
+    prompt_token_ids: list[int]
+    generation: Generation
+
+
+class CostRecord(Record):
+    """One (concurrency level, repeat) measurement; `cached` when a re-run reused a stored measurement."""
+
+    suite: Literal["cost"] = "cost"
+    concurrency: int
+    repeat: int
+    prompt_tokens: int
+    output_tokens_requested: int
+    ignore_eos: bool
+    prompt_construction: str
+    wall_s: float
+    requests: list[CostRequest]
+    baseline_rss_mb: float
+    peak_rss_mb: float  # MiB, sampled during this level
+    worker_peak_rss_mb: float | None = None  # MiB, the worker's process-tree high-water (VmHWM) up to this level
+    server_peak_rss_mb: float | None = None  # MiB, high-water of a server evalkit started for the deployment
+    gpu: list[dict[str, Any]] | None = None
+    # The memory-bandwidth bound of decode: {bytes_per_s, source, weights_bytes, device} (absent before it was recorded)
+    bandwidth: dict[str, Any] | None = None
+    startup_s: float
+    warmup_s: float
+    engine: str
+    engine_version: str
+    n_ctx: int | None = None  # absent from records written before it was recorded
+    n_threads: int | None = None
+    sampling: dict[str, Any]
+
+    @classmethod
+    def from_v2(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return {**raw, "requests": [nested_generation(r, drop=("output_tokens",)) for r in raw.get("requests", [])]}
+
+
+METRICS = (
+    MetricSpec("cost", "tokens_per_s", "tokens/s", "higher", "continuous", "num", "none", "total output tokens / wall time"),
+    MetricSpec("cost", "per_request_tokens_per_s", "tokens/s", "higher", "continuous", "num", "none"),
+    MetricSpec("cost", "latency_median_s", "s", "lower", "continuous", "s", "none"),
+    MetricSpec("cost", "latency_p90_s", "s", "lower", "continuous", "s", "none"),
+    MetricSpec("cost", "ttft_median_s", "s", "lower", "continuous", "ms", "none"),
+    MetricSpec("cost", "ttft_p90_s", "s", "lower", "continuous", "ms", "none"),
+    MetricSpec("cost", "itl_median_s", "s", "lower", "continuous", "ms", "none", "inter-token latency: (last - first token time) / (tokens - 1), per request"),
+    MetricSpec("cost", "itl_p90_s", "s", "lower", "continuous", "ms", "none"),
+    MetricSpec("cost", "server_peak_rss_mb", "MiB", "lower", "continuous", "mb", "none", "high-water RSS of the server evalkit started"),
+    MetricSpec("cost", "output_tokens_mean", "tokens", "none", "continuous", "num", "none"),
+    MetricSpec("cost", "peak_rss_mb", "MiB", "lower", "continuous", "mb", "none", "process tree RSS sampled during the level"),
+    MetricSpec("cost", "worker_peak_rss_mb", "MiB", "lower", "continuous", "mb", "none", "process tree high-water RSS since the worker started"),
+    MetricSpec("cost", "peak_gpu_mem_mb", "MiB", "lower", "continuous", "mb", "none"),
+    MetricSpec("cost", "power_w", "W", "lower", "continuous", "num", "none"),
+    MetricSpec("cost", "decode_tokens_per_s", "tokens/s", "higher", "continuous", "num", "none",
+       "per request, after its first token: (output tokens - 1) / (latency - time to first token), median"),
+    MetricSpec("cost", "bandwidth_bound_share", "ratio", "higher", "continuous", "num", "none",
+       "decode tokens/s per request / (memory bandwidth / weight bytes read per token)"),
+    MetricSpec("cost", "memory_bandwidth_gb_s", "GB/s", "none", "continuous", "num", "none",
+       "GPU: the table's datasheet figure (evalkit/gpus.py); CPU: measured (numpy copy, bytes read + written)"),
+    MetricSpec("cost", "weights_gb", "GB", "none", "continuous", "num", "none", "weight bytes read per decoded token"),
+    MetricSpec("cost", "max_temp_c", "°C", "none", "continuous", "num", "none"),
+    MetricSpec("cost", "startup_s", "s", "lower", "continuous", "s", "none", "engine load time"),
+)
 
 WORDS = (
     "river mountain garden window silver market winter candle harbor meadow forest bridge lantern "
@@ -234,9 +333,15 @@ def _gpu_names() -> list[str]:
         return []
 
 
+def _timings(request: dict[str, Any]) -> dict[str, Any]:
+    gen = request.get("generation") or request  # a version-2 request: flat (still read where one is handed in raw)
+    tokens = len(gen["output_token_ids"]) if "output_token_ids" in gen else request["output_tokens"]
+    return {"ttft_s": gen.get("ttft_s"), "total_s": gen["total_s"], "output_tokens": tokens}
+
+
 def level_metrics(record: dict[str, Any]) -> dict[str, float]:
-    """One (level, repeat)'s figures from its raw per-request timings."""
-    reqs = record["requests"]
+    """One (level, repeat)'s figures from its raw per-request timings (a records line: each request's `generation`)."""
+    reqs = [_timings(r) for r in record["requests"]]
     ttfts = [r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]
     lat = [r["total_s"] for r in reqs]
     out_tokens = [r["output_tokens"] for r in reqs]
@@ -282,10 +387,7 @@ def level_metrics(record: dict[str, Any]) -> dict[str, float]:
 
 def _server_peak_mb(engine: Engine) -> float | None:
     """High-water RSS of a server the engine started itself (served engines; None for the others)."""
-    try:
-        peak = getattr(engine, "server_peak_rss")
-    except AttributeError:
-        return None
+    peak = getattr(engine, "server_peak_rss", None)  # only engines that start a server have it
     value = peak() if callable(peak) else None
     return value / 2**20 if value else None
 
@@ -360,16 +462,8 @@ class CostSuite(Suite["CostSettings"]):
                 prompt_construction=PROMPT_RECIPE,
                 wall_s=wall,
                 requests=[
-                    CostRequest(
-                        key=r.key,
-                        prompt_tokens=len(r.prompt_token_ids),
-                        output_tokens=len(r.output_token_ids),
-                        finish_reason=r.finish_reason,
-                        ttft_s=r.ttft_s,
-                        total_s=r.total_s,
-                        prompt_token_ids=r.prompt_token_ids,
-                        output_token_ids=r.output_token_ids,
-                    )
+                    CostRequest(key=r.key, prompt_tokens=len(r.prompt_token_ids), prompt_token_ids=r.prompt_token_ids,
+                                generation=Generation.of(r))
                     for r in results
                 ],
                 baseline_rss_mb=sampler.baseline_rss / 2**20,
@@ -420,3 +514,17 @@ class CostSuite(Suite["CostSettings"]):
             "prompt_construction": PROMPT_RECIPE,
             "aggregation": "per level and repeat: total output tokens / wall time; medians and p90 over requests; median over repeats",
         }
+
+
+SPEC = SuiteSpec(
+    name="cost",
+    settings_model=CostSettings,
+    suite_class=CostSuite,
+    records=(CostRecord,),
+    metrics=METRICS,
+    title="Cost: speed and memory",
+    report="evalkit.suites.report.cost:section",
+    memory="evalkit.suites.report.cost:measured_peak",
+    viewer=ViewerSpec(items=False),  # measurements per concurrency level, not items: the report's cost tables show them
+    quality=False,  # its metrics are limits under decision.workload, never quality margins
+)

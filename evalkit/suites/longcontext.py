@@ -14,23 +14,74 @@ import hashlib
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Annotated, Any, Iterable, Literal, Sequence
 
 import numpy as np
 
-from evalkit.config import resolve_data_path
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit.config import PositiveInt, Seed, resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.repetition import distinct_n, seq_rep_n, words
 from evalkit.metrics.stats import StatsSettings
 from evalkit.metrics.compare import continuous_row, pass_fail_rows, pass_fail_scores
-from evalkit.records import GenTimings, LongContextRecord, dump_record, provenance, typed
+from evalkit.metrics.declarations import MetricSpec
+from evalkit.records import Generation, Record, dump_record, nested_generation, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, paired_with_reference
+from evalkit.suites.spec import ItemCell, SuiteSpec, ViewerSpec
 
-if TYPE_CHECKING:  # the settings model of this suite (config `suites.longcontext`)
-    from evalkit.config import LongContextSettings
+
+
+class LongContextSettings(BaseModel):
+    """`suites.longcontext`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lengths: list[PositiveInt] = Field(default=[1024, 2048, 4096, 8192], min_length=1)
+    depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default=[0.1, 0.5, 0.9], min_length=1)
+    continuation_tokens: PositiveInt = 128
+    seed: Seed = 0
+    filler: str = Field(default="texts/longcontext_filler.txt", min_length=1)
+
+
+class LongContextRecord(Record):
+    """A repetition or recall item; `skipped` (with the reason) when its length does not fit."""
+
+    suite: Literal["longcontext"] = "longcontext"
+    kind: Literal["rep", "recall"]
+    length_target: int
+    depth: float | None = None
+    passkey: str | None = None
+    n_ctx: int | None = None  # absent from records written before it was recorded
+    filler_repeats: int
+    skipped: str | None = None
+    needle_token_pos: int | None = None
+    depth_actual: float | None = None
+    n_prompt_tokens: int | None = None
+    prompt_sha256: str | None = None
+    generation: Generation | None = None  # None: skipped
+    correct: bool | None = None  # recall items only
+
+    @classmethod
+    def from_v2(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return nested_generation(raw)
+
+    @property
+    def output(self) -> str:
+        """The continuation ("" for a skipped item)."""
+        return self.generation.text if self.generation is not None else ""
+
+
+METRICS = (
+    MetricSpec("longcontext", "recall_accuracy", "share", "higher", "rate", "pct", "mcnemar", "pass key recalled"),
+    *[MetricSpec("longcontext", f"seq_rep_{n}", "share", "lower", "continuous", "pct", "paired_bootstrap", f"repeated word {n}-grams")
+      for n in (2, 3, 4)],
+    MetricSpec("longcontext", "distinct_2", "share", "higher", "continuous", "pct", "paired_bootstrap", "distinct word 2-grams"),
+    MetricSpec("longcontext", "skipped_items", "items", "none", "count", "count", "none", "items that did not fit the context"),
+)
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\n\nWhat is the pass key? The pass key is"
@@ -169,11 +220,7 @@ class LongContextSuite(Suite["LongContextSettings"]):
             m = meta[res.key]
             records.append(LongContextRecord(
                 **m,
-                output_text=res.output_text,
-                output_token_ids=res.output_token_ids,
-                n_output_tokens=len(res.output_token_ids),
-                finish_reason=res.finish_reason,
-                timings=GenTimings(ttft_s=res.ttft_s, total_s=res.total_s),
+                generation=Generation.of(res),
                 correct=(m["passkey"] in res.output_text) if m["kind"] == "recall" else None,
                 **provenance(res),
             ))
@@ -191,7 +238,7 @@ class LongContextSuite(Suite["LongContextSettings"]):
                 if skipped:
                     rows.append(ScoreRow(dep, self.name, cat, "skipped_items", float(skipped), n=len(of_len)))
                 for r in (r for r in of_len if r.kind == "rep" and r.skipped is None):
-                    for metric, value in rep_scores(r.output_text or "").items():
+                    for metric, value in rep_scores(r.output).items():
                         rows.append(ScoreRow(dep, self.name, cat, metric, value, n=1))
                 rows.extend(_recall_row(dep, self.name, cat, of_len, ctx.stats))
             rows.extend(_recall_row(dep, self.name, "all", recs, ctx.stats))
@@ -205,7 +252,7 @@ class LongContextSuite(Suite["LongContextSettings"]):
             for cat in _lengths(r for _, r in pairs):
                 rep = [(a, b) for a, b in pairs if b.category == cat and b.kind == "rep"]
                 for metric, _, _ in REP_METRICS:
-                    vals = [(rep_scores(a.output_text or "")[metric], rep_scores(b.output_text or "")[metric]) for a, b in rep]
+                    vals = [(rep_scores(a.output)[metric], rep_scores(b.output)[metric]) for a, b in rep]
                     vals = [(x, y) for x, y in vals if not (math.isnan(x) or math.isnan(y))]
                     if vals:
                         # one item per length -> a difference with n = 1 and no interval
@@ -224,10 +271,11 @@ class LongContextSuite(Suite["LongContextSettings"]):
                 row = {"item_id": r.item_id, "deployment": dep, "category": r.category, "kind": r.kind,
                        "length_target": r.length_target, "depth": r.depth, "passkey": r.passkey,
                        "skipped": r.skipped or "", "n_prompt_tokens": r.n_prompt_tokens,
-                       "n_output_tokens": r.n_output_tokens, "output": r.output_text,
+                       "n_output_tokens": r.generation.n_output_tokens if r.generation else None,
+                       "output": r.generation.output_text if r.generation else None,
                        "correct": r.correct}
                 if r.kind == "rep" and r.skipped is None:
-                    row |= rep_scores(r.output_text or "")
+                    row |= rep_scores(r.output)
                 rows.append(row)
         return rows
 
@@ -265,3 +313,26 @@ def _recall_compare(dep: str, ref: str, suite: str, cat: str,
     pairs = [(a, b) for a, b in pairs if b.kind == "recall"]
     return pass_fail_rows(dep, ref, suite, cat, "recall_accuracy", [bool(b.correct) for _, b in pairs],
                           [bool(a.correct) for a, _ in pairs], settings)
+
+
+def _viewer_cell(rec: LongContextRecord) -> ItemCell:
+    text = f"skipped: {rec.skipped}" if rec.skipped else rec.output
+    prompt = f"({rec.kind} item, {rec.length_target} tokens" + (
+        f", needle at depth {rec.depth}, pass key {rec.passkey})" if rec.kind == "recall" else ")")
+    ok = -1 if rec.correct is None else int(bool(rec.correct))
+    gen = rec.generation
+    return ItemCell(text, text, ok, {"finish_reason": gen.finish_reason if gen else None}, None,
+                    gen.output_token_ids if gen else None, prompt)
+
+
+SPEC = SuiteSpec(
+    name="longcontext",
+    settings_model=LongContextSettings,
+    suite_class=LongContextSuite,
+    records=(LongContextRecord,),
+    metrics=METRICS,
+    title="Long context: repetition and recall",
+    report="evalkit.suites.report.longcontext:section",
+    verdict="evalkit.suites.report.longcontext:verdict_columns",
+    viewer=ViewerSpec(cell=_viewer_cell),
+)

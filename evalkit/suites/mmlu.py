@@ -18,22 +18,66 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 
-from evalkit.config import resolve_data_path
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit.config import PositiveInt, Seed, resolve_data_path
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
-from evalkit.records import MmluRecord, MmluTimings, call_provenance, combined, dump_record, provenance, typed
+from evalkit.metrics.declarations import MetricSpec, flip_metrics
+from evalkit.records import Record, call_provenance, combined, dump_record, provenance, typed
 from evalkit.resources import resource_path
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, at_line, jsonl_values, paired_with_reference
+from evalkit.suites.spec import ItemCell, SuiteSpec, ViewerSpec
 
-if TYPE_CHECKING:  # the settings model of this suite (config `suites.mmlu`)
-    from evalkit.config import MmluSettings
+
+
+class MmluSettings(BaseModel):
+    """`suites.mmlu`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(default="builtin", min_length=1)  # "builtin", "hf" (cais/mmlu via datasets) or a local directory
+    subjects: list[str] | None = Field(default=None, min_length=1)
+    per_subject: PositiveInt | None = 20
+    shots: int = Field(default=5, ge=0, le=5)
+    seed: Seed = 0
+
+
+class MmluTimings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_s: float
+    batch_size: int
+    per_item_s: float
+
+
+class MmluRecord(Record):
+    suite: Literal["mmlu"] = "mmlu"
+    prompt_token_ids: list[int]
+    n_prompt_tokens: int
+    prompt_sha256: str
+    letter_token_ids: list[int] | None = None  # None: the letters were not single tokens
+    method: Literal["one-pass", "four-continuations"]
+    choice_logprobs: list[float]
+    pred: str
+    gold: str
+    correct: bool
+    timings: MmluTimings
+
+
+METRICS = (
+    MetricSpec("mmlu", "accuracy", "share", "higher", "rate", "pct", "mcnemar"),
+    *flip_metrics("mmlu"),
+    MetricSpec("mmlu", "four_continuation_items", "items", "none", "count", "count", "none",
+               "questions scored by four continuations (letters not single tokens)"),
+)
 
 LETTERS = ("A", "B", "C", "D")
 BUILTIN_LABEL = "evalkit-mc (not MMLU)"
@@ -427,3 +471,24 @@ class MmluSuite(Suite["MmluSettings"]):
             "data_sha256": h.hexdigest(),  # the questions and shots actually used
             "prompt_format": "lm-evaluation-harness mmlu default (first-n dev shots; ' A'..' D' by log-likelihood)",
         }
+
+
+def _viewer_cell(rec: MmluRecord) -> ItemCell:
+    extra = {"gold": rec.gold, "method": rec.method, "choice_logprobs": [round(x, 4) for x in rec.choice_logprobs]}
+    prompt = f"(multiple choice; prompt kept as {rec.n_prompt_tokens} token ids, gold answer {rec.gold})"
+    return ItemCell(str(rec.pred), str(rec.pred), int(bool(rec.correct)), extra, rec.prompt_token_ids, None, prompt)
+
+
+SPEC = SuiteSpec(
+    name="mmlu",
+    settings_model=MmluSettings,
+    suite_class=MmluSuite,
+    records=(MmluRecord,),
+    metrics=METRICS,
+    title="multiple choice",
+    report="evalkit.suites.report.mmlu:section",
+    verdict="evalkit.suites.report.mmlu:verdict_columns",
+    viewer=ViewerSpec(cell=_viewer_cell),
+    offline_description=lambda settings: (  # the hub's data are not fetched for a report
+        {"source": HUB_SOURCE, "note": "not described offline (data on the hub)"} if settings.source == HUB_SOURCE else None),
+)

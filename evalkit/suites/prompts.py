@@ -5,22 +5,63 @@ import re
 import string
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from evalkit.config import resolve_data_path
+from evalkit.config import PositiveInt, resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
+from evalkit.resources import resource_path
 from evalkit.metrics import bleu
 from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
-from evalkit.records import PromptRecord, dump_record, provenance, typed
+from evalkit.metrics.declarations import MetricSpec
+from evalkit.records import Generation, Record, dump_record, nested_generation, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, at_line, jsonl_values, paired_with_reference
+from evalkit.suites.spec import SuiteSpec
 
-if TYPE_CHECKING:  # the settings model of this suite (config `suites.prompts`)
-    from evalkit.config import PromptsSettings
+
+Category = Literal["code", "reasoning", "translation", "qa"]  # evalkit.config.CATEGORIES
+
+
+class PromptsSettings(BaseModel):
+    """`suites.prompts`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(default="prompts/", min_length=1)
+    categories: list[Category] = Field(default=["code", "reasoning", "translation", "qa"], min_length=1)  # CATEGORIES
+    limit_per_category: PositiveInt | None = None
+    code_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class PromptRecord(Record):
+    suite: Literal["prompts"] = "prompts"
+    prompt: str
+    prompt_format: str
+    prompt_token_ids: list[int]
+    n_prompt_tokens: int
+    generation: Generation
+    reference: str | None = None
+    target_lang: str | None = None
+    item: dict[str, Any]  # the prompt-file line: everything scoring needs travels with the record
+
+    @classmethod
+    def from_v2(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return nested_generation(raw)
+
+
+_m = MetricSpec
+METRICS = (
+    _m("prompts", "pass@1", "share", "higher", "rate", "pct", "mcnemar", "code items whose tests pass"),
+    _m("prompts", "exact_match", "share", "higher", "rate", "pct", "mcnemar", "normalized final answer equals a gold answer"),
+    _m("prompts", "contains", "share", "higher", "rate", "pct", "mcnemar", "a gold answer appears in the final answer"),
+    _m("prompts", "bleu_en-*", "BLEU points", "higher", "continuous", "score", "corpus_bootstrap", "corpus BLEU (sacrebleu)"),
+    _m("prompts", "chrf_en-*", "chrF points", "higher", "continuous", "score", "corpus_bootstrap", "corpus chrF (sacrebleu)"),
+    _m("prompts", "output_tokens_mean", "tokens", "none", "continuous", "num", "none", "mean generated tokens per item"),
+)
 
 Records = SuiteRecords[PromptRecord]
 
@@ -158,13 +199,8 @@ class PromptsSuite(Suite["PromptsSettings"]):
                 prompt=item.data["prompt"],
                 prompt_format=result.prompt_format,
                 prompt_token_ids=result.prompt_token_ids,
-                output_text=result.output_text,
-                output_token_ids=result.output_token_ids,
                 n_prompt_tokens=len(result.prompt_token_ids),
-                n_output_tokens=len(result.output_token_ids),
-                finish_reason=result.finish_reason,
-                ttft_s=result.ttft_s,
-                total_s=result.total_s,
+                generation=Generation.of(result),
                 reference=item.data.get("reference"),
                 target_lang=item.data.get("target_lang"),
                 item=item.data,  # everything scoring needs travels with the record
@@ -180,7 +216,7 @@ class PromptsSuite(Suite["PromptsSettings"]):
 
     def _item_score(self, rec: PromptRecord) -> dict[str, Any]:
         cat = rec.category
-        out = rec.output_text
+        out = rec.generation.text
         if cat in ("reasoning", "qa"):
             answers = rec.item["answers"]
             return {"exact_match": float(exact_match(out, answers)), "contains": float(contains_answer(out, answers))}
@@ -195,9 +231,9 @@ class PromptsSuite(Suite["PromptsSettings"]):
             from evalkit.suites.code import code_item_program
 
             def program(r: PromptRecord) -> tuple[str, str, str | None]:
-                return r.output_text, r.item["tests"], r.item.get("entry_point")
+                return r.generation.text, r.item["tests"], r.item.get("entry_point")
 
-            programs = {program(r): code_item_program(r.output_text, r.item)
+            programs = {program(r): code_item_program(r.generation.text, r.item)
                         for recs in records.values() for r in recs if r.category == "code"}
             ran = run_programs(programs, self.settings.code_timeout_s, verdict_memo(ctx.manifest))
 
@@ -221,7 +257,7 @@ class PromptsSuite(Suite["PromptsSettings"]):
                     continue
                 if cat == "translation":
                     for lang, group in _by_lang(cat_recs).items():
-                        hyps = [r.output_text.strip() for r in group]
+                        hyps = [r.generation.text.strip() for r in group]
                         refs = [r.reference or "" for r in group]
                         for s in bleu.corpus_scores(hyps, refs, lang, ctx.stats):
                             rows.append(ScoreRow(dep, self.name, cat, f"{s.metric}_en-{lang}", s.score, s.ci_low, s.ci_high, s.n))
@@ -230,7 +266,7 @@ class PromptsSuite(Suite["PromptsSettings"]):
                     ok = [per_item[dep][r.item_id][metric] > 0 for r in cat_recs]
                     rows += pass_fail_scores(dep, self.name, cat, "pass@1" if metric == "pass" else metric, ok, ctx.stats)
             rows.append(
-                ScoreRow(dep, self.name, "all", "output_tokens_mean", sum(r.n_output_tokens for r in recs) / len(recs), n=len(recs))
+                ScoreRow(dep, self.name, "all", "output_tokens_mean", sum(r.generation.n_output_tokens for r in recs) / len(recs), n=len(recs))
             )
         return rows
 
@@ -250,8 +286,8 @@ class PromptsSuite(Suite["PromptsSettings"]):
                 if cat == "translation":
                     ref_of = {b.item_id: a for a, b in pairs}
                     for lang, group in _by_lang([p[1] for p in pairs]).items():
-                        base = [ref_of[r.item_id].output_text.strip() for r in group]
-                        sys_ = [r.output_text.strip() for r in group]
+                        base = [ref_of[r.item_id].generation.text.strip() for r in group]
+                        sys_ = [r.generation.text.strip() for r in group]
                         refs = [r.reference or "" for r in group]
                         for name, p in bleu.paired_comparison(base, sys_, refs, lang, ctx.stats).items():
                             rows.append(ComparisonRow(dep, ref, self.name, cat, f"{name}_en-{lang}", p.value, p.reference_value,
@@ -273,8 +309,8 @@ class PromptsSuite(Suite["PromptsSettings"]):
             for r in recs:
                 rows.append({
                     "suite": self.name, "item_id": r.item_id, "deployment": dep, "category": r.category,
-                    "prompt": r.prompt, "output": r.output_text, "reference": r.reference,
-                    "n_output_tokens": r.n_output_tokens, "finish_reason": r.finish_reason,
+                    "prompt": r.prompt, "output": r.generation.text, "reference": r.reference,
+                    "n_output_tokens": r.generation.n_output_tokens, "finish_reason": r.generation.finish_reason,
                     **per_item[dep].get(r.item_id, {}),
                 })
         return rows
@@ -297,3 +333,40 @@ def _by_lang(recs: list[PromptRecord]) -> dict[str, list[PromptRecord]]:
     for r in recs:
         out.setdefault(r.target_lang or "und", []).append(r)
     return dict(sorted(out.items()))
+
+
+def rubric_summary(category: str, rubrics_dir: Path | None = None) -> str:
+    """The `Summary:` line of `rubrics/<category>.md`, quoted in every row of that category."""
+    path = Path(rubrics_dir or resource_path("rubrics")) / f"{category}.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        raise DataError(str(path), f"no rubric for category {category!r}") from None
+    for line in text.splitlines():
+        if line.startswith("Summary:"):
+            return line.removeprefix("Summary:").strip()
+    raise DataError(str(path), "rubric has no line starting with 'Summary:'")
+
+
+
+def _check_rubrics(suite: Suite[Any], items: list[Item], config: Any, config_file: Path) -> None:
+    """Items must be selected, and blind rating sheets quote each prompt category's rubric: a missing one would
+    surface only at export."""
+    if not items:
+        raise DataError(f"suites.{suite.name}", "selects no items (check its data and limits)")
+    for category in [*suite.settings.categories, "pairwise"]:
+        rubric_summary(category)
+
+
+SPEC = SuiteSpec(
+    name="prompts",
+    settings_model=PromptsSettings,
+    suite_class=PromptsSuite,
+    records=(PromptRecord,),
+    metrics=METRICS,
+    title="Prompts: code, reasoning, translation, QA",
+    report="evalkit.suites.report.prompts:section",
+    signatures="evalkit.suites.report.prompts:signatures",
+    verdict="evalkit.suites.report.prompts:verdict_columns",
+    check=_check_rubrics,
+)

@@ -17,9 +17,9 @@ from typing import Any
 from evalkit.scoring import records_by_suite, score_context
 from evalkit.sidefiles import SideFile, side_path
 from evalkit.store import RunDir
-from evalkit.suites import enabled_suites
+from evalkit.suites import enabled_suites, suite_spec
 from evalkit.suites.base import ScoreContext
-from evalkit.viewer.index import SKIP_SUITES, IndexCache
+from evalkit.viewer.index import IndexCache
 from evalkit.viewer.safety import inside
 
 MAX_CHANGED = 500
@@ -53,7 +53,7 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
         errors: list[str] = []
         shared_total = 0
         for suite in enabled_suites(config, ctx.config_file):  # fresh instances: suites memoise per scoring pass
-            if suite.name in SKIP_SUITES:
+            if not suite_spec(suite.name).viewer.items:  # not items (cost): nothing to compare item by item
                 continue
             differ = _differing_settings(ctx.manifest, base_manifest, suite.name)
             if differ:
@@ -76,7 +76,7 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
                                                           mine: deployments.get(dep, {})}})
             try:
                 comps = suite.compare(records, sctx)
-            except Exception as e:  # noqa: BLE001 — one suite that cannot pair across runs must not hide the others
+            except Exception as e:  # one suite that cannot pair across runs must not hide the others
                 errors.append(f"{suite.name}: {type(e).__name__}: {e}")
                 continue
             for c in comps:

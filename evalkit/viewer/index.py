@@ -1,7 +1,7 @@
 """One run's item matrix: a row per item, a column per deployment, built once and answered from memory.
 
 Built from the records (read through `RunDir.records` and `parse_record`, so older layouts are upgraded)
-and the per-item CSVs scoring wrote (`items/<suite>.csv`: pass/fail, perplexity chunk figures and every
+and the per-item CSVs scoring wrote (`items/<suite>.csv`: pass/fail, per-item figures and every
 other per-item score). Filters, search and sorting run over arrays held here, so a page of a 20,000-item
 run is answered without touching the disk; `IndexCache` rebuilds an index only when one of the files it
 was built from changes (mtime and size), which also follows a run that is still being written.
@@ -24,15 +24,14 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from evalkit import records as records_module
 from evalkit.records import parse_record
 from evalkit.scoring import ITEMS_DIR
 from evalkit.store import MANIFEST, RECORDS_DIR, RunDir, atomic_write_bytes, atomic_write_text
+from evalkit.suites import SUITES, ViewerSpec, suite_spec
 from evalkit.viewer.safety import inside
 from evalkit.viewer.textdiff import first_difference, segments
 
 CACHE_FORMAT = 2  # of the saved index (RunIndex.save); a change makes older saves be rebuilt
-SKIP_SUITES = {"cost"}  # measurements per concurrency level, not items: the report's cost tables show them
 CELL_CHARS = 600  # matrix cells show this much of an output; the item view shows all of it
 PROMPT_CHARS = 300
 # Per-item CSV columns that hold text, not scores (everything else numeric is a sortable score).
@@ -41,8 +40,6 @@ _TEXT_COLUMNS = {"suite", "item_id", "deployment", "category", "prompt", "output
                  "method", "kind", "gold", "reference_pred", "passkey", "reference_correct", "reference_passed"}
 # The per-item CSV column that says pass/fail, first found wins (HumanEval, MMLU/recall, prompt code, QA).
 _OK_COLUMNS = ("passed", "correct", "pass", "contains")
-_FIGURES = (("ppl", "ppl", "{:.4g}"), ("kld_mean", "KLD", "{:.3g}"), ("top1_agreement", "top-1", "{:.1%}"),
-            ("bits_per_byte", "bpb", "{:.4g}"))
 
 
 @dataclass
@@ -121,41 +118,30 @@ class _Column:
                    _Ragged.of(n, rows, [cells[i].output_ids for i in rows]))
 
 
+def _viewer(suite: str) -> ViewerSpec:
+    """How the viewer shows a suite's items (an unregistered suite: its generations, if any)."""
+    return suite_spec(suite).viewer if suite in SUITES else ViewerSpec()
+
+
 def _ids(values: Any) -> np.ndarray | None:
     return None if values is None else np.asarray(values, dtype=np.int64)
 
 
 def _cell_of(rec: Any) -> tuple[_Cell, str]:
-    """(cell, prompt text) of one typed record; getattr throughout: fields may move between schema versions."""
-    suite = rec.suite
-    g = lambda name: getattr(rec, name, None)  # noqa: E731
-    if suite == "mmlu":
-        pred, gold = g("pred"), g("gold")
-        extra = {"gold": gold, "method": g("method"),
-                 "choice_logprobs": [round(x, 4) for x in (g("choice_logprobs") or [])]}
-        prompt = f"(multiple choice; prompt kept as {g('n_prompt_tokens')} token ids, gold answer {gold})"
-        ok = -1 if g("correct") is None else int(bool(g("correct")))
-        return _Cell(str(pred), str(pred), ok, extra, _ids(g("prompt_token_ids"))), prompt
-    if suite == "perplexity":
-        if g("skipped"):
-            return _Cell(f"skipped: {g('skipped')}", None, -1), "(past the end of the text)"
-        prompt = f"(perplexity chunk {g('chunk_index')}: {g('n_ctx')} tokens of the text)"
-        # Token ids come from records.token_arrays on the item page (the scored tokens; v2 keeps them in a side file).
-        return _Cell("", None, -1, {"n_ctx": g("n_ctx")}), prompt
-    if suite == "longcontext":
-        if g("skipped"):
-            text = f"skipped: {g('skipped')}"
-        else:
-            text = g("output_text") or ""
-        prompt = f"({g('kind')} item, {g('length_target')} tokens" + (
-            f", needle at depth {g('depth')}, pass key {g('passkey')})" if g("kind") == "recall" else ")")
-        ok = -1 if g("correct") is None else int(bool(g("correct")))
-        return _Cell(text, text, ok, {"finish_reason": g("finish_reason")}, None, _ids(g("output_token_ids"))), prompt
-    text = g("output_text") or ""
-    extra = {"finish_reason": g("finish_reason"), "n_output_tokens": g("n_output_tokens")}
-    if g("reference") is not None:
-        extra["reference_text"] = g("reference")
-    return _Cell(text, text, -1, extra, _ids(g("prompt_token_ids")), _ids(g("output_token_ids"))), g("prompt") or ""
+    """(cell, prompt text) of one typed record: the suite's own cell (`SuiteSpec.viewer.cell`), else its generated
+    text and token ids (getattr throughout: a suite without a generation shows an empty cell)."""
+    make = suite_spec(rec.suite).viewer.cell if rec.suite in SUITES else None
+    if make is not None:
+        c = make(rec)
+        return _Cell(c.text, c.value, c.ok, c.extra, _ids(c.prompt_ids), _ids(c.output_ids)), c.prompt
+    gen = getattr(rec, "generation", None)  # records.Generation, on every generating suite's record
+    text = gen.text if gen is not None else ""
+    extra = {"finish_reason": gen.finish_reason if gen else None, "n_output_tokens": gen.n_output_tokens if gen else None}
+    reference = getattr(rec, "reference", None)
+    if reference is not None:
+        extra["reference_text"] = reference
+    ids = _ids(getattr(rec, "prompt_token_ids", None)), _ids(gen.output_token_ids if gen else None)
+    return _Cell(text, text, -1, extra, *ids), getattr(rec, "prompt", None) or ""
 
 
 def signature(path: Path) -> tuple:
@@ -196,8 +182,8 @@ class RunIndex:
                 continue
             where = str(rpath)
             for raw in run.records(dep):
-                if raw.get("suite") in SKIP_SUITES:
-                    continue
+                if raw.get("suite") in SUITES and not suite_spec(raw["suite"]).viewer.items:
+                    continue  # not items (cost: measurements per concurrency level): the report shows them
                 rec = parse_record({**raw, "deployment": raw.get("deployment") or dep}, where)
                 key = (rec.suite, str(rec.item_id))
                 i = self.row_of.get(key)
@@ -210,8 +196,8 @@ class RunIndex:
                 elif dep == self.reference:
                     self.prompt[i] = prompt  # the reference's prompt text names the item
                 self.cells[dep][i] = cell
-                if rec.suite == "perplexity" and cell.prompt_ids is None and not getattr(rec, "skipped", None):
-                    self._arrays[(dep, i)] = rec  # records v2: token ids live in a side file, read on demand
+                if cell.prompt_ids is None and _viewer(rec.suite).token_ids is not None and not getattr(rec, "skipped", None):
+                    self._arrays[(dep, i)] = rec  # token ids kept out of the record (a side file), read on demand
         n = len(self.keys)
         self.scores: dict[str, np.ndarray] = {}  # "<deployment>|<suite>:<metric>" -> value per row (NaN: none)
         self.metrics: dict[str, list[str]] = {}  # suite -> its per-item metrics
@@ -294,19 +280,22 @@ class RunIndex:
             self.metrics[p.stem] = metric_cols
 
     def _figures(self) -> None:
-        """Perplexity chunks: the cell is the chunk's figures from the per-item CSV (what differs compares)."""
+        """A suite whose cells are figures from its per-item CSV (`ViewerSpec.figures`: perplexity chunks): the cell
+        is those figures (what differs compares), its value the `value_metric` figure."""
         for dep, cells in self.cells.items():
             for i, cell in cells.items():
-                if self.keys[i][0] != "perplexity" or cell.text:
+                viewer = _viewer(self.keys[i][0])
+                if not viewer.figures or cell.text:
                     continue
+                suite = self.keys[i][0]
                 parts = []
-                for metric, label, form in _FIGURES:
-                    arr = self.scores.get(f"{dep}|perplexity:{metric}")
+                for metric, label, form in viewer.figures:
+                    arr = self.scores.get(f"{dep}|{suite}:{metric}")
                     if arr is not None and not math.isnan(arr[i]):
                         parts.append(f"{label} {form.format(arr[i])}")
                 cell.text = " · ".join(parts) or "(not scored yet)"
-                ppl = self.scores.get(f"{dep}|perplexity:ppl")
-                cell.value = None if ppl is None or math.isnan(ppl[i]) else f"{ppl[i]:.6g}"
+                value = self.scores.get(f"{dep}|{suite}:{viewer.value_metric}") if viewer.value_metric else None
+                cell.value = None if value is None or math.isnan(value[i]) else f"{value[i]:.6g}"
 
     # -- answering --------------------------------------------------------------------------------
 
@@ -379,7 +368,7 @@ class RunIndex:
             cut = c.text if chars is None else c.text[:chars]
             compare_to = None if d == self.reference or ref_text is None else (ref_text if chars is None else ref_text[:chars])
             cells[d] = {
-                "segments": segments(cut, compare_to) if suite != "perplexity" else [(cut, 0)],
+                "segments": segments(cut, compare_to) if _viewer(suite).word_diff else [(cut, 0)],
                 "truncated": chars is not None and len(c.text) > chars,
                 "ok": int(c.ok),
                 "differs": bool(self.differs_by[d][i]) if d in self.differs_by else False,
@@ -429,18 +418,20 @@ class RunIndex:
 
 
     def _load_arrays(self, dep: str, i: int) -> None:
-        """The scored token ids of a perplexity chunk whose record keeps them in a side file (records v2),
-        through evalkit.records.token_arrays where this evalkit has it."""
+        """The token ids of a record that keeps them out of the record (`ViewerSpec.token_ids`: a perplexity
+        chunk's side file, records v2)."""
         rec = self._arrays.get((dep, i))
-        reader = getattr(records_module, "token_arrays", None)
-        if rec is None or reader is None or (dep, i) in self._loaded_ids:
+        if rec is None or (dep, i) in self._loaded_ids:
+            return
+        reader = _viewer(rec.suite).token_ids
+        if reader is None:
             return
         try:
-            arrays = reader(rec, self.path)
-        except Exception:  # noqa: BLE001 — a missing side file leaves the ids unshown, the rest of the item stays
+            ids = reader(rec, self.path)
+        except Exception:  # a missing side file leaves the ids unshown, the rest of the item stays
             return
-        if arrays is not None and "token" in (arrays.dtype.names or ()):
-            self._loaded_ids[(dep, i)] = np.asarray(arrays["token"], dtype=np.int64)
+        if ids is not None:
+            self._loaded_ids[(dep, i)] = np.asarray(ids, dtype=np.int64)
 
 
     # -- the disk cache ---------------------------------------------------------------------------
@@ -564,5 +555,5 @@ class IndexCache:
         for p in paths:
             try:
                 self.get(p)
-            except Exception:  # noqa: BLE001 — warming is a courtesy; the request will report the error
+            except Exception:  # warming is a courtesy; the request will report the error
                 pass

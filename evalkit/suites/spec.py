@@ -1,0 +1,111 @@
+"""What a suite declares about itself: one `SuiteSpec` per suite module, read by everything outside
+`evalkit/suites/` (config, records, metric declarations, preflight, scoring, report, viewer).
+
+As `EngineSpec` is the engine's: adding a suite = one module holding its settings model, record type(s),
+metric declarations, suite class and `SPEC`, plus one line in `evalkit.suites.SUITES`. The report section,
+verdict columns and viewer cells are optional: without them the report shows a table of the suite's
+declared metrics and the viewer shows each record's generated text (`Generation`) or nothing.
+
+This module is in the foundation layer (as `evalkit.engines.spec`): it imports nothing above it. Presentation
+hooks that need the report's types are named by dotted strings ("module:function"), loaded by the report
+when it draws (the registry's way of reaching up, by name and at run time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from evalkit.metrics.declarations import MetricSpec
+
+
+@dataclass
+class ItemCell:
+    """How the viewer shows one record in its item matrix (built by `SuiteSpec.viewer_cell`).
+
+    `text`: the cell (what "differs" compares); `value`: a short comparable value (None: compare `text`);
+    `ok`: 1 pass, 0 fail, -1 unknown (the per-item CSV's pass/fail column overrides it); `extra`: shown on the
+    item page; `prompt_ids` / `output_ids`: token ids; `prompt`: the prompt text naming the item's row."""
+
+    text: str
+    value: str | None = None
+    ok: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: Any = None
+    output_ids: Any = None
+    prompt: str = ""
+
+
+@dataclass(frozen=True)
+class ViewerSpec:
+    """A suite's place in the viewer's item matrix.
+
+    - `items`: False for a suite whose records are not items (cost: one per concurrency level).
+    - `cell(record) -> ItemCell`: None: the record's generation (output text and token ids), if it has one.
+    - `figures`: (per-item CSV metric, label, format) pairs making a cell whose record has no text (the
+      perplexity chunk's figures); `value_metric`: the figure the cell's comparable value is.
+    - `word_diff`: whether the cell text is diffed word by word against the reference's.
+    - `token_ids(record, run_dir)`: token ids kept out of the record (a side file), read on demand.
+    """
+
+    items: bool = True
+    cell: Callable[[Any], ItemCell] | None = None
+    figures: tuple[tuple[str, str, str], ...] = ()
+    value_metric: str | None = None
+    word_diff: bool = True
+    token_ids: Callable[[Any, Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """One suite's declaration.
+
+    - `name`: its key under `suites:` in the config, in records (`suite`), scores and the report.
+    - `settings_model`: the pydantic model `suites.<name>` validates against.
+    - `suite_class`: the `evalkit.suites.base.Suite` subclass that runs and scores it.
+    - `records`: its record type(s) (subclasses of evalkit.records.Record whose `suite` literal is `name`).
+    - `metrics`: every metric it emits (evalkit.metrics.declarations.MetricSpec, `suite` = `name`).
+    - `title`: its report section's heading; `report`: "module:function" building that section's parts from
+      the report's RunView (None: a table of the declared metrics); `verdict`: "module:function" giving its
+      verdict-table columns (None: none).
+    - `signatures`: "module:function" (view, its describe() dict) -> [(what, value)] rows of the report's
+      signatures table (None: describe() flattened); `memory`: "module:function" (view, deployment) -> (bytes,
+      where) | None, the highest memory the suite measured (the ledger shows it beside the prediction).
+    - `viewer`: its cells in the viewer (`ViewerSpec`).
+    - `check(suite, items, config, config_file)`: plan-time checks of its data against the config (raise an
+      EvalkitError); None: a suite with no items is refused. `config_check(settings, config)`: checks across
+      config sections, run by config validation (raise ValueError: one line).
+    - `quality`: False for a suite whose metrics are limits of a workload (cost), never quality margins.
+    - `offline_description(settings)`: what the report shows instead of `describe()` when describing the suite would
+      reach the network (None: describe() runs offline).
+    """
+
+    name: str
+    settings_model: type[BaseModel]
+    suite_class: type
+    records: tuple[type[BaseModel], ...]
+    metrics: tuple[MetricSpec, ...]
+    title: str = ""
+    report: str | None = None
+    verdict: str | None = None
+    signatures: str | None = None
+    memory: str | None = None
+    viewer: ViewerSpec = ViewerSpec()
+    check: Callable[..., None] | None = None
+    config_check: Callable[[Any, Any], None] | None = None
+    quality: bool = True
+    offline_description: Callable[[Any], dict[str, Any] | None] | None = None
+
+    def __post_init__(self) -> None:
+        for m in self.metrics:
+            if m.suite != self.name:
+                raise ValueError(f"suite {self.name!r}: metric {m.suite}/{m.name} is declared for another suite")
+        for r in self.records:
+            literal = getattr(r.model_fields.get("suite"), "default", None)
+            if literal != self.name:
+                raise ValueError(f"suite {self.name!r}: record type {r.__name__} has suite {literal!r}")
+
+    @property
+    def label(self) -> str:
+        return self.title or self.name
