@@ -65,11 +65,13 @@ class Run:
     @cached_property
     def records(self) -> pd.DataFrame:
         """Records (one row per finished item and deployment), read through evalkit.records: older layouts
-        upgraded, so every row has schema_version, deployment, cached and measured_at."""
+        upgraded, so every row has schema_version, deployment, cached and measured_at. A record's generation
+        (evalkit.records.Generation) is spread into columns: output_text, output_token_ids, n_output_tokens,
+        finish_reason, ttft_s, total_s."""
         from evalkit.records import parse_record
 
-        rows = [parse_record({**r, "deployment": r.get("deployment") or d}, str(self.run_dir.records_path(d)))
-                .model_dump(mode="json") for d in self.deployments for r in self.run_dir.records(d)]
+        rows = [_flat(parse_record({**r, "deployment": r.get("deployment") or d}, str(self.run_dir.records_path(d))))
+                for d in self.deployments for r in self.run_dir.records(d)]
         return pd.DataFrame(rows)
 
     def token_arrays(self, deployment: str, item_id: str) -> Any:
@@ -130,3 +132,13 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, deployments={self.deployments}, reference={self.reference!r})"
+
+
+def _flat(record: Any) -> dict[str, Any]:
+    """A typed record as one frame row, its `generation` part spread into columns."""
+    row = record.model_dump(mode="json")
+    generation = getattr(record, "generation", None)
+    if generation is not None:
+        row.pop("generation", None)
+        row.update(generation.model_dump(mode="json"), n_output_tokens=generation.n_output_tokens)
+    return row

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from evalkit.engines.base import GenResult
 from evalkit.errors import RunDirError
@@ -71,7 +72,7 @@ def test_malformed_record_is_one_line_naming_field() -> None:
 
 def test_records_are_frozen() -> None:
     rec = parse_record(PROMPT_V0)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         rec.prompt = "changed"  # type: ignore[misc]
 
 
@@ -199,3 +200,30 @@ def test_real_engine_records_say_whether_and_when_they_were_measured(gemma_engin
     old = run()[0]
     assert [r.cached for _, r in old] == [True] * len(first)
     assert [r.measured_at for _, r in old] == [a.measured_at if is_whole else None for (is_whole, _), a in zip(old, first)]
+
+
+def test_version_2_generations_are_nested_as_one_part() -> None:
+    """Before version 3 each generating suite copied the generation into its own shape: prompts and HumanEval flat,
+    long context with a nested `timings`, cost requests flat with `output_tokens` and no text. All read back as the
+    same `Generation`."""
+    lc = {"schema_version": 2, "suite": "longcontext", "item_id": "rep/L512", "category": "L512", "kind": "rep",
+          "length_target": 512, "filler_repeats": 3, "n_prompt_tokens": 512, "output_text": "a b c",
+          "output_token_ids": [1, 2, 3], "n_output_tokens": 3, "finish_reason": "length",
+          "timings": {"ttft_s": 0.5, "total_s": 0.9}}
+    rec = parse_record(lc)
+    assert rec.generation == Generation(output_text="a b c", output_token_ids=[1, 2, 3], finish_reason="length",
+                                        ttft_s=0.5, total_s=0.9)
+    assert rec.generation.n_output_tokens == 3 and "timings" not in dump_record(rec)
+    skipped = parse_record({k: v for k, v in lc.items() if k in ("schema_version", "suite", "item_id", "category", "kind",
+                                                                 "length_target", "filler_repeats")} | {"skipped": "too long"})
+    assert skipped.generation is None and skipped.output == ""
+    request = {"key": "q0", "prompt_tokens": 4, "output_tokens": 2, "finish_reason": "length", "ttft_s": 0.1,
+               "total_s": 0.3, "prompt_token_ids": [1, 2, 3, 4], "output_token_ids": [5, 6]}
+    cost = {"schema_version": 2, "suite": "cost", "item_id": "c1/r1", "category": "c1", "concurrency": 1, "repeat": 1,
+            "prompt_tokens": 4, "output_tokens_requested": 2, "ignore_eos": True, "prompt_construction": "x", "wall_s": 0.3,
+            "requests": [request], "baseline_rss_mb": 1.0, "peak_rss_mb": 2.0, "startup_s": 1.0, "warmup_s": 0.1,
+            "engine": "llamacpp", "engine_version": "0", "sampling": {}}
+    (req,) = parse_record(cost).requests
+    assert req.generation == Generation(output_text=None, output_token_ids=[5, 6], finish_reason="length", ttft_s=0.1,
+                                        total_s=0.3)  # the text was never kept: None, not made up
+    assert req.generation.text == "" and req.prompt_token_ids == [1, 2, 3, 4]
