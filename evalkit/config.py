@@ -49,7 +49,7 @@ class Deployment(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     model: ModelRef | None = None
     engine: str
-    options: SerializeAsAny[BaseModel] = Field(default=None, validate_default=True)  # type: ignore[assignment]
+    options: SerializeAsAny[BaseModel] = Field(default=None, validate_default=True)
     replicas: int = Field(default=1, ge=1)  # data-parallel shards of its items (Ray executor: run at once)
     # The suites this deployment runs (None: every enabled one). The others are skipped with the reason in
     # the plan, manifest and report; the decision never recommends it on measurements it lacks.

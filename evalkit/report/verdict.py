@@ -58,14 +58,17 @@ def flips_cell(view: RunView, dep: str, suite: str, category: str) -> Cell:
                 if isnum(p) else "", z_score(rate) if mark != "same" else 0.0)
 
 
+def _human_cells(view: RunView, category: str) -> Callable[[str], Cell]:
+    return lambda d: human_cell(view, d, category)
+
+
 def verdict_columns(view: RunView) -> list[Column]:
     """Human ratings first when imported, then each suite's own columns (`SuiteSpec.verdict`) in registry order."""
     cols: list[Column] = []
     human = not view.human.get("absolute", pd.DataFrame()).empty
     if human:
         for cat in CATEGORIES:
-            cols.append(Column("human rating (1–5)", CATEGORY_LABEL[cat], lambda d, c=cat: human_cell(view, d, c),
-                               f"{CATEGORY_LABEL[cat]} rating"))
+            cols.append(Column("human rating (1–5)", CATEGORY_LABEL[cat], _human_cells(view, cat), f"{CATEGORY_LABEL[cat]} rating"))
     for spec in all_specs():
         if spec.verdict is not None:
             cols += load_hook(spec.verdict)(view)

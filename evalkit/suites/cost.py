@@ -422,8 +422,9 @@ class CostSuite(Suite["CostSettings"]):
         return {"item_id": item.item_id, **item.data, "settings": settings, "sampling": asdict(sampling), "recipe": PROMPT_RECIPE}
 
     def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
-        if getattr(self.settings, "temperature", None) is not None:  # the protocol's own (the field preset: 0.7)
-            sampling = replace(sampling, temperature=self.settings.temperature)
+        temperature = self.settings.temperature
+        if temperature is not None:  # the protocol's own (the field preset: 0.7)
+            sampling = replace(sampling, temperature=temperature)
         todo: list[Item] = []
         for item in items:  # measurements stored by an earlier run of this deployment (see the module doc)
             stored = engine.measurement("cost", self._measurement_key(item, sampling))

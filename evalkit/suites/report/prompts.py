@@ -4,11 +4,11 @@ Drawn by the report from the suite's `SuiteSpec` (`report`, `verdict`): the repo
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
-from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, Example, Table, better_note, cut
+from evalkit.report.cells import CATEGORIES, CATEGORY_LABEL, Cell, Example, Table, better_note, cut
 from evalkit.report.render import Section, some
 from evalkit.report.tables import metric_table
 from evalkit.report.verdict import Column
@@ -137,18 +137,21 @@ def verdict_columns(view: RunView) -> list[Column]:
         group = "prompts (automatic)"
         for cat in CATEGORIES:
             if cat == "code":
-                cols.append(Column(group, "code pass@1", lambda d: view.cell(d, SUITE, "code", "pass@1"), "code pass@1"))
+                cols.append(Column(group, "code pass@1", _cells(view, "code", "pass@1"), "code pass@1"))
             elif cat == "translation":
                 for lang in translation_langs(view, "chrf_en-"):
-                    cols.append(Column(group, f"chrF en-{lang}",
-                                       lambda d, m=f"chrf_en-{lang}": view.cell(d, SUITE, "translation", m),
+                    cols.append(Column(group, f"chrF en-{lang}", _cells(view, "translation", f"chrf_en-{lang}"),
                                        f"translation chrF en-{lang}"))
             else:
-                cols.append(Column(group, CATEGORY_LABEL[cat], lambda d, c=cat: view.cell(d, SUITE, c, "contains"),
-                                   f"{CATEGORY_LABEL[cat]} correct"))
+                cols.append(Column(group, CATEGORY_LABEL[cat], _cells(view, cat, "contains"), f"{CATEGORY_LABEL[cat]} correct"))
     for lang in translation_langs(view, "bleu_en-"):
-        cols.append(Column("BLEU", f"en-{lang}", lambda d, m=f"bleu_en-{lang}": view.cell(d, SUITE, "translation", m)))
+        cols.append(Column("BLEU", f"en-{lang}", _cells(view, "translation", f"bleu_en-{lang}")))
     return cols
+
+
+def _cells(view: RunView, category: str, metric: str) -> Callable[[str], Cell]:
+    """deployment -> its cell of this suite's `metric` in `category`."""
+    return lambda d: view.cell(d, SUITE, category, metric)
 
 
 def signatures(view: RunView, info: dict[str, Any]) -> list[tuple[str, str]]:
