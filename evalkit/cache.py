@@ -32,12 +32,15 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from evalkit.engines import load_engine
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, Provenance, SamplingParams, TokenScores, utc_now
 from evalkit.models import cache_dir, fingerprint
 from evalkit.store import atomic_write_text
+
+if TYPE_CHECKING:
+    from evalkit.sidefiles import SideFile
 
 FORMAT = 1  # bump when the entry layout or key recipe changes: old entries then simply miss
 
@@ -600,3 +603,50 @@ def wrap_engine(
     rep = int(resolved.get("replicate", 0)) if replicate is None else replicate
     parts = key_parts_from_info(engine.info(), resolved.get("variant"), deployment.options, resolved.get("sha256"), rep)
     return CachedEngine(engine, parts, enabled=enabled, root=root)
+
+
+# -- whole measurements with a side file (perplexity's chunks) -----------------------------------------------
+
+Measured = tuple[dict[str, Any], "SideFile", dict[str, Any]]  # record scalars, side file, provenance
+
+
+def keeps_measurements(engine: Engine) -> bool:
+    """Whether this engine's results go through the result cache (not under `--no-cache`)."""
+    return bool(getattr(engine, "keeps_measurements", False))
+
+
+def uncached_engine(engine: Engine) -> Engine:
+    """The engine underneath any result cache (`Engine.uncached`)."""
+    return engine.uncached() if hasattr(engine, "uncached") else engine
+
+
+def cached_measurement(engine: Engine, kind: str, payload: dict[str, Any], compute: Callable[[], tuple[dict[str, Any], "SideFile"]],
+                       ok: Callable[[dict[str, Any]], bool] = lambda hit: True) -> Measured:
+    """One measurement through the engine-result cache (when the engine has one): the entry holds the record's
+    scalars and the side file's hash; the side file itself is kept by hash under the cache's `arrays/`
+    (evalkit.sidefiles), so a re-run copies bytes and parses no array. `ok` vets a hit further."""
+    from evalkit.sidefiles import SideFile, side_path, write_side_file
+
+    if not keeps_measurements(engine):
+        scalars, side = compute()
+        return scalars, side, {"cached": False, "measured_at": utc_now()}
+    hit = engine.measurement(kind, payload)
+    if isinstance(hit, dict) and isinstance(hit.get("arrays_sha256"), str) and ok(hit):
+        sha = hit["arrays_sha256"]
+        blob = side_path(cache_dir(), sha)
+        try:
+            data = blob.read_bytes()
+        except OSError:
+            data = b""
+        if hashlib.sha256(data).hexdigest() == sha:
+            scalars = {k: v for k, v in hit.items() if k not in ("arrays_sha256", "measured_at")}
+            stamp = hit.get("measured_at")  # None: a stored measurement from before it kept the time
+            return scalars, SideFile(sha, data), {"cached": True, "measured_at": stamp}
+    scalars, side = compute()
+    now = utc_now()
+    try:
+        write_side_file(cache_dir(), side)
+        engine.store_measurement(kind, payload, {**scalars, "arrays_sha256": side.sha256, "measured_at": now})
+    except OSError as e:  # a full cache disk costs the cache entry, not the run
+        print(f"evalkit: warning: result cache not written ({e.strerror})", file=sys.stderr, flush=True)
+    return scalars, side, {"cached": False, "measured_at": now}
