@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace, d: Path) -> dict[str, list[dict[str, Any]]
             suite.bind(RunBinding(d / "engine-run", name, "ref"))
             recs: list[dict[str, Any]] = []
             suite.run(eng, suite.items(), None, recs.extend)  # type: ignore[arg-type]
-            tokens = eng.tokenize(suite._text(), add_bos=True)
+            tokens = eng.tokenize(suite.text(), add_bos=True)
             bos = eng.info().bos_token_id if eng.info().add_bos else None
             # v1's lines carried the chunk's ids and the engine's top-k lists to 6 decimals: rebuilt from the
             # engine itself (score_span), not from the float16 copies.

@@ -79,7 +79,7 @@ def disk_plan(config: Any, config_file: Path, use_cache: bool = True) -> DiskPla
         runs = [n for n in names if config.deployment(base(n)).runs(suite.name)]
         if isinstance(suite, PerplexitySuite):
             s = suite.settings
-            n_bytes = len(suite._text_bytes())
+            n_bytes = len(suite.text_bytes())
             chunks = min(len(suite.items()), chunk_count(int(n_bytes / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
             per_chunk = s.n_ctx - scored_from(s.n_ctx)
             from evalkit.suites.perplexity import streaming_readers

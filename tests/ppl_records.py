@@ -61,7 +61,7 @@ def run_text_tokens(run: Path, deployment: str) -> tuple[list[int], int | None]:
     dep = config.deployment(deployment)
     tok = load_tokenizer(dep.engine, manifest["deployments"][deployment]["path"], dep.options)
     try:
-        text = PerplexitySuite(config.suites.perplexity, config, Path(manifest["config_file"]))._text()
+        text = PerplexitySuite(config.suites.perplexity, config, Path(manifest["config_file"])).text()
         return list(tok.tokenize(text, add_bos=True)), None  # a BOS-replaced chunk takes tokens[0] (the BOS)
     finally:
         tok.close()

@@ -33,7 +33,7 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
         lines.append(f"perplexity: top-{s.top_k} + tail lower bound of KLD against {config.reference} for {', '.join(bound)}")
     suite = PerplexitySuite(s, config, config_file)
     # The same estimate as the disk plan's (evalkit.diskplan): tokens at BYTES_PER_TOKEN text bytes each.
-    chunks = min(len(suite.items()), chunk_count(int(len(suite._text_bytes()) / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
+    chunks = min(len(suite.items()), chunk_count(int(len(suite.text_bytes()) / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
     tokens = chunks * (s.n_ctx - scored_from(s.n_ctx))
     path = local_model_path(ref.model.source, config_file)
     try:

@@ -145,11 +145,12 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
 
     # -- data -----------------------------------------------------------------------------------
 
-    def _text_path(self) -> Path:
+    def text_path(self) -> Path:
         return resolve_data_path(self.settings.text, self.config_file)
 
-    def _text_bytes(self) -> bytes:
-        path = self._text_path()
+    def text_bytes(self) -> bytes:
+        """The text file's bytes, checked to be UTF-8 (the plans size a run from their count)."""
+        path = self.text_path()
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -162,15 +163,16 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             raise DataError(str(path), f"perplexity text is not UTF-8 (byte {e.start})") from None
         return data
 
-    def _text(self) -> str:
-        text = self._text_bytes().decode("utf-8")
+    def text(self) -> str:
+        """The text as llama-perplexity reads it."""
+        text = self.text_bytes().decode("utf-8")
         return text[:-1] if text.endswith("\n") else text  # llama-perplexity -f drops one trailing newline
 
     def items(self) -> list[Item]:
         """Chunk placeholders. The real count needs the deployment's tokenizer, so this is an upper
         bound (a token covers at least one byte; +2 for BOS and a space prefix); `run` writes a `skipped`
         record for placeholders past the end of the text so resume sees them done."""
-        n_bytes = len(self._text_bytes())
+        n_bytes = len(self.text_bytes())
         n = chunk_count(n_bytes + 2, self.settings.n_ctx, self.settings.max_chunks)
         return [Item(chunk_id(i), CATEGORY, {"index": i}) for i in range(n)]
 
@@ -184,12 +186,12 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                 str(self.config_file),
                 f"suites.perplexity.n_ctx={s.n_ctx} exceeds the deployment's context ({info.n_ctx} tokens)",
             )
-        text = self._text()
+        text = self.text()
         text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
         tokens = engine.tokenize(text, add_bos=True)
         n_chunks = chunk_count(len(tokens), s.n_ctx, s.max_chunks)
         if n_chunks == 0:
-            raise DataError(str(self._text_path()), f"text has {len(tokens)} tokens, fewer than n_ctx={s.n_ctx}")
+            raise DataError(str(self.text_path()), f"text has {len(tokens)} tokens, fewer than n_ctx={s.n_ctx}")
         bos = info.bos_token_id if info.add_bos else None
         first = scored_from(s.n_ctx)
         distributions = distribution_source(engine)
@@ -395,9 +397,9 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
 
     def describe(self) -> dict[str, Any]:
         s = self.settings
-        data = self._text_bytes()
+        data = self.text_bytes()
         return {
-            "text": str(self._text_path()),
+            "text": str(self.text_path()),
             "text_sha256": hashlib.sha256(data).hexdigest(),
             "text_bytes": len(data),
             "n_ctx": s.n_ctx,
