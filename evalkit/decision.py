@@ -246,8 +246,27 @@ def judge_margin(scores: pd.DataFrame, comps: pd.DataFrame, dep: str, reference:
         return MarginResult(key, margin, direction, "inconclusive", note="no result for this deployment")
     basis, category, est, lo, hi, n = found
     ni: NonInferiority = non_inferiority(est, lo, hi, n, margin, direction, basis)  # type: ignore[arg-type]
+    needed = ni.n_needed
+    if ni.decision == "inconclusive" and basis == "difference":
+        flips = _flip_counts(comps, dep, mk.suite, category)
+        if flips is not None:  # a pass/fail metric: the score test's own sample size, not a rescaled width
+            from evalkit.metrics.stats import pass_fail_items_needed
+
+            needed = pass_fail_items_needed(flips[1], flips[0], n, margin)
     note = "" if lo is not None and hi is not None else "no interval (too few items)"
-    return MarginResult(key, margin, direction, ni.decision, basis, category, est, lo, hi, ni.bound, n, ni.n_needed, note)
+    return MarginResult(key, margin, direction, ni.decision, basis, category, est, lo, hi, ni.bound, n, needed, note)
+
+
+def _flip_counts(comps: pd.DataFrame, dep: str, suite: str, category: str) -> tuple[int, int] | None:
+    """(right->wrong, wrong->right) counts of a pass/fail comparison, from its flip rows; None without them."""
+    rows = comps[(comps.deployment == dep) & (comps.suite == suite) & (comps.category.astype(str) == category)]
+    counts = {}
+    for name in ("flips_right_to_wrong", "flips_wrong_to_right"):
+        row = rows[rows.metric == name]
+        if row.empty or not _isnum(row.iloc[0].value) or not _isnum(row.iloc[0].n):
+            return None
+        counts[name] = round(float(row.iloc[0].value) * int(row.iloc[0].n))
+    return counts["flips_right_to_wrong"], counts["flips_wrong_to_right"]
 
 
 # -- cost at the stated concurrency ---------------------------------------------------------------------
@@ -363,7 +382,8 @@ def _margin_reason(m: MarginResult) -> tuple[str, str]:
         return f"no {m.key} result", f"running the {m.key.split('/')[0]} suite for it"
     if m.n_needed is not None:
         return (f"inconclusive on {what}",
-                f"about {m.n_needed:,} {_unit(m.key)} on {m.key} instead of {m.n:,} (same variance), or a margin looser than {_fmt(m.bound)}")
+                f"about {m.n_needed:,} {_unit(m.key)} on {m.key} instead of {m.n:,} (80% power if the observed difference "
+                f"holds), or a margin looser than {_fmt(m.bound)}")
     return f"inconclusive on {what}", f"more items on {m.key}"
 
 

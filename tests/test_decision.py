@@ -31,17 +31,18 @@ MARGINS = {"mmlu/accuracy": -0.05, "perplexity/ppl_ratio": 1.05}
     (-0.01, -0.03, 0.01, 200, -0.05, "higher", "non-inferior", None),
     # upper bound -0.06 < -0.05: the whole interval is a larger loss than acceptable
     (-0.10, -0.14, -0.06, 200, -0.05, "higher", "inferior", None),
-    # -0.08 <= -0.05 <= 0.04; estimate above the margin: h = -0.02 - -0.08 = 0.06, gap 0.03 -> 100 * 2^2 = 400
-    (-0.02, -0.08, 0.04, 100, -0.05, "higher", "inconclusive", 400),
-    # estimate below the margin: h = upper half-width 0.01 - -0.06 = 0.07, gap 0.01 -> 50 * 7^2 = 2450
-    (-0.06, -0.10, 0.01, 50, -0.05, "higher", "inconclusive", 2450),
+    # -0.08 <= -0.05 <= 0.04; estimate above the margin: h = -0.02 - -0.08 = 0.06, gap 0.03; 80% power:
+    # 100 * ((1.959964 + 0.841621) / 1.959964 * 2)^2 = 100 * 4 * 2.043203 = 817.3 -> 818
+    (-0.02, -0.08, 0.04, 100, -0.05, "higher", "inconclusive", 818),
+    # estimate below the margin: more items would show inferiority, never non-inferiority
+    (-0.06, -0.10, 0.01, 50, -0.05, "higher", "inconclusive", None),
     # lower is better (perplexity ratio): upper bound 1.04 < 1.05
     (1.02, 1.00, 1.04, 1000, 1.05, "lower", "non-inferior", None),
     (1.30, 1.25, 1.35, 1000, 1.05, "lower", "inferior", None),
-    # 1.00 <= 1.05 <= 1.06; h = 1.06 - 1.03 = 0.03, gap 0.02 -> 1000 * 1.5^2 = 2250
-    (1.03, 1.00, 1.06, 1000, 1.05, "lower", "inconclusive", 2250),
-    # a bound exactly on the margin is not beyond it
-    (0.0, -0.05, 0.05, 10, -0.05, "higher", "inconclusive", 11),
+    # 1.00 <= 1.05 <= 1.06; h = 1.06 - 1.03 = 0.03, gap 0.02 -> 1000 * 1.5^2 * 2.043203 = 4597.2 -> 4598
+    (1.03, 1.00, 1.06, 1000, 1.05, "lower", "inconclusive", 4598),
+    # a bound exactly on the margin is not beyond it: 10 * 2.043203 = 20.4 -> 21
+    (0.0, -0.05, 0.05, 10, -0.05, "higher", "inconclusive", 21),
 ])
 def test_non_inferiority_branches(est, lo, hi, n, margin, direction, expected, needed) -> None:
     r = non_inferiority(est, lo, hi, n, margin, direction)
@@ -118,7 +119,7 @@ def test_each_margin_branch_and_the_recommendation() -> None:
     assert [m.decision for m in d[B].margins] == ["inferior", "inferior"]
     assert [m.decision for m in d[C].margins] == ["inconclusive", "inconclusive"]
     assert [m.basis for m in d[A].margins] == ["difference", "value"]  # the reference has accuracy, not a ratio
-    assert [m.n_needed for m in d[C].margins] == [400, 2250]
+    assert [m.n_needed for m in d[C].margins] == [818, 4598]  # as in test_non_inferiority_branches (80% power)
     assert [m.decision for m in d[REF].margins] == ["reference", "reference"]
     # concurrency 2 between measured 1 and 4: w = 1/3; a: 30 + 60/3 = 50 tokens/s, 50 + 150/3 = 100 ms;
     # ref: 20 + 20/3 = 26.67 tokens/s. a beats the reference; b is faster but inferior.
@@ -128,7 +129,7 @@ def test_each_margin_branch_and_the_recommendation() -> None:
     assert d[A].cost.how == "interpolated between concurrency 1 and 4" and d[A].cost.measured is False
     assert dec.recommended == A
     assert dec.summary.startswith("Serve a for 2 concurrent requests at 2,048 tokens of context")
-    assert any("about 400 items on mmlu/accuracy instead of 100" in c for c in d[C].changes)
+    assert any("about 818 items on mmlu/accuracy instead of 100" in c for c in d[C].changes)
     assert any("a margin looser than -0.14 on mmlu/accuracy" in c for c in d[B].changes)
 
 
@@ -166,7 +167,7 @@ def test_nothing_qualifies_says_why_and_what_would_change() -> None:
     assert "a looser limit than 400 ms" in change  # the reference
     assert "about 6 GB more memory per device" in change  # a
     assert "a margin looser than -0.14 on mmlu/accuracy" in change  # b
-    assert "about 400 items on mmlu/accuracy instead of 100" in change  # c
+    assert "about 818 items on mmlu/accuracy instead of 100" in change  # c (the generic 80%-power size: no flip rows)
     js = json.loads(json.dumps(dec.to_json()))
     assert js["recommended"] is None and len(js["deployments"]) == 4
 
@@ -268,7 +269,8 @@ def test_memory_plan_at_the_workload_uses_the_ledger(tmp_path: Path, gemma_gguf:
 def test_margin_on_a_comparison_only_value_is_annotated_in_place() -> None:
     """Flip rate exists only in comparisons.csv (value = diff, reference_value 0): its value is tested.
     0.05 [0.02, 0.12] against at most 0.10 (lower is better): contains the margin -> inconclusive;
-    the estimate is below the margin, so the upper half-width 0.07 against the gap 0.05: 200 * 1.4^2 = 392."""
+    the estimate is below the margin, so the upper half-width 0.07 against the gap 0.05, at 80% power:
+    200 * 1.4^2 * 2.043203 = 800.9 -> 801."""
     scores_df, comps_df, scores, comps = frames()
     flip = ComparisonRow(A, REF, "mmlu", "all", "flip_rate", 0.05, 0.0, 0.05, 0.02, 0.12, 0.3, 200, "Wilson", False)
     comps = comps + [flip]
@@ -277,7 +279,7 @@ def test_margin_on_a_comparison_only_value_is_annotated_in_place() -> None:
     s = DecisionSettings.model_validate({"workload": {"concurrency": 1}, "margins": {"mmlu/flip_rate": 0.10}})
     dec = decide(scores_df, rows_frame(comps), REF, [REF, A], s, {"workload": fits()})
     (m,) = by_name(dec)[A].margins
-    assert (m.basis, m.decision, m.n_needed) == ("value", "inconclusive", 392)
+    assert (m.basis, m.decision, m.n_needed) == ("value", "inconclusive", 801)
     rows = [r for r in annotate_comparisons(dec, comps) if r.metric == "flip_rate"]
     assert len(rows) == 1 and (rows[0].margin, rows[0].decision) == (0.10, "inconclusive")
 

@@ -42,7 +42,7 @@ class NonInferiority:
     direction: Direction
     decision: Verdict
     n: int  # items (tokens for perplexity) behind the interval
-    n_needed: int | None  # inconclusive only: items that would make it conclusive at the observed variance
+    n_needed: int | None  # inconclusive only: items that would show non-inferiority with 80% power
     basis: Basis = "difference"
 
     @property
@@ -72,26 +72,29 @@ def non_inferiority(estimate: float, ci_low: float | None, ci_high: float | None
         verdict = "inferior"
     else:
         verdict = "inconclusive"
-    needed = items_needed(estimate, lo, hi, n, margin) if verdict == "inconclusive" else None
+    needed = items_needed(estimate, lo, hi, n, margin, direction) if verdict == "inconclusive" else None
     return NonInferiority(estimate, lo, hi, margin, direction, verdict, n, needed, basis)
 
 
-def items_needed(estimate: float, ci_low: float, ci_high: float, n: int, margin: float) -> int | None:
-    """Items that would make an inconclusive interval conclusive, at the observed variance.
+def items_needed(estimate: float, ci_low: float, ci_high: float, n: int, margin: float,
+                 direction: Direction = "higher", z_alpha: float = 1.959963984540054, power_z: float = 0.8416212335729143) -> int | None:
+    """Items that would show non-inferiority with 80% power if the observed estimate were the truth, for an
+    interval whose half-width shrinks as 1 / sqrt(n) (normal and t intervals): None when the estimate is not
+    on the good side of the margin (more items would then show inferiority, not non-inferiority).
 
-    An interval's half-width is z * s / sqrt(n): with the per-item spread s unchanged, it shrinks as
-    1 / sqrt(n). The result becomes conclusive once the half-width on the side facing the margin, h,
-    is smaller than the distance from the estimate to the margin, |estimate - M|:
+    The interval's half-width on the side facing the margin, h, is z_alpha * s / sqrt(n); the test reaches
+    `power` (z for 0.8 by default) once (z_alpha + power_z) * s / sqrt(n') < |estimate - M|:
 
-        n_needed = ceil( n * (h / |estimate - M|)^2 )
+        n' = ceil( n * ((z_alpha + power_z) / z_alpha * h / |estimate - M|)^2 )
 
-    h is the lower half-width (estimate - ci_low) when the estimate lies above the margin and the upper
-    one (ci_high - estimate) when below, so asymmetric intervals (Wilson, BCa bootstrap) are read on the
-    side that matters. An estimate exactly on the margin never becomes conclusive: None.
+    Pass/fail metrics do not come here: their sample size is the score test's own
+    (evalkit.metrics.stats.pass_fail_items_needed).
     """
     gap = abs(estimate - margin)
     if n <= 0 or gap == 0:
         return None
-    h = (estimate - ci_low) if estimate > margin else (ci_high - estimate)
-    ratio = n * (h / gap) ** 2
+    if (estimate < margin) if direction == "higher" else (estimate > margin):
+        return None
+    h = (estimate - ci_low) if direction == "higher" else (ci_high - estimate)
+    ratio = n * ((z_alpha + power_z) / z_alpha * h / gap) ** 2
     return max(n + 1, math.ceil(round(ratio, 6)))  # round: 0.04/0.01 squared is 16.000000000000004
