@@ -333,7 +333,7 @@ async function showTrends(params) {
   let lo = Math.min(...ys), hi = Math.max(...ys);
   if (!(hi > lo)) { lo -= 0.5 * (Math.abs(lo) || 1); hi += 0.5 * (Math.abs(hi) || 1); }
   const pad = (hi - lo) * 0.08; lo -= pad; hi += pad;
-  const W = 900, H = 360, L = 70, R = 20, T = 20, B = 70;
+  const W = 900, H = 360, L = 90, R = 20, T = 20, B = 70;
   const X = (i) => L + (runs.length === 1 ? (W - L - R) / 2 : i * (W - L - R) / (runs.length - 1));
   const Y = (v) => T + (hi - v) * (H - T - B) / (hi - lo);
   const chart = svg("svg", {id: "trend-chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img"},
