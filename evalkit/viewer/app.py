@@ -211,10 +211,10 @@ def create_app(settings: Settings) -> Starlette:
     def compare(request: Request) -> Response:
         cand = run_of(request, request.query_params.get("candidate", ""))
         base = run_of(request, request.query_params.get("baseline", ""))
-        pairs = [tuple(p.split("|", 1)) for p in request.query_params.getlist("pair") if "|" in p]
+        pairs = [(a, b) for a, _, b in (p.partition("|") for p in request.query_params.getlist("pair") if "|" in p)]
         if not pairs:
             pairs = default_pairs(cache.get(cand).deployments, cache.get(base).deployments)
-        return JSONResponse(compare_runs(cand, base, pairs, cache))  # type: ignore[arg-type]
+        return JSONResponse(compare_runs(cand, base, pairs, cache))
 
     history_memory: dict[str, Any] = {}
     history_lock = threading.Lock()
@@ -309,9 +309,10 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, *, allow_remote
     # In the background: import the report's modules (the first run page would wait ~1 s for them) and index
     # the newest runs, so the first look at a big run finds it built.
     def warm_up() -> None:
-        import evalkit.report.decision_section  # noqa: F401
-        import evalkit.report.verdict  # noqa: F401
-        import evalkit.report.view  # noqa: F401
+        import importlib
+
+        for module in ("evalkit.report.decision_section", "evalkit.report.verdict", "evalkit.report.view"):
+            importlib.import_module(module)
 
         app.app.state.cache.warm([run_path(root.resolve(), n) for n in run_names(root.resolve())[:3]])  # type: ignore[attr-defined]
 

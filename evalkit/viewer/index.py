@@ -160,6 +160,9 @@ def signature(path: Path) -> tuple:
 class RunIndex:
     """Items x deployments of one run, with flags, scores and search text per row."""
 
+    built_at = 0.0  # when the viewer's cache built or loaded it (time.monotonic), and how long that took
+    build_s = 0.0
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.signature = signature(path)
@@ -168,7 +171,8 @@ class RunIndex:
         self.run_id = str(manifest.get("run_id", path.name))
         self.reference = str(manifest["reference"])
         self.deployments = [str(d) for d in manifest["deployment_order"]]
-        sources = manifest.get("deployments") if isinstance(manifest.get("deployments"), dict) else {}
+        listed = manifest.get("deployments")
+        sources: dict[str, Any] = listed if isinstance(listed, dict) else {}
         self.sources = {d: (sources.get(d) or {}).get("source") for d in self.deployments}
         self.keys: list[tuple[str, str]] = []
         self.category: list[str] = []
@@ -460,7 +464,7 @@ class RunIndex:
             "arrays": [[d, i, rec.model_dump(mode="json")] for (d, i), rec in self._arrays.items()],
         }
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        np.savez(buf, allow_pickle=True, **arrays)  # numpy's default, spelled out so the arrays are the only **kwds
         atomic_write_bytes(arrays_path, buf.getvalue())
         atomic_write_text(meta_path, json.dumps(meta, ensure_ascii=False))
 
@@ -548,8 +552,8 @@ class IndexCache:
     def _fresh_enough(index: RunIndex) -> bool:
         """A run still being written changes with every batch: its index is rebuilt at most every few build
         times (at least 5 s), not on every request."""
-        age = time.monotonic() - getattr(index, "built_at", 0.0)
-        return age < max(5.0, 3 * getattr(index, "build_s", 0.0))
+        age = time.monotonic() - index.built_at
+        return age < max(5.0, 3 * index.build_s)
 
     def warm(self, paths: Iterable[Path]) -> None:
         for p in paths:

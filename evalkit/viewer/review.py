@@ -17,7 +17,7 @@ from typing import Any
 from filelock import FileLock
 
 from evalkit.errors import RatingSheetError
-from evalkit.rating.export import SCORE_MAX, SCORE_MIN, write_csv, browser_sheet
+from evalkit.rating.export import SCORE_MAX, SCORE_MIN, Mode, browser_sheet, write_csv
 from evalkit.rating.import_ import import_sheets
 from evalkit.resources import resource_path
 from evalkit.spreadsheet import unneutralize
@@ -25,7 +25,7 @@ from evalkit.store import atomic_write_bytes, lock_path
 
 RATER_ID = re.compile(r"^\w[\w.@-]{0,63}$")  # rate import's rule: the id becomes a file name
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-MODE = "absolute"
+MODE: Mode = "absolute"
 
 
 class ReviewError(ValueError):
@@ -61,7 +61,9 @@ def sheet_view(run_dir: Path, rater_id: str) -> dict[str, Any]:
     by_item: dict[str, dict[str, Any]] = {}
     rubrics: dict[str, str] = {}
     for row in table[1:]:
-        get = lambda name: unneutralize(row[col[name]]) if name in col and col[name] < len(row) else ""  # noqa: E731
+        def get(name: str, row: list[str] = row) -> str:
+            return unneutralize(row[col[name]]) if name in col and col[name] < len(row) else ""
+
         item_id = get("item_id")
         item = by_item.get(item_id)
         if item is None:

@@ -78,7 +78,7 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
         except (NotFound, OSError, ValueError, KeyError) as e:
             out.append({"run_id": name, "name": name, "status": "unreadable", "line": f"{type(e).__name__}: {e}",
                         "deployments": []})
-        except Exception as e:  # noqa: BLE001 — one broken run must not hide the others
+        except Exception as e:  # one broken run must not hide the others
             out.append({"run_id": name, "name": name, "status": "unreadable", "line": f"{type(e).__name__}: {e}",
                         "deployments": []})
     return out
