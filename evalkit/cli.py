@@ -70,7 +70,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(format_ledger(rows))
         if gpu is not None:
-            print(format_verdicts(gpu, found, max(1, config.hardware.gpu_count())))
+            print(format_verdicts(gpu, found, max(1, config.hardware.gpu_count() if config.hardware is not None else 1)))
         from evalkit.capabilities import plan_skips
         from evalkit.suites.perplexity import plan_store_note
 

@@ -242,7 +242,7 @@ def _v1_arrays(r: "PerplexityRecord") -> np.ndarray:
         out["argmax"] = r.argmax
     if r.kld is not None:
         out["kld"] = r.kld
-    if "same_top" in out.dtype.names:
+    if "same_top" in (out.dtype.names or ()):
         out["same_top"] = np.asarray(r.argmax) == np.asarray(r.ref_argmax)
     if width:
         ids = np.full((n, width), -1, dtype=np.int64)

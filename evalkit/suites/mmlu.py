@@ -362,9 +362,9 @@ class MmluSuite(Suite["MmluSettings"]):
         # One engine call per candidate set (the letter ids are the same for every prompt of a tokenizer,
         # but group defensively in case a prompt ending changes the merge).
         groups: dict[tuple[int, ...], list[int]] = {}
-        for i, ids in enumerate(letter_ids):
-            if ids is not None:
-                groups.setdefault(tuple(ids), []).append(i)
+        for i, letters in enumerate(letter_ids):
+            if letters is not None:
+                groups.setdefault(tuple(letters), []).append(i)
         for cand, idxs in groups.items():
             for i, lp in zip(idxs, engine.next_token_logprobs([prompts[i][0] for i in idxs], list(cand))):
                 logprobs[i] = [float(x) for x in lp]
