@@ -163,7 +163,10 @@ def parse_margins(items: list[str]) -> dict[str, float]:
 
 
 def _outcome(rec: Any) -> tuple[Any, ...]:
-    return tuple(getattr(rec, f, None) for f in OUTCOME_FIELDS)
+    """What the engine produced for one record: its generation's token ids (records v3 keep them in `generation`)
+    and the suite's own outcome fields."""
+    generation = getattr(rec, "generation", None)
+    return (getattr(generation, "output_token_ids", None), *(getattr(rec, f, None) for f in OUTCOME_FIELDS))
 
 
 def _open(path: Path) -> tuple[RunDir, dict[str, Any]]:

@@ -82,6 +82,11 @@ def records(run: Path, dep: str, suite: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def tokens(record: dict[str, Any]) -> list[int]:
+    """A generating record's output token ids (records v3 keep them under `generation`, earlier ones flat)."""
+    return record["generation"]["output_token_ids"] if "generation" in record else record["output_token_ids"]
+
+
 def diff_json(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = evalkit("diff", *args, "--json", "-")
     return proc, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {})
@@ -142,8 +147,10 @@ def test_variant_change_is_a_regression_with_its_paired_statistics(history_runs:
     n = len(shared)
     assert row(mmlu, "all", "flips_right_to_wrong")["value"] == pytest.approx(r2w / n)
     assert row(mmlu, "all", "flips_wrong_to_right")["value"] == pytest.approx(w2r / n)
-    # Changed outputs: the MMLU answers' log-probs differ wherever the weights do.
+    # Changed outputs: the MMLU answers' log-probs differ wherever the weights do; generated answers where their tokens do.
     assert mmlu["outputs_changed"] == sum(a[i]["choice_logprobs"] != b[i]["choice_logprobs"] for i in shared) > 0
+    ga, gb = records(run1, "quant", "prompts"), records(run2, "quant", "prompts")
+    assert suite_of(quant, "prompts")["outputs_changed"] == sum(tokens(ga[i]) != tokens(gb[i]) for i in ga) > 0
 
     # Perplexity ratio new/baseline over the shared chunks, by hand from the NLL sums: Q2_K is far worse than Q8_0,
     # so its interval lies beyond the 1.05 margin: inferior, the regression that makes the exit code 1.
@@ -188,6 +195,8 @@ def test_thread_change_does_not_affect_quality(history_runs: list[Path]) -> None
         a, b = records(run2, "quant", s["suite"]), records(run3, "quant", s["suite"])
         assert s["comparable"] and s["shared_items"] == len(set(a) & set(b)) == len(a)
         assert s["outputs_changed"] == 0  # identical outputs
+        if s["suite"] == "prompts":
+            assert [tokens(a[i]) for i in sorted(a)] == [tokens(b[i]) for i in sorted(a)]
         for r in s["rows"]:
             if r["metric"] in ("accuracy", "exact_match", "contains", "flip_rate", "ppl", "bits_per_byte"):
                 assert r["diff"] == 0 and not r["significant"], r
