@@ -8,7 +8,7 @@ import logging
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import pandas as pd
 
@@ -120,7 +120,7 @@ def better_note(suite: str, metric: str) -> str:
     return {1: " (↑ better)", -1: " (↓ better)"}.get(spec_for(suite, metric).better, "")
 
 
-def isnum(x: Any) -> bool:
+def isnum(x: Any) -> TypeGuard[numbers.Real]:
     """A finite real number (numpy scalars from pandas included; booleans and NaN are not numbers here)."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
 

@@ -94,7 +94,9 @@ def pareto_plot(decision: Decision) -> P.Plot | None:
                      "difference")
         for i, d in enumerate(pts):
             m = next(m for m in d.margins if m.key == key)
-            x = float(d.cost.tokens_per_s)  # type: ignore[union-attr]
+            cost = d.cost
+            assert cost is not None and cost.tokens_per_s is not None  # pts holds only deployments with a throughput
+            x = float(cost.tokens_per_s)
             # the reference sits at 0 on a difference; a value-only metric (a ratio) has none for it: a line
             y = (0.0 if basis == "difference" else None) if m.decision == "reference" else m.estimate
             size = 40 + 400 * ((d.memory.per_device_gb or 0) / top if d.memory and d.memory.per_device_gb else 0)

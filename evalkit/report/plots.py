@@ -177,7 +177,7 @@ def human_plot(view: RunView) -> Plot | None:
     i = 0
     if not absolute.empty:
         cats = [c for c in list(CATEGORIES) + ["all"] if c in set(absolute.category)]
-        vals = {}
+        vals: dict[str, Sequence[Sequence[float]]] = {}
         for d in view.deployments:
             a = absolute[absolute.deployment == d].set_index("category")
             if a.empty:
@@ -200,7 +200,7 @@ def human_plot(view: RunView) -> Plot | None:
             ax.barh(y, v, left=left, color=color, label=label)
             for yy, lo, vv in zip(y, left, v):
                 if vv >= 8:
-                    ax.text(lo + vv / 2, yy, f"{vv:.0f}%", ha="center", va="center", fontsize=8, color="white" if label != "tie" else "black")
+                    ax.text(lo + vv / 2, float(yy), f"{vv:.0f}%", ha="center", va="center", fontsize=8, color="white" if label != "tie" else "black")
             left += v
         ax.set_yticks(y, list(p.deployment))
         ax.set_xlim(0, 100)
