@@ -229,7 +229,10 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
     try:
         config = Config.model_validate(new_m["config"])
     except Exception as e:  # a manifest a newer/older evalkit wrote with a config this one refuses
-        raise RunDirError(str(new_run.manifest_path), f"its config does not validate here ({str(e).splitlines()[0]})") from None
+        errors = getattr(e, "errors", None)
+        first = errors()[0] if callable(errors) and errors() else None
+        why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(e).splitlines()[0]
+        raise RunDirError(str(new_run.manifest_path), f"its config does not validate here ({why})") from None
     config_file = Path(new_m.get("config_file") or new_run.path / "config.yaml")
     wanted: dict[str, float] = {}
     if config_margins and config.decision is not None:
@@ -252,8 +255,8 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
                                 f"no deployment name in both runs ({', '.join(base_deps)} / {', '.join(new_deps)}); "
                                 "pair them with --pair NEW=BASELINE")
 
-    base_recs = records_by_suite(base_run, base_deps)
-    new_recs = records_by_suite(new_run, new_deps)
+    base_recs = records_by_suite(base_run, sorted({bd for _, bd in pairs}))  # only the deployments compared
+    new_recs = records_by_suite(new_run, sorted({nd for nd, _ in pairs}))
     new_id, base_id = str(new_m.get("run_id") or new_run.path.name), str(base_m.get("run_id") or base_run.path.name)
     notes = []
     if (base_m["config"].get("stats") or {}) != (new_m["config"].get("stats") or {}):

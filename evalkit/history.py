@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -34,6 +35,7 @@ from evalkit.errors import RunDirError
 from evalkit.fileio import atomic_write_bytes
 from evalkit.store import COMPARISONS_CSV, MANIFEST, RECORDS_DIR, SCORES_CSV, RunDir, read_keys
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 INDEX_FILE = ".evalkit-history.json"
 INDEX_FORMAT = 1
 _MAGIC = b"evalkit-history"
@@ -200,6 +202,7 @@ def describe_change(c: dict[str, Any], width: int = 24) -> str:
     """`field: before -> after`, long values (hashes) shortened."""
     def short(v: str) -> str:
         v = v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v
+        v = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", v)  # a terminal escape in a run's manifest stays text
         return v if len(v) <= width else v[: width - 1] + "…"
 
     return f"{c['field']}: {short(c['before'])} -> {short(c['after'])}"

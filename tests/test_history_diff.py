@@ -328,6 +328,24 @@ def test_diff_of_two_recorded_runs_identical_outputs(tmp_path: Path) -> None:
     assert suite_of(q8, "perplexity")["shared_items"] == len(records(run, "smol-q8", "perplexity")) == 3
 
 
+def test_diff_shows_hostile_manifest_values_as_text(tmp_path: Path) -> None:
+    """A run whose engine description holds terminal escapes and a bidi override: the terminal gets them as text."""
+    run = tmp_path / "r" / "20261202-134501"
+    shutil.copytree(REPO / "tests" / "data" / "v1_run", run)
+    copy = tmp_path / "r" / "20261203-134501"
+    shutil.copytree(run, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    m["run_id"] = copy.name
+    (copy / "manifest.json").write_text(json.dumps(m))
+    eng = json.loads((copy / "engines" / "smol-q8.json").read_text())
+    eng["engine_version"] = "\x1b[2J\x1b]0;owned\x07\u202eevil\x9b"
+    (copy / "engines" / "smol-q8.json").write_text(json.dumps(eng))
+    proc = evalkit("diff", str(run), str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert "engine_version: 0.3.36 -> \\u001b[2J" in proc.stdout
+    assert not [c for c in proc.stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f or c == "\u202e"]
+
+
 # -- keys and the history ---------------------------------------------------------------------------------------------
 
 
