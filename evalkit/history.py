@@ -364,6 +364,9 @@ def history_entries(reports_dir: Path, *, write_index: bool = True,
             with FileLock(reports_dir / f".{INDEX_FILE}.lock", timeout=30):
                 # One writer at a time, each writing a whole index of the folder as it just read it: the file is
                 # always some writer's complete view, and an entry is only ever used where its stamp still holds.
+                # Under the lock no writer is mid-write, so a temporary left beside it is a dead writer's: swept.
+                for orphan in reports_dir.glob(f".{INDEX_FILE}.*.tmp"):
+                    orphan.unlink(missing_ok=True)
                 atomic_write_bytes(index_path, encode_index(entries))
         except (OSError, Timeout):
             pass  # a read-only folder or a stuck lock: the history is still right, only not kept for next time

@@ -458,6 +458,11 @@ def test_index_cut_at_every_byte_is_rebuilt(tmp_path: Path) -> None:
         assert index.read_bytes() == whole, cut
     index.write_bytes(bytes(flipped))
     assert history_entries(root) == fresh and index.read_bytes() == whole
+    # A writer killed between its temporary and the rename leaves the temporary: the next writer sweeps it.
+    orphan = root / f".{INDEX_FILE}.x1y2z3.tmp"
+    orphan.write_bytes(whole[: len(whole) // 2])
+    index.write_bytes(whole[:-1])
+    assert history_entries(root) == fresh and index.read_bytes() == whole and not orphan.exists()
 
 
 _WRITER = """
