@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -130,7 +131,7 @@ def _plan_pairwise(rng: random.Random, items: dict[str, dict[str, dict[str, Any]
     return {}, plan
 
 
-def _sheet_id(run_id: str, mode: str, seed: int, rater: int, plan: list[dict[str, Any]]) -> str:
+def _sheet_id(run_id: str, mode: str, seed: int, rater: int | str, plan: list[dict[str, Any]]) -> str:
     """Deterministic per (run, mode, seed, rater, content): re-exporting the same thing gives the same id."""
     blob = json.dumps([run_id, mode, seed, rater, plan], sort_keys=True, ensure_ascii=False)
     return "sh-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]  # "sh-": never parsed as a number
@@ -151,18 +152,17 @@ def export_sheets(
     if fmt not in ("csv", "xlsx") or mode not in COLUMNS:
         raise ValueError(f"unknown format/mode {fmt!r}/{mode!r}")
     run = RunDir.open(Path(run_dir))
-    run_id, reference, deployments, items, meta, rubric_for = _rating_inputs(run, mode, rubrics_dir)
+    inputs = _rating_inputs(run, mode, rubrics_dir)
 
     key_path(run.path).parent.mkdir(parents=True, exist_ok=True)
     with FileLock(lock_path(key_path(run.path))):  # browser reviewers add sheets to the same key concurrently
         key = load_key(run.path)
-        key.update(version=KEY_VERSION, run_id=run_id, reference=reference)
+        key.update(version=KEY_VERSION, run_id=inputs.run_id, reference=inputs.reference)
         sheets: list[tuple[Path, list[list[str]]]] = []
         for rater in range(1, raters + 1):
             rater_id = f"rater-{rater}"
             path = run.path / RATINGS_DIR / SHEETS_DIR / f"{rater_id}.{mode}.{fmt}"
-            sheet_id, entry, table = _sheet(run_id, reference, mode, seed, rater, rater_id, deployments, items, meta,
-                                            rubric_for, path.name, fmt)
+            sheet_id, entry, table = _sheet(inputs, mode, seed, rater, rater_id, path.name, fmt)
             key["sheets"][sheet_id] = entry
             sheets.append((path, table))
 
@@ -173,17 +173,30 @@ def export_sheets(
     return [p for p, _ in sheets]
 
 
-def _sheet(run_id: str, reference: str, mode: str, seed: int, rater: int | str, rater_id: str, deployments: list[str],
-           items: dict[str, dict[str, dict[str, Any]]], meta: dict[str, tuple[str, str, str]], rubric_for: dict[str, str],
-           file_name: str, fmt: str) -> tuple[str, dict[str, Any], list[list[str]]]:
+@dataclass(frozen=True)
+class _RatingInputs:
+    """What every sheet of a run is made from (`_rating_inputs`)."""
+
+    run_id: str
+    reference: str
+    deployments: list[str]
+    items: dict[str, dict[str, dict[str, Any]]]  # item id -> deployment -> its prompt-suite record
+    meta: dict[str, tuple[str, str, str]]  # item id -> (category, prompt, reference output)
+    rubric_for: dict[str, str]  # category -> the rubric's summary line
+
+
+def _sheet(inputs: _RatingInputs, mode: str, seed: int, rater: int | str, rater_id: str, file_name: str, fmt: str
+           ) -> tuple[str, dict[str, Any], list[list[str]]]:
     """One rater's blind plan: (sheet id, its key entry, the sheet's table). `rater` seeds the shuffles."""
+    run_id, reference, deployments = inputs.run_id, inputs.reference, inputs.deployments
+    items, meta, rubric_for = inputs.items, inputs.meta, inputs.rubric_for
     rng_seed = f"evalkit-rating|{run_id}|{mode}|{seed}|{rater}"
     rng = random.Random(rng_seed)  # str seeds hash with SHA-512: stable across processes and versions
     if mode == "absolute":
         labels, plan = _plan_absolute(rng, items, deployments)
     else:
         labels, plan = _plan_pairwise(rng, items, deployments, reference)
-    sheet_id = _sheet_id(run_id, mode, seed, rater, plan)  # type: ignore[arg-type]
+    sheet_id = _sheet_id(run_id, mode, seed, rater, plan)
     rows: dict[str, dict[str, Any]] = {}
     table = [COLUMNS[mode]]
     for row_id, entry in zip(_row_ids(len(plan)), plan):
@@ -206,7 +219,7 @@ def _sheet(run_id: str, reference: str, mode: str, seed: int, rater: int | str, 
 BROWSER_DIR = "browser"  # sheets of reviewers rating in `evalkit view`, one per rater id and mode
 
 
-def _rating_inputs(run: RunDir, mode: Mode, rubrics_dir: Path | None) -> tuple[str, str, list[str], dict, dict, dict]:
+def _rating_inputs(run: RunDir, mode: Mode, rubrics_dir: Path | None) -> _RatingInputs:
     """What every sheet of a run is made from: run id, reference, deployments, prompt items with their
     outputs, per-item metadata and the rubric summary per category; refuses a run with nothing to rate."""
     manifest = run.manifest()
@@ -220,7 +233,7 @@ def _rating_inputs(run: RunDir, mode: Mode, rubrics_dir: Path | None) -> tuple[s
     meta = {item_id: _item_meta(outs, reference) for item_id, outs in items.items()}
     rubric_for = {c: rubric_summary("pairwise" if mode == "pairwise" else c, rubrics_dir)
                   for c in sorted({m[0] for m in meta.values()})}
-    return run_id, reference, deployments, items, meta, rubric_for
+    return _RatingInputs(run_id, reference, deployments, items, meta, rubric_for)
 
 
 def browser_sheet(run_dir: Path, rater_id: str, mode: Mode = "absolute", seed: int = 0, *,
@@ -236,10 +249,9 @@ def browser_sheet(run_dir: Path, rater_id: str, mode: Mode = "absolute", seed: i
         if path.exists() and any(e.get("file") == path.name and e.get("rater_index") == f"browser:{rater_id}"
                                  for e in key["sheets"].values()):
             return path
-        run_id, reference, deployments, items, meta, rubric_for = _rating_inputs(run, mode, rubrics_dir)
-        sheet_id, entry, table = _sheet(run_id, reference, mode, seed, f"browser:{rater_id}", rater_id, deployments,
-                                        items, meta, rubric_for, path.name, "csv")
-        key.update(version=KEY_VERSION, run_id=run_id, reference=reference)
+        inputs = _rating_inputs(run, mode, rubrics_dir)
+        sheet_id, entry, table = _sheet(inputs, mode, seed, f"browser:{rater_id}", rater_id, path.name, "csv")
+        key.update(version=KEY_VERSION, run_id=inputs.run_id, reference=inputs.reference)
         key["sheets"][sheet_id] = entry
         atomic_write_text(key_path(run.path), json.dumps(key, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
         write_csv(path, table)
