@@ -338,7 +338,8 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
         except Exception as e:
             out[dep.name] = MemoryFit(None, None, None, note=f"memory plan unavailable: {e}")
             continue
-        fits, why = row.fits, []
+        fits = row.fits
+        why: list[str] = []
         if fits and row.max_context is not None and row.max_context < workload.context_tokens:
             fits, why = False, why + [f"holds at most {row.max_context:,} tokens of context"]
         if fits and row.max_concurrency is not None and row.max_concurrency < workload.concurrency:

@@ -161,9 +161,12 @@ def run_history(args: argparse.Namespace) -> int:
                  "step" if bool(r.step) else "", str(r.changed)] for r in step_changes(sel).itertuples()]
         print("\n".join(_table(["run", "deployment", "category", args.metric, "interval", "n", "", "changed since the previous run"], rows)))
         return 0
+    def text(x: Any) -> str:
+        return "" if x is None or (isinstance(x, float) and x != x) else str(x)
+
     seen = df.drop_duplicates(["run", "deployment", "suite"])
-    rows = [[str(r.run), str(r.deployment), str(r.suite), str(r.engine or ""), str(r.variant or r.precision or ""),
-             str(r.changed)] for r in seen.itertuples()]
-    print("\n".join(_table(["run", "deployment", "suite", "engine", "variant", "changed since the previous run"], rows)))
+    rows = [[text(r.run), text(r.deployment), text(r.suite), text(r.engine), text(r.variant) or text(r.precision),
+             text(r.changed)] for r in seen.itertuples()]
+    print("\n".join(_table(["run", "deployment", "suite", "engine", "variant/precision", "changed since the previous run"], rows)))
     return 0
 

@@ -44,7 +44,7 @@ DEFAULT = StatsSettings()
 CONFIDENCE = 1.0 - DEFAULT.alpha  # default confidence level, for code without a config at hand
 
 
-def _scipy_stats():  # type: ignore[no-untyped-def]
+def _scipy_stats() -> Any:
     """scipy.stats, imported on first use: it takes about a second to import, and every worker and CLI start
     imports the suites (hence this module) without computing a statistic."""
     from scipy import stats

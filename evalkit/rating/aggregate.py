@@ -102,7 +102,7 @@ def _absolute(frame: pd.DataFrame, st: StatsSettings) -> pd.DataFrame:
 def _versus_reference(frame: pd.DataFrame, reference: str, st: StatsSettings) -> pd.DataFrame:
     """Deployment minus reference, paired by item; each side first averaged over its raters."""
     item_means = frame.groupby(["deployment", "category", "item_id"])["score"].mean()
-    rows = []
+    rows: list[dict[str, Any]] = []
     if reference not in set(frame["deployment"]):
         return pd.DataFrame(rows)
     ref = item_means.xs(reference, level="deployment")
