@@ -463,7 +463,7 @@ def rank(qualifying: list[DeploymentDecision], tie: float) -> tuple[list[Deploym
             + sorted(rest, key=lambda d: (-_tps(d), _mem(d), d.deployment)), len(tied))
 
 
-def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.DataFrame, reference: str,
+def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.DataFrame, reference: str,  # noqa: PLR0913 (the lead reshapes the decision this round; left as is)
                     deployments: list[str], margins: dict[str, float], memory: dict[str, MemoryFit],
                     tie: float = 0.05, lacking: dict[str, dict[str, str]] | None = None) -> ScenarioDecision:
     lacking = lacking or {}

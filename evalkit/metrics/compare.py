@@ -26,7 +26,7 @@ def pass_fail_scores(deployment: str, suite: str, category: str, metric: str, ok
     return [ScoreRow(deployment, suite, category, metric, k / n, lo, hi, n)]
 
 
-def pass_fail_rows(deployment: str, reference: str, suite: str, category: str, metric: str,
+def pass_fail_rows(deployment: str, reference: str, suite: str, category: str, metric: str,  # noqa: PLR0913 (the lead reshapes the statistics this round; left as is)
                    deployment_ok: Sequence[bool], reference_ok: Sequence[bool], settings: StatsSettings,
                    flips: bool = False, unit: str = "items") -> list[ComparisonRow]:
     """The share-correct difference; with `flips`, also flip_rate and both flip directions (Wilson CIs).
