@@ -45,17 +45,18 @@ run: $(STAMP)
 # against the peer, cache keys) once more on the numeric paths of the other CPU kind, so an AVX-512 machine fails
 # where an AVX2-only one would (tests/avx2_paths.py: numpy without its AVX-512 code, torch at avx2; on an AVX2
 # machine it says so and runs nothing, the first pass having taken those paths).
-test: $(STAMP) system-deps $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),$(wildcard $(LLAMA_CPP_BIN)/llama-server)),,peer)
+test: $(STAMP) lint system-deps $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),$(wildcard $(LLAMA_CPP_BIN)/llama-server)),,peer)
 	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
 	$(PY) -m pytest -q -m "not vllm and not gpu" --durations=25 && \
 	$(PY) tests/avx2_paths.py -q -m "host_sensitive and not vllm and not gpu" --durations=10 && \
 	$(PY) -m pytest -q -m "vllm and not gpu" --durations=25
 
-# The edit-test loop: everything that does not load a model engine.
-quick: $(STAMP)
+# The edit-test loop: the static checks, then everything that does not load a model engine.
+quick: $(STAMP) lint
 	$(PY) -m pytest -q -m "not engine and not gpu"
 
 # Static checks on evalkit/: ruff (the rules and why: pyproject.toml [tool.ruff.lint]), then mypy ([tool.mypy]).
+# `quick` and `test` (so CI) run them before any test.
 lint: $(STAMP)
 	$(PY) -m ruff check evalkit
 	$(PY) -m mypy
