@@ -60,6 +60,7 @@ class PairDiff:
     baseline_deployment: str
     suites: list[SuiteDiff]
     margins: list[dict[str, Any]] = field(default_factory=list)  # evalkit.decision.MarginResult fields + suite
+    unjudged: list[str] = field(default_factory=list)  # margins whose suite was not compared for this pair
 
     @property
     def changes(self) -> list[dict[str, Any]]:
@@ -127,7 +128,8 @@ class DiffResult:
             "baseline": self.baseline, "new": self.new, "baseline_path": self.baseline_path, "new_path": self.new_path,
             "exit_code": self.exit_code, "fail_on": self.fail_on, "regressions": self.regressions(), "notes": self.notes,
             "pairs": [{"deployment": p.deployment, "baseline_deployment": p.baseline_deployment, "cause": p.cause(),
-                       "changes": p.changes, "margins": p.margins, "suites": [asdict(s) for s in p.suites]}
+                       "changes": p.changes, "margins": p.margins, "unjudged_margins": p.unjudged,
+                       "suites": [asdict(s) for s in p.suites]}
                       for p in self.pairs],
         })
 
@@ -334,6 +336,8 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
                     pair.margins.append({**_clean(asdict(res)), "suite": mk.suite, "metric": mk.metric,
                                          "category": res.category if res.category is not None else mk.category,
                                          "from_scores": res.basis == "value" and comps_df[comps_df.metric == mk.metric].empty})
+            judged = {m["key"] for m in pair.margins}
+            pair.unjudged = [k for k in wanted if k not in judged]
             out.append(pair)
     if not any_compared:
         raise NothingComparable(f"{base_run.path.name} vs {new_run.path.name}",
@@ -405,6 +409,8 @@ def format_text(result: DiffResult, *, every_row: bool = False) -> str:
         if table:
             lines += ["  " + x for x in _table(["suite", "category", "metric", "baseline", "new", "diff", "interval", "n",
                                                 "significant", "margin", "verdict"], table)]
+        if p.unjudged:
+            lines.append(f"  not judged (suite not compared for {p.deployment}): {', '.join(p.unjudged)}")
         for m in p.margins:
             if m["decision"] == "inconclusive" and m.get("n_needed"):
                 lines.append(f"  {m['key']}: inconclusive at {m['n']} items; about {m['n_needed']} would settle it")
