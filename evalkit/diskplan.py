@@ -74,7 +74,10 @@ def disk_plan(config: Any, config_file: Path, use_cache: bool = True) -> DiskPla
     plan = DiskPlan()
     suites = enabled_suites(config, config_file)
     names = [d.name for d in config.deployments] + ([config.reference + ".rerun"] if config.noise_floor else [])
-    base = lambda n: n.removesuffix(".rerun")  # noqa: E731
+
+    def base(n: str) -> str:  # a noise-floor re-run is its deployment's
+        return n.removesuffix(".rerun")
+
     for suite in suites:
         runs = [n for n in names if config.deployment(base(n)).runs(suite.name)]
         if isinstance(suite, PerplexitySuite):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.models import GgufHeader, ggml_block_size, gguf_file_type_name, read_gguf_header  # noqa: F401  (GgufHeader: re-exported for callers)
+from evalkit.models import ggml_block_size, gguf_file_type_name, read_gguf_header
 
 GB = 10**9
 GIB = 2**30
@@ -190,7 +190,7 @@ def hardware_from_config(config: Any) -> Hardware:
     return Hardware(
         gpus=gpus,
         gpu_memory_bytes=int(gpu_gb * GB) if gpu_gb else (detected.gpu_memory_bytes if gpus and detected else 0),
-        ram_bytes=int(ram_gb * GB) if ram_gb else detected.ram_bytes,  # type: ignore[union-attr]
+        ram_bytes=int(ram_gb * GB) if ram_gb else (detected.ram_bytes if detected is not None else 0),  # detected: without ram_gb
         source="config",
         gpu=gpu if gpus else None,
     )
@@ -226,7 +226,9 @@ class LedgerRow:
 
     def plan_json(self) -> dict[str, Any]:
         """The `evalkit plan --json` record (GB = 10^9 bytes; unknown sizes are null)."""
-        gb = lambda n: None if n is None else round(n / GB, 3)  # noqa: E731
+        def gb(n: int | None) -> float | None:
+            return None if n is None else round(n / GB, 3)
+
         return {
             "deployment": self.deployment, "engine": self.engine, "precision": self.precision,
             "weights_gb": gb(self.weights_bytes), "weights_from": self.weights_from, "estimate": self.estimate,
@@ -614,12 +616,12 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware, workload: Workload
         except (OSError, ValueError, KeyError, TypeError, struct.error) as e:  # a corrupt file is a row, not a crash
             problem = f"cannot read {path}: {e}"
     predict = _memory_model(engine)
-    if info is None or predict is None:
+    if path is None or info is None or predict is None:
         reason = problem if info is None else f"no memory model for engine {engine!r}"
         return LedgerRow(dep.name, engine, variant or "?", "unknown", hw.describe(), 0, None, None, None, None, None, None,
                          budget, fits=None, max_context=None, memory_context=None, max_concurrency=None,
                          notes=f"size unknown: {reason}")
-    w = _weights(dep, path, info)  # type: ignore[arg-type]
+    w = _weights(dep, path, info)
     row = predict(dep.name, info.arch, w.bytes or 0, w.precision, w.source, dep.options, hw, workload=workload)
     notes = "; ".join([*w.notes, row.notes] if row.notes else w.notes)
     if w.bytes is None:
@@ -648,7 +650,10 @@ def format_ledger(rows: list[LedgerRow]) -> str:
         for r in rows
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+
+    def line(cells: list[Any]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+
     out = [line(head), line(["-" * w for w in widths])]
     for r, cells in zip(rows, body):
         out.append(line(cells))
@@ -667,7 +672,10 @@ def format_ledger(rows: list[LedgerRow]) -> str:
 def unfit_line(rows: list[dict[str, Any]]) -> str | None:
     """One line with each deployment the plan says this machine cannot hold (`fits` false), its figures and why;
     None when every one fits or is unknown. Rows as the manifest stores them (LedgerRow fields)."""
-    gb = lambda n: "?" if n is None else f"{n / GB:.2f}"  # noqa: E731
+
+    def gb(n: float | None) -> str:
+        return "?" if n is None else f"{n / GB:.2f}"
+
     parts = []
     for r in rows:
         if r.get("fits") is not False:

@@ -163,7 +163,8 @@ def test_vllm_stand_in_tokenizes_as_the_engine() -> None:
 
     from evalkit.engines import tokenizer as stand_ins
     from evalkit.engines.tokenizer import VllmTokenizer
-    from evalkit.engines.vllm import VllmEngine, chat_prompt_ids
+    from evalkit.engines.tokenizer import chat_prompt_ids
+    from evalkit.engines.vllm import VllmEngine
     from evalkit.variants import prepare_variant
 
     path = str(prepare_variant(GEMMA, "hf", progress=False))

@@ -163,7 +163,7 @@ def test_chat_template_is_rendered_with_one_bos(model_dir):
     """The chat branch with the checkpoint's real tokenizer and Gemma's real turn format."""
     from transformers import AutoTokenizer
 
-    from evalkit.engines.vllm import chat_prompt_ids
+    from evalkit.engines.tokenizer import chat_prompt_ids
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.chat_template = (

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines import vllm_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
-from evalkit.engines.tokenizer import HfTokens, VllmTokenizer, chat_prompt_ids  # noqa: F401  (chat_prompt_ids re-exported)
+from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.engines.vllm_memory import KvCacheSize, arch_of_model, predict_vllm, vllm_cpu_in_one_process, vllm_kv_cache_size
 from evalkit.errors import EngineUnavailableError
 from evalkit.hardware import (

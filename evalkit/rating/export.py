@@ -24,7 +24,7 @@ from filelock import FileLock
 
 from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text, lock_path
 from evalkit.suites.prompts import rubric_summary
-from evalkit.spreadsheet import FORMULA_TRIGGERS, neutralize, unneutralize  # noqa: F401 (re-exported for sheet readers)
+from evalkit.spreadsheet import neutralize
 
 Mode = Literal["absolute", "pairwise"]
 Fmt = Literal["csv", "xlsx"]
