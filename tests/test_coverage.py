@@ -14,6 +14,7 @@ non-inferior and covered 43%.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -87,3 +88,76 @@ def test_items_needed_reach_the_promised_power_in_simulation(n: int, r2w: float,
 
     assert power(needed) >= 0.8 - _mc_error(0.8)
     assert power(math.floor(needed * 2 / 3)) < 0.8 - _mc_error(0.8)
+
+
+# -- continuous per-item differences and corpus metrics --------------------------------------------------------
+
+CONTINUOUS_REPLICATES = 1000
+CONTINUOUS_SIZES = (50, 100, 400)
+
+
+def _shapes(rng: np.random.Generator) -> dict[str, tuple[Callable[[int], np.ndarray], float]]:
+    """Per-item paired differences (deployment - reference) of known mean: what evalkit's continuous metrics give."""
+    return {
+        "normal": (lambda n: rng.normal(0.3, 1.0, n), 0.3),
+        "exponential": (lambda n: rng.exponential(1.0, n), 1.0),
+        "log-normal": (lambda n: rng.lognormal(0.0, 0.75, n), math.exp(0.75**2 / 2)),
+        "rating -2..2": (lambda n: rng.choice([-2.0, -1.0, 0.0, 1.0, 2.0], p=[.1, .25, .4, .2, .05], size=n), -0.15),
+        "mostly zero, 30% +-1": (lambda n: rng.choice([-1.0, 0.0, 1.0], p=[.2, .7, .1], size=n), -0.1),
+        "mostly zero, 10% N(-.2,.1)": (lambda n: np.where(rng.random(n) < 0.1, rng.normal(-0.2, 0.1, n), 0.0), -0.02),
+    }
+
+
+def test_paired_mean_interval_covers_from_its_minimum_size_on() -> None:
+    from evalkit.metrics.stats import MIN_ITEMS_FOR_INTERVAL, paired_mean_diff
+
+    lines, failures = [f"{'shape':>28} " + " ".join(f"{n:>6}" for n in CONTINUOUS_SIZES)], []
+    for name, (draw, truth) in _shapes(np.random.default_rng(31)).items():
+        row = []
+        for n in CONTINUOUS_SIZES:
+            zeros = np.zeros(n)
+            hits = 0
+            for _ in range(CONTINUOUS_REPLICATES):
+                res = paired_mean_diff(draw(n), zeros)
+                hits += res.ci_low is not None and res.ci_high is not None and res.ci_low <= truth <= res.ci_high
+            coverage = hits / CONTINUOUS_REPLICATES
+            row.append(f"{coverage:6.3f}")
+            if coverage < COVERAGE_FLOOR - _mc_error(0.95, CONTINUOUS_REPLICATES):
+                failures.append(f"{name} at {n} items: coverage {coverage:.3f}")
+        lines.append(f"{name:>28} " + " ".join(row))
+    print("\n".join(lines))
+    assert not failures, "\n".join(failures)
+    assert paired_mean_diff(np.ones(MIN_ITEMS_FOR_INTERVAL - 1), np.zeros(MIN_ITEMS_FOR_INTERVAL - 1)).ci_low is None
+
+
+def test_corpus_paired_bootstrap_covers_a_ratio_of_sums_from_its_minimum_size_on() -> None:
+    """A corpus metric is a function of summed per-item statistics (BLEU, chrF): here matched / total characters
+    per item, the deployment matching each item's characters a little less often than the reference. The truth
+    is the difference of the population ratios."""
+    from evalkit.metrics.stats import MIN_ITEMS_FOR_CORPUS_INTERVAL, StatsSettings, corpus_paired_bootstrap
+
+    rng = np.random.default_rng(37)
+    settings = StatsSettings(bootstrap_samples=500, seed=5)
+    lines, failures = [], []
+    for n in (MIN_ITEMS_FOR_CORPUS_INTERVAL,):
+        hits = 0
+        replicates = 300
+        for _ in range(replicates):
+            length = rng.lognormal(4.0, 0.6, n).round() + 1
+            ref_rate = rng.beta(8, 2, n)
+            dep_rate = np.clip(ref_rate - np.where(rng.random(n) < 0.2, rng.exponential(0.15, n), 0.0), 0, 1)
+            ref_stats = np.c_[rng.binomial(length.astype(int), ref_rate), length]
+            dep_stats = np.c_[rng.binomial(length.astype(int), dep_rate), length]
+            res = corpus_paired_bootstrap(dep_stats, ref_stats, lambda s: float(s[0] / s[1]), settings)
+            # E[length * rate] / E[length] with length and rate independent: E[rate]; the deployment's shift
+            # is 0.2 * E[min(exponential(0.15), rate)], which the clip barely touches: E = 0.2 * 0.15 * ~0.9996.
+            truth = -0.2 * 0.15 * 0.9996
+            hits += res.ci_low is not None and res.ci_high is not None and res.ci_low <= truth <= res.ci_high
+        coverage = hits / replicates
+        lines.append(f"corpus ratio of sums, {n} items: coverage {coverage:.3f} ({replicates} replicates)")
+        if coverage < COVERAGE_FLOOR - _mc_error(0.95, replicates):
+            failures.append(lines[-1])
+    print("\n".join(lines))
+    assert not failures, "\n".join(failures)
+    few = MIN_ITEMS_FOR_CORPUS_INTERVAL - 1
+    assert corpus_paired_bootstrap(np.ones((few, 2)), np.ones((few, 2)), lambda s: float(s[0] / s[1])).ci_low is None

@@ -87,7 +87,8 @@ def test_pairwise_win_tie_loss_and_differences_in_tidy_tables(tmp_path: Path) ->
     net = comps[(FP8, "all", "net_preference")]
     assert float(net["diff"]) == pytest.approx((6 * 1 + 2 * 0) / 8) and net["reference"] == REF
     q4 = comps[(Q4, "all", "net_preference")]
-    assert float(q4["diff"]) == -1.0 and q4["significant"] == "True"  # every item lost: the interval is [-1, -1]
+    # every item lost, but 8 items are too few for an interval (evalkit.metrics.stats.MIN_ITEMS_FOR_INTERVAL)
+    assert float(q4["diff"]) == -1.0 and q4["significant"] == "False" and "too few items" in q4["method"]
 
 
 def test_rate_import_verb_refreshes_the_tidy_tables(tmp_path: Path) -> None:

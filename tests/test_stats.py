@@ -10,7 +10,7 @@ from scipy import stats as sps
 
 from evalkit.config import StatsSettings
 from evalkit.metrics.stats import (
-    compare_pass_fail, corpus_paired_bootstrap, excludes_zero, mcnemar_flips, paired_bootstrap_diff, paired_proportion_interval,
+    compare_pass_fail, corpus_paired_bootstrap, excludes_zero, mcnemar_flips, paired_mean_diff, paired_proportion_interval,
     tango_interval,
     wilson_ci, z_value,
 )
@@ -60,27 +60,40 @@ def test_mcnemar_rejects_unpaired() -> None:
         mcnemar_flips([True], [True, False])
 
 
-def test_paired_bootstrap_mean_difference_and_ci() -> None:
+def test_paired_mean_difference_is_the_t_interval_for_symmetric_differences() -> None:
     rng = np.random.default_rng(3)
     ref = rng.normal(0.0, 1.0, 200)
     dep = ref + 0.3 + rng.normal(0.0, 0.2, 200)  # paired: the shared item effect cancels
-    res = paired_bootstrap_diff(dep, ref)
+    res = paired_mean_diff(dep, ref)
     d = dep - ref
     assert res.diff == pytest.approx(d.mean())
     se = d.std(ddof=1) / math.sqrt(d.size)
-    # For n=200 the bootstrap CI agrees with the normal-theory paired interval to well within one SE.
-    assert res.ci_low == pytest.approx(d.mean() - 1.96 * se, abs=0.5 * se)
-    assert res.ci_high == pytest.approx(d.mean() + 1.96 * se, abs=0.5 * se)
+    # Near-symmetric differences: Hall's correction is small, the ends are the t interval's (t_0.975,199 = 1.97196).
+    assert res.ci_low == pytest.approx(d.mean() - 1.97196 * se, abs=0.05 * se)
+    assert res.ci_high == pytest.approx(d.mean() + 1.97196 * se, abs=0.05 * se)
     assert res.excludes_zero and res.n == 200
 
 
-def test_paired_bootstrap_degenerate_cases() -> None:
-    same = paired_bootstrap_diff([1.0, 0.0, 1.0], [1.0, 0.0, 1.0])
-    assert (same.diff, same.ci_low, same.ci_high) == (0.0, 0.0, 0.0) and not same.excludes_zero
-    one = paired_bootstrap_diff([0.7], [0.2])
+def test_paired_mean_difference_leans_with_skewed_differences() -> None:
+    """Most items unchanged, a few much worse (a quantized model's usual shape): the interval reaches further
+    towards the long tail than the t interval, and less far on the other side."""
+    d = np.r_[np.zeros(45), -np.ones(5) * 4.0]
+    res = paired_mean_diff(d, np.zeros(50))
+    se = d.std(ddof=1) / math.sqrt(d.size)
+    t = float(sps.t.ppf(0.975, 49))
+    assert res.ci_low is not None and res.ci_high is not None
+    assert res.ci_low < d.mean() - t * se and res.ci_high < d.mean() + t * se
+
+
+def test_paired_mean_difference_gives_no_interval_it_cannot_stand_behind() -> None:
+    same = paired_mean_diff([1.0, 0.0, 1.0] * 20, [1.0, 0.0, 1.0] * 20)
+    assert same.diff == 0.0 and same.ci_low is None and not same.excludes_zero and "spread unknown" in same.method
+    few = paired_mean_diff(np.arange(49.0), np.zeros(49))
+    assert few.ci_low is None and few.method.startswith("too few items for an interval")
+    one = paired_mean_diff([0.7], [0.2])
     assert one.diff == pytest.approx(0.5) and one.ci_low is None and one.n == 1
     with pytest.raises(ValueError):
-        paired_bootstrap_diff([1.0, 2.0], [1.0])
+        paired_mean_diff([1.0, 2.0], [1.0])
 
 
 def test_wilson_uses_alpha() -> None:

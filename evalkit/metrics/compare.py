@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from evalkit.metrics.stats import StatsSettings, compare_pass_fail, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.stats import StatsSettings, compare_pass_fail, paired_mean_diff, wilson_ci
 from evalkit.store import ComparisonRow, ScoreRow
 
 
@@ -53,7 +53,7 @@ def continuous_row(deployment: str, reference: str, suite: str, category: str, m
                    deployment_values: Sequence[float], reference_values: Sequence[float],
                    settings: StatsSettings) -> ComparisonRow:
     """Paired bootstrap of the mean per-item difference (no p-value: the interval decides)."""
-    res = paired_bootstrap_diff(deployment_values, reference_values, settings)
+    res = paired_mean_diff(deployment_values, reference_values, settings)
     return ComparisonRow(deployment, reference, suite, category, metric, float(np.mean(deployment_values)),
                          float(np.mean(reference_values)), res.diff, res.ci_low, res.ci_high, None, res.n, res.method,
                          res.excludes_zero)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from evalkit.config import CATEGORIES
 from evalkit.metrics.agreement import agreement, as_row
-from evalkit.metrics.stats import StatsSettings, clustered_mean, excludes_zero, paired_bootstrap_diff, wilson_ci
+from evalkit.metrics.stats import TOO_FEW_ITEMS, StatsSettings, clustered_mean, excludes_zero, paired_mean_diff, wilson_ci
 from evalkit.rating.export import SCORE_MAX, SCORE_MIN
 from evalkit.rating.import_ import imported_dir
 from evalkit.store import (
@@ -110,7 +110,7 @@ def _versus_reference(frame: pd.DataFrame, reference: str, st: StatsSettings) ->
         mine = item_means.xs(dep, level="deployment")
         paired = pd.concat({"dep": mine, "ref": ref}, axis=1, join="inner").reset_index()
         for cat, c in _by_category(paired):
-            diff = paired_bootstrap_diff(c["dep"].to_numpy(), c["ref"].to_numpy(), st)
+            diff = paired_mean_diff(c["dep"].to_numpy(), c["ref"].to_numpy(), st)
             rows.append({"deployment": dep, "reference": reference, "category": cat,
                          "value": float(c["dep"].mean()), "reference_value": float(c["ref"].mean()),
                          "diff": diff.diff, "ci_low": diff.ci_low, "ci_high": diff.ci_high, "n_items": diff.n,
@@ -191,7 +191,8 @@ def tidy_rows(run_dir: Path) -> tuple[list[ScoreRow], list[ComparisonRow]]:
         scores.append(ScoreRow(r.deployment, SUITE, r.category, "net_preference", float(r.net), lo, hi, int(r.n_items)))
         comps.append(ComparisonRow(r.deployment, r.reference, SUITE, r.category, "net_preference", float(r.net), 0.0,
                                    float(r.net), lo, hi, None, int(r.n_items),
-                                   "side by side: win = 1, tie = 0, loss = -1; item bootstrap", excludes_zero(lo, hi)))
+                                   "side by side: win = 1, tie = 0, loss = -1; "
+                                   + ("item bootstrap" if lo is not None else TOO_FEW_ITEMS), excludes_zero(lo, hi)))
     for r in t["agreement"].itertuples():
         metric = "krippendorff_alpha" if r.mode == "absolute" else "krippendorff_alpha_pairwise"
         if _opt(r.alpha) is None:
