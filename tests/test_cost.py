@@ -141,7 +141,7 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
     ctx = ScoreContext(["g"], "g", suite.config, Path("config.yaml"), {})
     rows = suite.score({"g": records}, ctx)
     by = {(r.category, r.metric): r.value for r in rows}
-    total = sum(q["output_tokens"] for q in records[1]["requests"])
+    total = sum(len(q["generation"]["output_token_ids"]) for q in records[1]["requests"])
     assert by[("c2", "tokens_per_s")] == pytest.approx(total / records[1]["wall_s"])
     assert by[("all", "startup_s")] == info.load_s
     assert {c for c, _ in by} == {"c1", "c2", "all"}

@@ -295,10 +295,10 @@ def test_humaneval_section(rated: Path) -> None:
 
 
 def _level(rec: dict[str, Any]) -> dict[str, float]:
-    reqs = rec["requests"]
-    return {"tokens_per_s": sum(q["output_tokens"] for q in reqs) / rec["wall_s"],
-            "per_request": float(np.median([q["output_tokens"] / q["total_s"] for q in reqs])),
-            "ttft": float(np.median([q["ttft_s"] for q in reqs]))}
+    gens = [q["generation"] for q in rec["requests"]]  # each request's records.Generation
+    return {"tokens_per_s": sum(len(g["output_token_ids"]) for g in gens) / rec["wall_s"],
+            "per_request": float(np.median([len(g["output_token_ids"]) / g["total_s"] for g in gens])),
+            "ttft": float(np.median([g["ttft_s"] for g in gens]))}
 
 
 @pytest.mark.engine

@@ -132,7 +132,7 @@ def test_served_prompts_match_in_process_tokens_and_outputs(three_ways: Path) ->
         assert set(mine) == set(ref)
         same_tokens = sum(mine[i]["prompt_token_ids"] == ref[i]["prompt_token_ids"] for i in ref)
         assert same_tokens == len(ref), f"{dep}: prompt tokens differ from in-process"
-        same_output = sum(mine[i]["output_token_ids"] == ref[i]["output_token_ids"] for i in ref)
+        same_output = sum(mine[i]["generation"]["output_token_ids"] == ref[i]["generation"]["output_token_ids"] for i in ref)
         assert same_output >= 0.9 * len(ref), f"{dep}: {same_output}/{len(ref)} greedy outputs identical"
         assert all(mine[i]["prompt_format"] == "chat" for i in mine)
         print(f"{dep}: prompt tokens {same_tokens}/{len(ref)} identical, greedy outputs {same_output}/{len(ref)} identical")
@@ -154,8 +154,9 @@ def test_served_cost_rows_at_each_concurrency(three_ways: Path) -> None:
             assert {"tokens_per_s", "ttft_median_s", "itl_median_s", "per_request_tokens_per_s"} <= got, (dep, level, got)
         recs = by_item(records(three_ways, dep), "cost")
         c4 = recs["c4/r1"]
-        assert len(c4["requests"]) == 4 and all(r["output_tokens"] == 16 for r in c4["requests"])
-        assert all(0 < r["ttft_s"] < r["total_s"] for r in c4["requests"])
+        gens = [r["generation"] for r in c4["requests"]]  # records.Generation
+        assert len(gens) == 4 and all(len(g["output_token_ids"]) == 16 for g in gens)
+        assert all(0 < g["ttft_s"] < g["total_s"] for g in gens)
     shown = cost[cost.metric.isin(["tokens_per_s", "ttft_median_s", "itl_median_s", "per_request_tokens_per_s"])]
     print(shown.pivot_table(index=["deployment", "category"], columns="metric", values="value").round(4).to_string())
     launched = scores[(scores.deployment == "launched") & (scores.metric == "server_peak_rss_mb")]
@@ -198,7 +199,7 @@ def test_fault_proxy_at_20_percent_gives_every_item_once_and_the_same_results(se
     clean, faulty = run_dir(tmp_path / "clean"), run_dir(tmp_path / "faulty")
     a, b = by_item(records(clean, "srv"), "prompts"), by_item(records(faulty, "srv"), "prompts")
     assert set(a) == set(b) and len(b) == 8
-    assert {i: r["output_token_ids"] for i, r in a.items()} == {i: r["output_token_ids"] for i, r in b.items()}
+    assert {i: r["generation"]["output_token_ids"] for i, r in a.items()} == {i: r["generation"]["output_token_ids"] for i, r in b.items()}
     assert len(by_item(records(faulty, "srv"), "cost")) == 1
     engine = json.loads((faulty / "engines" / "srv.json").read_text())
     assert engine["retried_attempts"] >= 1
@@ -312,14 +313,14 @@ def test_a_model_without_weights_is_tokenized_by_the_server_and_cached_by_what_i
     assert manifest["deployments"]["remote"]["weights"] == "not verified"
     assert manifest["deployments"]["remote"]["endpoint"]["base_url"] == server.root_url + "/v1"
     recs = by_item(records(run, "remote"), "prompts")
-    assert len(recs) == 4 and all(r["prompt_format"] == "chat" and r["output_token_ids"] for r in recs.values())
+    assert len(recs) == 4 and all(r["prompt_format"] == "chat" and r["generation"]["output_token_ids"] for r in recs.values())
     engine = json.loads((run / "engines" / "remote.json").read_text())
     assert engine["extra"]["tokens_from"] == "the server's /tokenize" and engine["extra"]["weights_verified"] is False
     second = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "b"))
     assert second.returncode == 0, second.stderr[-3000:]
     again = by_item(records(run_dir(tmp_path / "b"), "remote"), "prompts")
     assert all(r["cached"] for r in again.values())
-    assert {i: r["output_token_ids"] for i, r in again.items()} == {i: r["output_token_ids"] for i, r in recs.items()}
+    assert {i: r["generation"]["output_token_ids"] for i, r in again.items()} == {i: r["generation"]["output_token_ids"] for i, r in recs.items()}
     assert_key_nowhere(run)
 
 

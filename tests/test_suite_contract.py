@@ -257,7 +257,8 @@ def suite_contract_violations(root: Path = REPO / "evalkit") -> list[str]:
 
 
 def test_no_suite_name_or_settings_outside_the_suites_package() -> None:
-    assert suite_contract_violations() == []
+    found = suite_contract_violations()
+    assert not found, "outside evalkit/suites/, read the suite's SuiteSpec instead:\n" + "\n".join(found)
 
 
 def test_every_left_debt_is_still_there() -> None:
