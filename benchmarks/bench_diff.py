@@ -44,8 +44,9 @@ def make_runs(out: Path, n_items: int, n_deps: int, changed_share: float = 0.1) 
     for line in path.read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
         if rng.random() < changed_share:
-            r["output_text"] = "I do not know."
-            r["output_token_ids"] = [1, 2, 3, 4]
+            out = r["generation"] if "generation" in r else r  # records v3 keep the output in `generation`
+            out["output_text"] = "I do not know."
+            out["output_token_ids"] = [1, 2, 3, 4]
         lines.append(json.dumps(r, ensure_ascii=False, separators=(",", ":")))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     score_run(RunDir.open(b))
