@@ -68,6 +68,9 @@ class MemoryFit:
     max_context: int | None = None
     max_concurrency: int | None = None
     note: str = ""
+    # The limit that binds when it does not fit: "memory" (bytes per device), "context" (the longest context it
+    # holds is shorter than the workload's) or "sequences" (it holds fewer sequences at once than requests).
+    binding: str = ""
 
 
 @dataclass(frozen=True)
@@ -340,14 +343,16 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
             continue
         fits = row.fits
         why: list[str] = []
+        binding = "memory" if fits is False else ""
         if fits and row.max_context is not None and row.max_context < workload.context_tokens:
-            fits, why = False, why + [f"holds at most {row.max_context:,} tokens of context"]
+            fits, binding, why = False, "context", why + [f"holds at most {row.max_context:,} tokens of context"]
         if fits and row.max_concurrency is not None and row.max_concurrency < workload.concurrency:
-            fits, why = False, why + [f"holds {row.max_concurrency} sequence(s) of {workload.context_tokens:,} tokens at once"]
+            fits, binding = False, "sequences"
+            why.append(f"holds {row.max_concurrency} sequence(s) of {workload.context_tokens:,} tokens at once")
         out[dep.name] = MemoryFit(
             fits, row.per_device_bytes / GB if row.per_device_bytes else None,
             row.device_budget_bytes / GB if row.device_budget_bytes else None, row.devices, row.max_context,
-            row.max_concurrency, "; ".join(why + ([row.notes] if row.notes else [])))
+            row.max_concurrency, "; ".join(why + ([row.notes] if row.notes else [])), binding)
     return out
 
 
@@ -409,7 +414,16 @@ def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.D
     non_inferior = all(m.decision in ("non-inferior", "reference") for m in results)
 
     memory_ok = memory.fits if memory else None
-    if memory_ok is False:
+    if memory_ok is False and memory is not None and memory.binding == "sequences":
+        reasons.append(f"holds {memory.max_concurrency} sequence(s) at once, the load has {workload.concurrency} "
+                       f"concurrent requests (memory is not the limit: {_fmt(memory.per_device_gb)} of "
+                       f"{_fmt(memory.budget_gb)} GB per device)")
+        changes.append(f"an engine or setting that runs {workload.concurrency} sequences at once, or fewer concurrent requests")
+    elif memory_ok is False and memory is not None and memory.binding == "context":
+        reasons.append(f"holds at most {memory.max_context:,} tokens of context, the load needs "
+                       f"{workload.context_tokens:,}")
+        changes.append("a longer context setting (max_model_len / n_ctx), or a shorter context")
+    elif memory_ok is False:
         need = f"needs {_fmt(memory.per_device_gb)} GB per device of {_fmt(memory.budget_gb)} GB" if memory else ""
         reasons.append(f"does not fit in memory at this load ({need}{'; ' + memory.note if memory and memory.note else ''})")
         more = (memory.per_device_gb or 0) - (memory.budget_gb or 0) if memory else 0

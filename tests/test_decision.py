@@ -143,6 +143,23 @@ def test_infeasible_by_memory() -> None:
     assert dec.recommended == REF
 
 
+def test_the_binding_limit_is_named_when_memory_is_not_it() -> None:
+    """The default report's hf deployments: 1.69 of 25.3 GB per device, but one sequence at a time against 4
+    concurrent requests. The reason names sequences, not memory; the report cell says so too."""
+    from evalkit.report.decision_section import _memory_cell
+
+    one_at_a_time = MemoryFit(False, 1.69, 25.3, max_concurrency=1, binding="sequences")
+    dec = run_decide(settings(concurrency=4), fits(**{A: one_at_a_time}))
+    d = by_name(dec)
+    assert not d[A].feasible
+    assert any("holds 1 sequence(s) at once, the load has 4 concurrent requests" in r for r in d[A].reasons)
+    assert not any("does not fit in memory" in r for r in d[A].reasons)
+    assert _memory_cell(d[A]).value == "too few sequences"
+    short = MemoryFit(False, 1.0, 25.3, max_context=1024, binding="context")
+    d = by_name(run_decide(settings(concurrency=1), fits(**{A: short})))
+    assert any("holds at most 1,024 tokens of context" in r for r in d[A].reasons)
+
+
 def test_infeasible_by_latency() -> None:
     # measured at c4: ttft ref 400 ms, a 200, c 220 (limit 250): the reference is out, a is in
     dec = run_decide(settings(concurrency=4, max_ttft_ms=250), fits())

@@ -37,6 +37,10 @@ def _margin_cell(m: MarginResult) -> Cell:
 def _memory_cell(d: DeploymentDecision) -> Cell:
     if d.memory is None or d.memory.fits is None:
         return Cell("unknown", d.memory.note if d.memory else "")
+    if d.memory.fits is False and d.memory.binding == "sequences":  # memory is not what binds: say what does
+        return Cell("too few sequences", f"holds {d.memory.max_concurrency} at once", note=d.memory.note)
+    if d.memory.fits is False and d.memory.binding == "context":
+        return Cell("context too short", f"holds {d.memory.max_context:,} tokens", note=d.memory.note)
     return Cell("fits" if d.memory.fits else "does not fit",
                 f"{_g(d.memory.per_device_gb, 3)} of {_g(d.memory.budget_gb, 3)} GB per device", note=d.memory.note)
 
