@@ -66,7 +66,8 @@ def _from_package(name: str) -> Path:
 
             time.sleep(3)
             return Path(module.assemble())
-    ggufs = sorted(Path(module.__file__).parent.rglob("*.gguf"))  # type: ignore[arg-type]
+    assert module.__file__ is not None  # a model package is installed as files
+    ggufs = sorted(Path(module.__file__).parent.rglob("*.gguf"))
     if not ggufs:
         raise ModelFileError(f"pkg:{name}", "package ships no .gguf file")
     return ggufs[0]

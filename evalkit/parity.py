@@ -80,7 +80,7 @@ def _output_rows(suite: str, dep: str, ref: str, recs: list[Record], ref_recs: d
     for r in recs:
         theirs = ref_recs.get(r.item_id)
         mine_out, ref_out = _output_ids(r), _output_ids(theirs)
-        if mine_out is None or ref_out is None or _tokens(r) != _tokens(theirs):  # type: ignore[arg-type]
+        if theirs is None or mine_out is None or ref_out is None or _tokens(r) != _tokens(theirs):
             continue
         compared += 1
         if list(mine_out) == list(ref_out):

@@ -31,7 +31,8 @@ def _no_network() -> None:
     class NoSocket(socket.socket):
         def __init__(self, *a: object, **k: object) -> None:
             raise PermissionError("network access is disabled in the sandbox")
-    socket.socket = _socket.socket = NoSocket  # type: ignore[misc]
+    for module in (socket, _socket):  # what `socket.socket(...)` and `_socket.socket(...)` find
+        vars(module)["socket"] = NoSocket
 
 
 def _where(e: BaseException, fname: str, src: str | None = None) -> str:

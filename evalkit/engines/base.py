@@ -133,7 +133,10 @@ class Engine(ABC):
         This default slices `score` (top-k at every position); engines with a cheaper way override it.
         """
         scores = self.score([list(token_ids)], top_k=top_k)[0]
-        nll = [-float(scores.logprobs[p]) for p in range(first, len(token_ids))]  # type: ignore[arg-type]
+        scored = scores.logprobs[first:len(token_ids)]
+        if any(lp is None for lp in scored):  # only position 0 has no log-prob
+            raise ValueError(f"score() left a log-prob out after position {first}")
+        nll = [-float(lp) for lp in scored if lp is not None]
         assert scores.top is not None or top_k == 0
         top = [
             [[int(t), float(lp)] for t, lp in sorted(scores.top[p], key=lambda e: -e[1])] if scores.top is not None else []

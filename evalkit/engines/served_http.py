@@ -13,10 +13,11 @@ Authorization header of this client; error messages never include headers.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Coroutine, TypeVar
 
 import httpx
 from tenacity import AsyncRetrying, RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
@@ -158,10 +159,10 @@ class ServerClient:
             self._async = asyncio.run_coroutine_threadsafe(make(), loop).result()
         return self._loop
 
-    def submit(self, coro_fn: Callable[[], Awaitable[T]]) -> "asyncio.Future[T]":
+    def submit(self, coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> "concurrent.futures.Future[T]":
         """Run `coro_fn()` on the client's loop; a concurrent.futures.Future of its result."""
         loop = self._ensure_loop()
-        return asyncio.run_coroutine_threadsafe(coro_fn(), loop)  # type: ignore[arg-type,return-value]
+        return asyncio.run_coroutine_threadsafe(coro_fn(), loop)
 
     async def acall(self, method: str, path: str, body: Any = None) -> Any:
         """`call` on the client's loop (many at once: scoring requests)."""

@@ -102,7 +102,8 @@ class LocalExecutor:
 def _has_file_descriptor(stream: object) -> bool:
     """False for a stream that is not a file (a notebook's, pytest's capture): there is nothing to hand a worker."""
     try:
-        return isinstance(stream.fileno(), int)  # type: ignore[attr-defined]
+        fileno = getattr(stream, "fileno", None)
+        return fileno is not None and isinstance(fileno(), int)
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both an OSError and a ValueError
         return False
 

@@ -160,7 +160,7 @@ class SecurityMiddleware:
         await send({"type": "http.response.body", "body": text.encode()})
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> SecurityMiddleware:
     root = settings.root.resolve()
     cache = IndexCache()
 
@@ -275,7 +275,7 @@ def create_app(settings: Settings) -> Starlette:
         NotFound: not_found, 404: not_found, review_mod.ReviewError: bad_request, EvalkitError: bad_request,
         json.JSONDecodeError: bad_request})
     app.state.cache = cache
-    return SecurityMiddleware(app, settings)  # type: ignore[return-value]
+    return SecurityMiddleware(app, settings)
 
 
 def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, *, allow_remote: bool = False,
@@ -314,7 +314,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, *, allow_remote
         for module in ("evalkit.report.decision_section", "evalkit.report.verdict", "evalkit.report.view"):
             importlib.import_module(module)
 
-        app.app.state.cache.warm([run_path(root.resolve(), n) for n in run_names(root.resolve())[:3]])  # type: ignore[attr-defined]
+        app.app.state.cache.warm([run_path(root.resolve(), n) for n in run_names(root.resolve())[:3]])
 
     threading.Thread(target=warm_up, daemon=True).start()
     print(f"evalkit: viewer at {url} (reports folder {root}; Ctrl-C stops it)", file=sys.stderr, flush=True)
