@@ -257,7 +257,28 @@ def judge_margin(scores: pd.DataFrame, comps: pd.DataFrame, dep: str, reference:
 
             needed = pass_fail_items_needed(flips[1], flips[0], n, margin)
     note = "" if lo is not None and hi is not None else "no interval (too few items)"
+    floor = _noise_floor_note(scores, comps, reference, mk, margin, direction)
+    note = "; ".join(x for x in (note, floor) if x)
     return MarginResult(key, margin, direction, ni.decision, basis, category, est, lo, hi, ni.bound, n, needed, note)
+
+
+RERUN_SUFFIX = ".rerun"  # evalkit.pipeline.NOISE_SUFFIX: the noise-floor rerun of the reference (noise_floor: true)
+
+
+def _noise_floor_note(scores: pd.DataFrame, comps: pd.DataFrame, reference: str, mk: MarginKey, margin: float,
+                      direction: str) -> str:
+    """A margin the reference cannot meet against its own rerun is tighter than the noise floor: say so, with
+    the figure. Empty without a rerun (noise_floor: false) or when the reference clears the margin."""
+    rerun = reference + RERUN_SUFFIX
+    found = tested_quantity(scores, comps, rerun, reference, mk)
+    if found is None:
+        return ""
+    _, _, est, lo, hi, n = found
+    own = non_inferiority(est, lo, hi, n, margin, direction)  # type: ignore[arg-type]
+    if own.decision == "non-inferior":
+        return ""
+    return (f"margin tighter than the noise floor: the reference against its own rerun is {own.decision} at it "
+            f"({_fmt(est)} [{_fmt(lo)}, {_fmt(hi)}], n = {n})")
 
 
 def _flip_counts(comps: pd.DataFrame, dep: str, suite: str, category: str) -> tuple[int, int] | None:

@@ -323,3 +323,22 @@ def test_a_deployment_lacking_needed_measurements_is_never_recommended() -> None
     assert d[A].reasons == ["not measured on cost, mmlu, which the decision needs (it does not run them: "
                             "not in its suites: list (perplexity))"]
     assert d[A].changes == ["running cost, mmlu for it"]
+
+
+def test_a_margin_tighter_than_the_noise_floor_is_flagged_with_the_figure() -> None:
+    """The reference's rerun (noise_floor: true) differs from the reference by -0.02 [-0.07, 0.03] on MMLU: even
+    the reference cannot be shown within 5 points of itself, so each deployment's verdict on that margin carries
+    the figure; the ppl_ratio margin (rerun 1.00 [0.99, 1.01] < 1.05) carries none."""
+    from evalkit.decision import rows_frame
+
+    _, _, scores, comps = frames()
+    rerun = REF + ".rerun"
+    scores = scores + [ScoreRow(rerun, "mmlu", "all", "accuracy", 0.58, None, None, 200),
+                       ScoreRow(rerun, "perplexity", "text", "ppl_ratio", 1.0, 0.99, 1.01, 1000)]
+    comps = comps + [ComparisonRow(rerun, REF, "mmlu", "all", "accuracy", 0.58, 0.60, -0.02, -0.07, 0.03, 0.5, 200,
+                                   "hand", False)]
+    dec = decide(rows_frame(scores), rows_frame(comps), REF, [REF, A, B, C], settings(concurrency=1),
+                 {"workload": fits()})
+    mmlu, ppl = by_name(dec)[A].margins
+    assert "margin tighter than the noise floor" in mmlu.note and "-0.02 [-0.07, 0.03], n = 200" in mmlu.note
+    assert "noise floor" not in ppl.note
