@@ -167,8 +167,9 @@ def parse_margins(items: list[str]) -> dict[str, float]:
 def _outcome(rec: Any) -> tuple[Any, ...]:
     """What the engine produced for one record: its generation's token ids (records v3 keep them in `generation`)
     and the suite's own outcome fields."""
-    generation = getattr(rec, "generation", None)
-    return (getattr(generation, "output_token_ids", None), *(getattr(rec, f, None) for f in OUTCOME_FIELDS))
+    fields = rec.__dict__  # a pydantic model's fields (getattr of an absent one goes through its slow __getattr__)
+    generation = fields.get("generation")
+    return (None if generation is None else generation.__dict__.get("output_token_ids"), *(fields.get(f) for f in OUTCOME_FIELDS))
 
 
 def _open(path: Path) -> tuple[RunDir, dict[str, Any]]:
