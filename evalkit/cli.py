@@ -83,6 +83,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         note = plan_store_note(config, config_file)
         if note:
             print(note)
+        from evalkit.margin_plan import margin_plans
+
+        for plan in margin_plans(config, config_file):  # can the suites' sizes show the margins at all?
+            print(plan.line())
     errors = refusals(found, config_file)
     for e in errors:  # a deployment that cannot run on the named GPU: one line each, exit 2
         print(f"evalkit: error: {e}", file=sys.stderr)
