@@ -443,7 +443,7 @@ def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.D
     elif memory_ok is False and memory is not None and memory.binding == "context":
         reasons.append(f"holds at most {memory.max_context:,} tokens of context, the load needs "
                        f"{workload.context_tokens:,}")
-        changes.append("a longer context setting (max_model_len / n_ctx), or a shorter context")
+        changes.append("a longer context setting for its engine, or a shorter context")
     elif memory_ok is False:
         need = f"needs {_fmt(memory.per_device_gb)} GB per device of {_fmt(memory.budget_gb)} GB" if memory else ""
         reasons.append(f"does not fit in memory at this load ({need}{'; ' + memory.note if memory and memory.note else ''})")
