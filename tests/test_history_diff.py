@@ -556,10 +556,15 @@ def test_trends_page_in_chromium(history_runs: list[Path], tmp_path: Path) -> No
         points = evaluate(cdp, session, """[...document.querySelectorAll('#trend-chart g.point')].map(g => (
             {run: g.dataset.run, dep: g.dataset.deployment, group: g.dataset.group, step: g.classList.contains('step')}))""")
         table = evaluate(cdp, session, "document.querySelector('table.trend').innerText")
+        # Run against run says what changed, from the same keys.
+        _go(cdp, session, f"#/compare?candidate={history_runs[1].name}&baseline={history_runs[0].name}", "compare")
+        changed = evaluate(cdp, session, "Object.fromEntries([...document.querySelectorAll('p.what-changed')].map(p => [p.dataset.dep, p.textContent]))")
+        _go(cdp, session, "#/trends?suite=perplexity&metric=ppl_ratio&category=text", "trends")
         page = evaluate(cdp, session, """(() => ({pwned: window.pwned === 1, scripts: [...document.scripts].map(s => s.src),
             imgs: document.querySelectorAll('main img, main iframe, main [onerror]').length}))()""")
         cdp.drain(1.0)
         events = list(cdp.events)
+    assert "variant: Q8_0 -> Q2_K" in changed["quant"] and changed["base"] == "what changed: nothing"
     names = [r.name for r in history_runs]
     quant = {p["run"]: p for p in points if p["dep"] == "quant"}
     assert sorted(quant) == sorted([*names, hostile.name])

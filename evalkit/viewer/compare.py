@@ -46,6 +46,9 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
     cand_index, base_index = cache.get(candidate), cache.get(baseline)
     cand_id, base_id = ctx.manifest["run_id"], base_manifest["run_id"]
     stats_differ = (base_manifest.get("config") or {}).get("stats") != (ctx.manifest.get("config") or {}).get("stats")
+    from evalkit.history import result_keys
+
+    keys = (result_keys(candidate, ctx.manifest), result_keys(baseline, base_manifest))  # what each result depends on
     out: list[dict[str, Any]] = []
     for dep, base_dep in pairs:
         mine, theirs = f"{dep} @ {cand_id}", f"{base_dep} @ {base_id}"
@@ -84,11 +87,24 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
                 row["shared_items"] = len(shared)
                 rows.append(row)
         out.append({"deployment": dep, "baseline_deployment": base_dep, "rows": rows, "errors": errors,
-                    "shared_items": shared_total, **_changed(cand_index, base_index, dep, base_dep)})
+                    "shared_items": shared_total, "what_changed": _what_changed(keys[0].get(dep, {}), keys[1].get(base_dep, {})),
+                    **_changed(cand_index, base_index, dep, base_dep)})
     return {"candidate": cand_id, "baseline": base_id, "pairs": out,
             "note": ("the two runs' configs set different `stats:`; intervals use the candidate's" if stats_differ else ""),
             "candidate_deployments": ctx.deployments,
             "baseline_deployments": [str(d) for d in base_manifest["deployment_order"]]}
+
+
+def _what_changed(mine: dict[str, dict[str, str]], theirs: dict[str, dict[str, str]]) -> str:
+    """What a pairing's results depend on that differs between its two sides (evalkit.history's keys of each
+    suite both ran, as `evalkit diff` says it)."""
+    from evalkit.history import key_changes, summarize_changes
+
+    seen: dict[str, dict[str, Any]] = {}
+    for suite in mine.keys() & theirs.keys():
+        for c in key_changes(theirs[suite], mine[suite]):
+            seen.setdefault(c["field"], c)
+    return summarize_changes(list(seen.values())) if mine.keys() & theirs.keys() else "no suite run by both"
 
 
 def _carrying_arrays(records: list[Any], run_dir: Path) -> list[Any]:

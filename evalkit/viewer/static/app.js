@@ -275,7 +275,8 @@ async function showCompare(params) {
   parts.push(el("div", {cls: "controls"}, "pair ", candSel, ` (${data.candidate}) against `, baseSel, ` (${data.baseline}) `,
     el("button", {text: "compare this pair", onclick: () => { location.hash = "#/compare?" + qs({candidate, baseline, pair: [candSel.value + "|" + baseSel.value]}); }})));
   for (const p of data.pairs) {
-    parts.push(el("h2", {text: `${p.deployment} (${data.candidate}) − ${p.baseline_deployment} (${data.baseline})`}));
+    parts.push(el("h2", {text: `${p.deployment} (${data.candidate}) − ${p.baseline_deployment} (${data.baseline})`}),
+      el("p", {cls: "what-changed", data: {dep: p.deployment}}, "what changed: ", visible(p.what_changed || "")));
     const t = el("table", {cls: "stats compare", data: {dep: p.deployment, base: p.baseline_deployment}});
     t.append(el("tr", {}, ["suite", "category", "metric", "candidate", "baseline", "difference", "interval", "n", "significant", "method"].map((h) => el("th", {text: h}))));
     for (const r of p.rows) {
