@@ -98,3 +98,24 @@ def test_rescoring_under_the_other_cpu_kinds_paths_changes_no_exact_figure(resco
         changed = mismatches(here, there, key, tolerant=via_numpy_transcendentals)
         assert not changed, f"{name} ({'numpy without ' + ' '.join(present) if present else 'one path'}): {changed[:5]}"
         assert sum(not via_numpy_transcendentals(r) for r in here) > 20  # most figures were compared to the bit
+
+
+def test_an_earlier_run_re_scores_under_the_new_interval_methods_and_names_them(rescored: Path) -> None:
+    """Issue 31: a run recorded before Tango's interval re-scores with it. Every pass/fail row's interval is the
+    one its recorded discordant counts give (the counts read back from the recorded flip rows, and the method
+    text), it is no longer [0, 0] where no answer flipped, and McNemar's verdict is unchanged."""
+    from evalkit.metrics.stats import paired_proportion_interval
+
+    before = {tuple(r[k] for k in COMPARISON_KEY): r for r in table((FIXTURE / COMPARISONS_CSV).read_text(encoding="utf-8"))}
+    after = table((rescored / COMPARISONS_CSV).read_text(encoding="utf-8"))
+    tango = [r for r in after if "Tango score interval" in r["method"]]
+    assert len(tango) >= 5
+    for row in tango:
+        n = int(row["n"])
+        r2w, w2r = (int(x) for x in row["method"].split("(")[1].replace(" right->wrong,", "").split(" wrong->right")[0].split())
+        assert round((w2r - r2w) / n, 12) == round(float(row["diff"]), 12)
+        lo, hi = paired_proportion_interval(w2r, r2w, n)
+        assert (float(row["ci_low"]), float(row["ci_high"])) == (float(lo), float(hi))
+        assert float(row["ci_low"]) <= float(row["diff"]) <= float(row["ci_high"])
+        assert float(row["ci_low"]) < float(row["ci_high"])  # never a zero-width interval such as [0, 0]
+        assert row["significant"] == before[tuple(row[k] for k in COMPARISON_KEY)]["significant"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from host_tolerance import mismatches, perplexity_figure, table
+from host_tolerance import mismatches, perplexity_figure, replaced_interval_columns, table
 
 from evalkit.errors import RunDirError
 from evalkit.metrics.likelihood import token_drift, token_drift_arrays
@@ -201,5 +201,8 @@ def test_a_v1_run_re_scores_to_the_same_scores(tmp_path: Path) -> None:
         assert before.splitlines()[0] == after.splitlines()[0], name  # the same columns
         assert len(table(before)) == len(table(after)), name  # no row added or lost
         assert not mismatches(table(before), table(after), key, tolerant=perplexity_figure), name
+        # The rest byte for byte, but the rows whose interval method issue 31 replaced (checked above without it).
+        replaced = {ln for ln, row in zip(after.splitlines()[1:], table(after)) if replaced_interval_columns(row)}
         exact = [ln for ln in before.splitlines() if ",perplexity," not in ln]
-        assert len(exact) > 5 and set(exact) <= set(after.splitlines()), name  # the rest byte for byte
+        assert len(exact) > 5, name
+        assert len([ln for ln in exact if ln not in set(after.splitlines())]) <= len(replaced), name
