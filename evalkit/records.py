@@ -263,7 +263,13 @@ def record_types() -> dict[str, type[Record]]:
     """suite name -> its record type, from the suite registry (evalkit.suites: each spec's `records`)."""
     state = registry_state()
     if state not in _RECORD_TYPES:
-        _RECORD_TYPES[state] = {spec.name: rtype for spec in all_specs() for rtype in spec.records}  # type: ignore[misc]
+        types: dict[str, type[Record]] = {}
+        for spec in all_specs():
+            for rtype in spec.records:
+                if not issubclass(rtype, Record):  # SuiteSpec (below records) cannot check this itself
+                    raise TypeError(f"suite {spec.name!r}: record type {rtype.__name__} is not an evalkit.records.Record")
+                types[spec.name] = rtype
+        _RECORD_TYPES[state] = types
     return _RECORD_TYPES[state]
 
 
@@ -299,7 +305,8 @@ def _upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
 def _upgrade_v2(raw: dict[str, Any]) -> dict[str, Any]:
     """Version 2: generating suites copied the generation into their own fields; version 3 nests it as one
     `Generation` part. Each record type says how (`Record.from_v2`)."""
-    rtype = record_types().get(raw.get("suite"))  # type: ignore[arg-type]
+    suite = raw.get("suite")
+    rtype = record_types().get(suite) if isinstance(suite, str) else None
     data = rtype.from_v2(raw) if rtype is not None else dict(raw)
     return {**data, "schema_version": 3}
 
@@ -317,7 +324,8 @@ def parse_record(raw: dict[str, Any], where: str = "records") -> Record:
     while version < SCHEMA_VERSION:
         data = UPGRADES[version](data)
         version += 1
-    rtype = record_types().get(data.get("suite"))  # type: ignore[arg-type]
+    suite = data.get("suite")
+    rtype = record_types().get(suite) if isinstance(suite, str) else None
     if rtype is None:
         raise RunDirError(where, f"record of unknown suite {data.get('suite')!r} (item {data.get('item_id')!r})")
     try:

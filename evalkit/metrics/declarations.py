@@ -44,11 +44,12 @@ _m = MetricSpec  # the table below passes MetricSpec's fields by position, one d
 
 def flip_metrics(suite: str) -> list[MetricSpec]:
     """The flip metrics of a pass/fail suite compared item by item with the reference (mmlu, humaneval)."""
-    return [_m(suite, n, "share", d, "rate", "pct", "mcnemar", t) for n, d, t in (  # type: ignore[arg-type]
+    flips: tuple[tuple[str, Direction, str], ...] = (
         ("flip_rate", "lower", "share of items whose correctness changed against the reference"),
         ("flips_right_to_wrong", "lower", "share of items the reference got right and the deployment wrong"),
         ("flips_wrong_to_right", "higher", "share of items the reference got wrong and the deployment right"),
-    )]
+    )
+    return [_m(suite, n, "share", d, "rate", "pct", "mcnemar", t) for n, d, t in flips]
 
 
 # Every suite declares its metrics in its SuiteSpec (evalkit/suites/<suite>.py: `metrics`); imported human

@@ -228,10 +228,8 @@ def _questions(rows: Iterable[dict[str, Any]]) -> dict[str, list[Question]]:
             raise DataError(where, f"choices must be a list of 4, got {row['choices']!r}")
         subject = str(row["subject"])
         of_subject = out.setdefault(subject, [])
-        of_subject.append(
-            Question(subject, len(of_subject), str(row["question"]), tuple(str(c) for c in choices),  # type: ignore[arg-type]
-                     _answer_index(row["answer"], where))
-        )
+        a, b, c, d = (str(x) for x in choices)
+        of_subject.append(Question(subject, len(of_subject), str(row["question"]), (a, b, c, d), _answer_index(row["answer"], where)))
     return out
 
 
