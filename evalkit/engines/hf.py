@@ -103,9 +103,7 @@ class HfEngine(HfTokens, Engine):
             torch.set_num_threads(options.n_threads)
         start = time.perf_counter()
         # The tokenizer-only stand-in's set-up is the definition of this engine's tokenization too.
-        stand_in = VllmTokenizer(self.model_path, options)
-        self._tok, self._bos, self._add_bos = stand_in._tok, stand_in._bos, stand_in._add_bos
-        self._chat_template, self._use_chat = stand_in._chat_template, stand_in._use_chat
+        self.tokenize_like(VllmTokenizer(self.model_path, options))
         try:
             self._model = transformers.AutoModelForCausalLM.from_pretrained(
                 self.model_path, dtype=_torch_dtype(options.dtype), attn_implementation=options.attn_implementation

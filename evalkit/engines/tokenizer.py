@@ -82,13 +82,19 @@ def chat_prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool, bos_token_id:
 class HfTokens:
     """Tokenization through a Hugging Face tokenizer, as vLLM does it: shared by VllmEngine and its stand-in.
 
-    Needs `_tok`, `_bos`, `_add_bos` and `_use_chat` on the instance.
+    Needs `_tok`, `_bos`, `_add_bos`, `_chat_template` and `_use_chat` on the instance.
     """
 
     _tok: Any
     _bos: int | None
     _add_bos: bool
+    _chat_template: str | None
     _use_chat: bool
+
+    def tokenize_like(self, other: "HfTokens") -> None:
+        """Tokenize exactly as `other` does (an engine set up from its tokenizer-only stand-in)."""
+        self._tok, self._bos, self._add_bos = other._tok, other._bos, other._add_bos
+        self._chat_template, self._use_chat = other._chat_template, other._use_chat
 
     def tokenize(self, text: str, add_bos: bool) -> list[int]:
         # split_special_tokens: text that spells a special token ("<eos>") stays text, as llama.cpp's
