@@ -35,7 +35,9 @@ class MarginPlan:
         return self.best_case_low > self.margin
 
     def line(self) -> str:
-        pts = lambda x: f"{100 * abs(x):.3g}"  # noqa: E731
+        def pts(x: float) -> str:
+            return f"{100 * abs(x):.3g}"
+
         head = (f"{self.key}: {self.items} items give at best ±{pts(self.best_case_low)} points (no answer "
                 f"flipped); the margin is {pts(self.margin)} points")
         if self.can_show:
