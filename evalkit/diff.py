@@ -221,7 +221,7 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
     from evalkit.scoring import records_by_suite, scipy_answers
     from evalkit.suites import enabled_suites
     from evalkit.suites.base import ScoreContext
-    from evalkit.viewer.compare import _carrying_arrays
+    from evalkit.viewer.compare import carrying_arrays
 
     if fail_on not in ("inferior", "inconclusive"):
         raise ConfigError("--fail-on", f"expected inferior or inconclusive, not {fail_on!r}")
@@ -303,8 +303,8 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
                     continue
                 mine, theirs = f"{nd} @ {new_id}", f"{bd} @ {base_id}"
                 shared_set = set(shared)
-                records = {theirs: _carrying_arrays([r for r in b if r.item_id in shared_set], base_run.path),
-                           mine: _carrying_arrays([r for r in a if r.item_id in shared_set], new_run.path)}
+                records = {theirs: carrying_arrays([r for r in b if r.item_id in shared_set], base_run.path),
+                           mine: carrying_arrays([r for r in a if r.item_id in shared_set], new_run.path)}
                 dep_entries = {theirs: (base_m.get("deployments") or {}).get(bd, {}),
                                mine: (new_m.get("deployments") or {}).get(nd, {})}
                 sctx = ScoreContext(deployments=[theirs, mine], reference=theirs, config=config, config_file=config_file,
@@ -349,7 +349,7 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
 # -- output ---------------------------------------------------------------------------------------------------
 
 
-def _f(x: Any, digits: int = 4) -> str:
+def fmt_figure(x: Any, digits: int = 4) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
     if isinstance(x, bool):
@@ -361,7 +361,7 @@ def _f(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
@@ -400,15 +400,15 @@ def format_text(result: DiffResult, *, every_row: bool = False) -> str:
         for s in p.suites:
             for r in (s.rows if every_row else _headline(s.rows)):
                 m = verdicts.get((r["suite"], str(r["category"]), r["metric"]))
-                table.append([r["suite"], str(r["category"]), r["metric"], _f(r["reference_value"]), _f(r["value"]), _f(r["diff"]),
-                              f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", _f(r["n"]), "yes" if r["significant"] else "no",
-                              _f(m["margin"]) if m else "", m["decision"] if m else ""])
+                table.append([r["suite"], str(r["category"]), r["metric"], fmt_figure(r["reference_value"]), fmt_figure(r["value"]), fmt_figure(r["diff"]),
+                              f"[{fmt_figure(r['ci_low'])}, {fmt_figure(r['ci_high'])}]", fmt_figure(r["n"]), "yes" if r["significant"] else "no",
+                              fmt_figure(m["margin"]) if m else "", m["decision"] if m else ""])
         for m in p.margins:
             if m.get("from_scores"):
-                table.append([m["suite"], str(m["category"]), m["metric"], "", _f(m["estimate"]), "",
-                              f"[{_f(m['ci_low'])}, {_f(m['ci_high'])}]", _f(m["n"]), "", _f(m["margin"]), m["decision"]])
+                table.append([m["suite"], str(m["category"]), m["metric"], "", fmt_figure(m["estimate"]), "",
+                              f"[{fmt_figure(m['ci_low'])}, {fmt_figure(m['ci_high'])}]", fmt_figure(m["n"]), "", fmt_figure(m["margin"]), m["decision"]])
         if table:
-            lines += ["  " + x for x in _table(["suite", "category", "metric", "baseline", "new", "diff", "interval", "n",
+            lines += ["  " + x for x in text_table(["suite", "category", "metric", "baseline", "new", "diff", "interval", "n",
                                                 "significant", "margin", "verdict"], table)]
         if p.unjudged:
             lines.append(f"  not judged (suite not compared for {p.deployment}): {', '.join(p.unjudged)}")
@@ -420,8 +420,8 @@ def format_text(result: DiffResult, *, every_row: bool = False) -> str:
     lines.append("")
     bad = result.regressions()
     if bad:
-        what = "; ".join(f"{r['deployment']} {r['key']} {r['decision']} ({r['basis']} {_f(r['estimate'])}, interval "
-                         f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}], margin {_f(r['margin'])})" for r in bad)
+        what = "; ".join(f"{r['deployment']} {r['key']} {r['decision']} ({r['basis']} {fmt_figure(r['estimate'])}, interval "
+                         f"[{fmt_figure(r['ci_low'])}, {fmt_figure(r['ci_high'])}], margin {fmt_figure(r['margin'])})" for r in bad)
         lines.append(f"REGRESSION (exit 1): {what}")
     elif not any(p.margins for p in result.pairs):
         lines.append("no margin applies (set decision.margins in the config or pass --margin KEY=VALUE): nothing can fail; exit 0")

@@ -144,7 +144,7 @@ def run_history(args: argparse.Namespace) -> int:
     if df.empty:
         print(f"{root}: no scored runs yet")
         return 0
-    from evalkit.diff import _f, _table
+    from evalkit.diff import fmt_figure, text_table
     from evalkit.history import step_changes
 
     if metric is not None:
@@ -157,9 +157,9 @@ def run_history(args: argparse.Namespace) -> int:
             sel = sel[sel.category.astype(str) == pick] if pick else sel
         if sel.empty:
             raise ConfigError("--metric", f"{args.metric}: no run under {root} has it")
-        rows = [[str(r.run), str(r.deployment), str(r.category), _f(r.value), f"[{_f(r.ci_low)}, {_f(r.ci_high)}]", _f(r.n),
+        rows = [[str(r.run), str(r.deployment), str(r.category), fmt_figure(r.value), f"[{fmt_figure(r.ci_low)}, {fmt_figure(r.ci_high)}]", fmt_figure(r.n),
                  "step" if bool(r.step) else "", str(r.changed)] for r in step_changes(sel).itertuples()]
-        print("\n".join(_table(["run", "deployment", "category", args.metric, "interval", "n", "", "changed since the previous run"], rows)))
+        print("\n".join(text_table(["run", "deployment", "category", args.metric, "interval", "n", "", "changed since the previous run"], rows)))
         return 0
     def text(x: Any) -> str:
         return "" if x is None or (isinstance(x, float) and x != x) else str(x)
@@ -167,6 +167,6 @@ def run_history(args: argparse.Namespace) -> int:
     seen = df.drop_duplicates(["run", "deployment", "suite"])
     rows = [[text(r.run), text(r.deployment), text(r.suite), text(r.engine), text(r.variant) or text(r.precision),
              text(r.changed)] for r in seen.itertuples()]
-    print("\n".join(_table(["run", "deployment", "suite", "engine", "variant/precision", "changed since the previous run"], rows)))
+    print("\n".join(text_table(["run", "deployment", "suite", "engine", "variant/precision", "changed since the previous run"], rows)))
     return 0
 

@@ -70,8 +70,8 @@ def compare_runs(candidate: Path, baseline: Path, pairs: list[tuple[str, str]], 
                 continue
             shared_total += len(shared)
             # Each side's side files come from its own run directory (records v2), carried in memory by the record.
-            records = {theirs: _carrying_arrays([r for r in b if r.item_id in shared], baseline),
-                       mine: _carrying_arrays([r for r in a if r.item_id in shared], candidate)}
+            records = {theirs: carrying_arrays([r for r in b if r.item_id in shared], baseline),
+                       mine: carrying_arrays([r for r in a if r.item_id in shared], candidate)}
             deployments = {**{k: v for k, v in (ctx.manifest.get("deployments") or {}).items()}}
             sctx = ScoreContext(deployments=[theirs, mine], reference=theirs, config=config, config_file=ctx.config_file,
                                 manifest={**ctx.manifest, "deployment_order": [theirs, mine], "reference": theirs,
@@ -107,7 +107,7 @@ def _what_changed(mine: dict[str, dict[str, str]], theirs: dict[str, dict[str, s
     return summarize_changes(list(seen.values())) if mine.keys() & theirs.keys() else "no suite run by both"
 
 
-def _carrying_arrays(records: list[Any], run_dir: Path) -> list[Any]:
+def carrying_arrays(records: list[Any], run_dir: Path) -> list[Any]:
     """The records, each that names a side file holding its bytes (`side_file`), read from `run_dir`: the two
     sides of a comparison live in two run directories, and a suite reads arrays from one at most."""
     out = []
