@@ -218,8 +218,8 @@ def tested_quantity(scores: pd.DataFrame, comps: pd.DataFrame, dep: str, referen
     - The reference has its own score for the metric (accuracy, chrF...): the paired difference
       deployment - reference from comparisons.csv ("difference").
     - Otherwise the metric only exists against the reference (perplexity ratio, KLD, top-1 agreement,
-      flip rates): the deployment's own value and interval ("value"), from scores.csv when it is there,
-      else from the comparison row (reference_value + the difference's interval).
+      flip rates): the deployment's own value and interval ("value"), from the comparison row when there is
+      one (reference_value + the difference's interval), else from scores.csv.
     """
     comp = _select(comps, dep, mk)
     own = _select(scores, dep, mk)
@@ -227,15 +227,17 @@ def tested_quantity(scores: pd.DataFrame, comps: pd.DataFrame, dep: str, referen
     if not comp.empty and not ref_own.empty:
         c = comp.iloc[0]
         return ("difference", str(c.category), float(c["diff"]), _num(c.ci_low), _num(c.ci_high), int(c.n))
-    if not own.empty:
-        s = own.iloc[0]
-        return ("value", str(s.category), float(s.value), _num(s.ci_low), _num(s.ci_high), int(s.n) if _isnum(s.n) else 0)
+    # A comparison row's interval before the score row's: for perplexity's ratio, KLD and top-1 agreement it is
+    # block-clustered, while the score row keeps llama-perplexity's token-level SE for the parity block.
     if not comp.empty:
         c = comp.iloc[0]
         base = float(c.reference_value) if _isnum(c.reference_value) else 0.0
         lo, hi = _num(c.ci_low), _num(c.ci_high)
         return ("value", str(c.category), float(c.value), None if lo is None else base + lo,
                 None if hi is None else base + hi, int(c.n))
+    if not own.empty:
+        s = own.iloc[0]
+        return ("value", str(s.category), float(s.value), _num(s.ci_low), _num(s.ci_high), int(s.n) if _isnum(s.n) else 0)
     return None
 
 

@@ -67,14 +67,16 @@ def table(text: str) -> list[dict[str, str]]:
 
 # Issue 31 replaced three interval methods, and re-scoring an earlier run applies the new ones, named in the
 # comparison's `method`: Tango's score interval for pass/fail differences (McNemar's exact p and so `significant`
-# unchanged), Hall's t interval for continuous ones, and no interval below the size where none covers. Those rows'
+# unchanged), Hall's t interval for continuous ones, block-clustered intervals for perplexity's KLD and top-1
+# agreement, and no interval below the size where none covers. Those rows'
 # interval ends (and, where the interval decides it, `significant`) are the new method's; every other figure of
 # the row must still be reproduced.
 def replaced_interval_columns(new_row: dict[str, str]) -> tuple[str, ...]:
     method = new_row.get("method", "")
     if "Tango score interval" in method:
         return ("ci_low", "ci_high", "method")
-    if "Hall's skewness-corrected" in method or "too few items for an interval" in method:
+    if any(k in method for k in ("Hall's skewness-corrected", "too few items for an interval", "block-clustered",
+                                 "too few blocks for an interval")):
         return ("ci_low", "ci_high", "significant", "method")
     return ()
 

@@ -161,3 +161,43 @@ def test_corpus_paired_bootstrap_covers_a_ratio_of_sums_from_its_minimum_size_on
     assert not failures, "\n".join(failures)
     few = MIN_ITEMS_FOR_CORPUS_INTERVAL - 1
     assert corpus_paired_bootstrap(np.ones((few, 2)), np.ones((few, 2)), lambda s: float(s[0] / s[1])).ci_low is None
+
+
+# -- token-level figures of a text: perplexity ratio, KLD, top-1 agreement ---------------------------------------
+
+
+def _autocorrelated_chunks(rng: np.random.Generator, chunks: int, tokens: int, rho: float) -> list[np.ndarray]:
+    """Per-token values with mean 0.05 whose noise is AR(1) within a chunk (a hard passage raises every token's
+    NLL difference or KLD around it), skewed like KLD (squared AR noise), chunks independent."""
+    from scipy.signal import lfilter
+
+    e = rng.normal(0.0, 1.0, (chunks, tokens))
+    e[:, 0] /= math.sqrt(1 - rho * rho)  # start each chunk in the stationary distribution
+    x = lfilter([math.sqrt(1 - rho * rho)], [1.0, -rho], e, axis=1)
+    return list(0.05 * x * x)  # E[x^2] = 1: every token's mean is 0.05
+
+
+def test_block_clustered_interval_covers_where_the_token_level_one_does_not() -> None:
+    from evalkit.metrics.stats import MIN_TOKEN_BLOCKS, TOKEN_BLOCK, block_clustered_mean
+
+    rng = np.random.default_rng(41)
+    replicates, truth = 1000, 0.05
+    lines, failures = [], []
+    for chunks, rho in ((4, 0.9), (4, 0.6), (8, 0.9), (16, 0.0)):
+        blocked = token_level = 0
+        for _ in range(replicates):
+            values = _autocorrelated_chunks(rng, chunks, 511, rho)
+            res = block_clustered_mean(values)
+            blocked += res.ci_low is not None and res.ci_high is not None and res.ci_low <= truth <= res.ci_high
+            flat = np.concatenate(values)  # llama-perplexity's SE: every token independent
+            se = flat.std(ddof=1) / math.sqrt(flat.size)
+            token_level += abs(flat.mean() - truth) <= 1.959964 * se
+        b, t = blocked / replicates, token_level / replicates
+        lines.append(f"{chunks} chunks x 511 tokens, AR(1) rho {rho}: block-clustered {b:.3f}, token-level {t:.3f}")
+        if b < COVERAGE_FLOOR - _mc_error(0.95, replicates):
+            failures.append(lines[-1])
+    print("\n".join(lines))
+    assert not failures, "\n".join(failures)
+    assert float(lines[0].rsplit(" ", 1)[1]) < 0.85  # llama-perplexity's token-level SE misses the truth
+    few = block_clustered_mean([np.ones(TOKEN_BLOCK * (MIN_TOKEN_BLOCKS - 1))])
+    assert few.ci_low is None and few.method.startswith("too few blocks")

@@ -22,7 +22,7 @@ from evalkit.metrics.likelihood import (
     summarize_drift,
     token_drift_arrays,
 )
-from evalkit.metrics.stats import excludes_zero, normal_two_sided_p, z_value
+from evalkit.metrics.stats import block_clustered_mean, excludes_zero, normal_two_sided_p, z_value
 from evalkit.records import PerplexityRecord, token_arrays, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import ScoreContext
@@ -170,6 +170,16 @@ class Pair:
             f"paired over {n} tokens: PPL(Q)-PPL(ref) ± z SE with the NLL covariance (llama-perplexity); "
             f"p: z-test of ln(PPL ratio)", excludes_zero(lo, hi),
         )]
+        # What the decision reads for a perplexity-ratio margin: exp of the mean per-token NLL difference, with a
+        # block-clustered interval (tokens of a passage move together; the token-level SE above does not see it).
+        ln_ratio = block_clustered_mean([self.dep.nll[d] - self.ref.nll[r] for d, r in zip(self.dep_ids, self.ref_ids)], alpha)
+        r_low = None if ln_ratio.ci_low is None else math.exp(ln_ratio.ci_low) - 1.0
+        r_high = None if ln_ratio.ci_high is None else math.exp(ln_ratio.ci_high) - 1.0
+        rows.append(ComparisonRow(
+            dep, ref, suite, CATEGORY, "ppl_ratio", math.exp(ln_ratio.mean), 1.0, math.exp(ln_ratio.mean) - 1.0,
+            r_low, r_high, None, n, f"PPL(Q)/PPL(ref) = exp(mean per-token NLL difference); CI: {ln_ratio.method}",
+            excludes_zero(r_low, r_high),
+        ))
         n_bytes = sum(int(self.ref.records[c].n_bytes or 0) for c in self.ref_ids)
         d = q - b
         bpb_diff = fsum(d) / (math.log(2) * n_bytes)
@@ -182,25 +192,28 @@ class Pair:
             f"paired over {n} tokens: SE of per-token NLL differences; p as for ppl",
             excludes_zero(bpb_diff - z * bpb_se, bpb_diff + z * bpb_se),
         ))
-        return rows + (self.drift_comparison_rows(dep, ref, suite, z) if self.drift is not None else [])
+        return rows + (self.drift_comparison_rows(dep, ref, suite, alpha) if self.drift is not None else [])
 
-    def drift_comparison_rows(self, dep: str, ref: str, suite: str, z: float) -> list[ComparisonRow]:
-        """KLD and top-1 agreement of `dep` against `ref` (whose distributions or top-k it was measured with)."""
+    def drift_comparison_rows(self, dep: str, ref: str, suite: str, alpha: float) -> list[ComparisonRow]:
+        """KLD and top-1 agreement of `dep` against `ref` (whose distributions or top-k it was measured with), with
+        block-clustered intervals (stats.block_clustered_mean): what the decision reads. llama.cpp's token-level
+        SEs stay on the score rows, for the llama-perplexity parity block."""
         assert self.drift is not None
         k = self.drift
-        rows: list[ComparisonRow] = []
-        rows.append(ComparisonRow(
-            dep, ref, suite, CATEGORY, "kld", k.kld_mean, 0.0, k.kld_mean,
-            k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se, None, k.n_tokens,
-            f"mean KL(ref||dep) over {k.n_tokens} tokens ± z SE over tokens; "
-            + ("exact over the full vocabulary" if k.exact else f"top-{self.top_k}+tail approximation (a lower bound)"), excludes_zero(k.kld_mean - z * k.kld_se, k.kld_mean + z * k.kld_se),
-        ))
-        rows.append(ComparisonRow(
-            dep, ref, suite, CATEGORY, "top1_agreement", k.same_top, 1.0, k.same_top - 1.0,
-            k.same_top_ci[0] - 1.0, k.same_top_ci[1] - 1.0, None, k.n_tokens,
-            "share of scored tokens where both argmaxes agree; CI: Wilson 95%", bool(k.same_top_ci[1] < 1.0),
-        ))
-        return rows
+        drifts = [self.per_chunk[c] for c in self.dep_ids if c in self.per_chunk]
+        kld = block_clustered_mean([d.kld for d in drifts], alpha)
+        top = block_clustered_mean([np.asarray(d.same_top, dtype=np.float64) for d in drifts], alpha)
+        how = "exact over the full vocabulary" if k.exact else f"top-{self.top_k}+tail approximation (a lower bound)"
+        top_low = None if top.ci_low is None else top.ci_low - 1.0
+        top_high = None if top.ci_high is None else min(top.ci_high, 1.0) - 1.0
+        return [
+            ComparisonRow(dep, ref, suite, CATEGORY, "kld", k.kld_mean, 0.0, k.kld_mean, kld.ci_low, kld.ci_high, None,
+                          k.n_tokens, f"mean KL(ref||dep), {how}; CI: {kld.method}",
+                          excludes_zero(kld.ci_low, kld.ci_high)),
+            ComparisonRow(dep, ref, suite, CATEGORY, "top1_agreement", k.same_top, 1.0, k.same_top - 1.0, top_low,
+                          top_high, None, k.n_tokens, f"share of scored tokens where both argmaxes agree; CI: {top.method}",
+                          top_high is not None and top_high < 0.0),
+        ]
 
     def _unpaired_rows(self, dep: str, ref: str, suite: str, z: float) -> list[ComparisonRow]:
         nan = math.nan

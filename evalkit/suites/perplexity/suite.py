@@ -369,7 +369,7 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                 # Exact KLD against the KLD reference's stored distributions; PPL stays paired with the run's reference.
                 if p.ppl is not None:
                     rows += [r for r in p.ppl.comparison_rows(dep, ctx.reference, self.name, alpha) if r.metric not in DRIFT_METRICS]
-                rows += p.kld.drift_comparison_rows(dep, p.kld_reference, self.name, z_value(alpha))
+                rows += p.kld.drift_comparison_rows(dep, p.kld_reference, self.name, alpha)
             elif p.ppl is not None:
                 rows += p.ppl.comparison_rows(dep, ctx.reference, self.name, alpha)
         return rows
