@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "evalkit.executors", "evalkit.executors.*", "evalkit.worker", "evalkit.progress", "evalkit.preflight",
         "evalkit.scoring", "evalkit.decision", "evalkit.rating", "evalkit.rating.*",
         "evalkit.diskplan",  # the disk a run needs, from the config and each suite's record layout
+        "evalkit.margin_plan",  # whether the suites' sizes can show the margins, before anything runs
     ]),
     ("report/view/cli", [
         "evalkit", "evalkit.__main__", "evalkit.cli", "evalkit.pipeline", "evalkit.results",

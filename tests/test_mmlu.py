@@ -206,7 +206,7 @@ def test_compare_flips_and_mcnemar_match_direct_computation() -> None:
     assert (direct.right_to_wrong, direct.wrong_to_right) == (6, 1)
     acc = rows[("all", "accuracy")]
     assert acc.diff == pytest.approx((sum(dep_ok) - sum(ref_ok)) / 20)
-    assert acc.diff == paired_mean_diff([float(x) for x in dep_ok], [float(x) for x in ref_ok]).diff
+    assert acc.diff == pytest.approx(paired_mean_diff([float(x) for x in dep_ok], [float(x) for x in ref_ok]).diff, abs=1e-15)
     assert acc.p_value == pytest.approx(2 * (1 + 7) / 2**7) and acc.ci_low < acc.diff < acc.ci_high
     assert rows[("all", "flip_rate")].value == pytest.approx(7 / 20)
     assert rows[("all", "flips_right_to_wrong")].value == pytest.approx(6 / 20)
