@@ -97,5 +97,12 @@ def test_a_refused_run_stops_the_worker_it_started_early(tmp_path: Path) -> None
                               stdout=f, stderr=f, env=env, timeout=300).returncode
     assert code == 2 and str(missing) in err.read_text(), err.read_text()
     assert not out.exists() or not any(out.iterdir())
-    early = [p for p in psutil.process_iter(["cmdline"]) if "--warm" in (p.info["cmdline"] or []) and "evalkit.worker" in (p.info["cmdline"] or [])]
+    def ours(p: psutil.Process) -> bool:  # this run's worker, not one of another test process on the machine
+        try:
+            return p.environ().get("EVALKIT_CACHE_DIR") == env["EVALKIT_CACHE_DIR"]
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            return False
+
+    early = [p for p in psutil.process_iter(["cmdline"])
+             if "--warm" in (p.info["cmdline"] or []) and "evalkit.worker" in (p.info["cmdline"] or []) and ours(p)]
     assert early == []
