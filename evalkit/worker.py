@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -79,11 +80,24 @@ def unit_work(run: RunDir, unit: Unit) -> UnitWork | None:
         mine = shard_of(suite.items(), unit.shard, unit.shards)
         pending = [i for i in mine if record_key(suite.name, i.item_id) not in done]
         if pending:
-            suites.append((suite, pending))
+            suites.append((suite, replicate_order(pending, int(resolved.get("replicate", 0)), suite.name)))
     if not suites:
         return None
-    return UnitWork(unit, deployment, dict(resolved), suites, SamplingParams(**config.sampling.model_dump()),
+    sampling = config.sampling.model_dump()
+    sampling["seed"] = sampling["seed"] + int(resolved.get("replicate", 0))  # the noise floor's rerun: another seed
+    return UnitWork(unit, deployment, dict(resolved), suites, SamplingParams(**sampling),
                     bool(manifest.get("use_cache", True)))
+
+
+def replicate_order(items: list[Item], replicate: int, suite: str) -> list[Item]:
+    """The items in the order replicate `replicate` submits them: the run's order for the first run, a seeded
+    shuffle for the noise floor's rerun, so its batches hold other neighbours (a batch's composition changes
+    the kernels' reduction order, which is part of the noise the floor measures)."""
+    if replicate == 0:
+        return items
+    shuffled = list(items)
+    random.Random(f"{replicate}/{suite}").shuffle(shuffled)
+    return shuffled
 
 
 def node_info() -> dict[str, Any]:
