@@ -72,7 +72,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if gpu is not None:
             print(format_verdicts(gpu, found, max(1, config.hardware.gpu_count() if config.hardware is not None else 1)))
         from evalkit.capabilities import plan_skips
-        from evalkit.suites.perplexity import plan_store_note
+        from evalkit.suites import all_specs
 
         grouped: dict[tuple[str, str], list[str]] = {}
         for skip in plan_skips(config, config_file):  # what each deployment will not run, and why
@@ -80,9 +80,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         for (name, reason), suites in grouped.items():
             print(f"{name}: does not run {', '.join(suites)}: {reason}")
 
-        note = plan_store_note(config, config_file)
-        if note:
-            print(note)
+        for spec in all_specs():  # each enabled suite's own plan lines (SuiteSpec.plan_note)
+            note = spec.plan_note(config, config_file) if spec.plan_note and config.suites.get(spec.name) else None
+            if note:
+                print(note)
         from evalkit.margin_plan import margin_plans
 
         for plan in margin_plans(config, config_file):  # can the suites' sizes show the margins at all?

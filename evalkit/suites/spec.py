@@ -76,6 +76,8 @@ class SuiteSpec:
     - `check(suite, items, config, config_file)`: plan-time checks of its data against the config (raise an
       EvalkitError); None: a suite with no items is refused. `config_check(settings, config)`: checks across
       config sections, run by config validation (raise ValueError: one line).
+    - `plan_note(config, config_file) -> str | None`: lines `evalkit plan` prints for the suite before anything runs
+      (perplexity: which deployments get exact KLD and how large the stored distributions get).
     - `quality`: False for a suite whose metrics are limits of a workload (cost), never quality margins.
     - `offline_description(settings)`: what the report shows instead of `describe()` when describing the suite would
       reach the network (None: describe() runs offline).
@@ -94,6 +96,7 @@ class SuiteSpec:
     viewer: ViewerSpec = ViewerSpec()
     check: Callable[..., None] | None = None
     config_check: Callable[[Any, Any], None] | None = None
+    plan_note: Callable[[Any, Any], str | None] | None = None
     quality: bool = True
     offline_description: Callable[[Any], dict[str, Any] | None] | None = None
 

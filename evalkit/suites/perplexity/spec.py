@@ -11,6 +11,7 @@ from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.declarations import MetricSpec
 from evalkit.records import PerplexityRecord, token_arrays
 from evalkit.suites.base import Suite
+from evalkit.suites.perplexity.plan import plan_store_note
 from evalkit.suites.perplexity.suite import PerplexitySettings, PerplexitySuite
 from evalkit.suites.spec import ItemCell, SuiteSpec, ViewerSpec
 
@@ -118,4 +119,5 @@ SPEC = SuiteSpec(
                                ("bits_per_byte", "bpb", "{:.4g}"))),
     check=_check_plan,
     config_check=_check_kld_reference,
+    plan_note=plan_store_note,
 )
