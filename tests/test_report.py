@@ -623,3 +623,14 @@ def test_a_figure_showing_the_same_numbers_is_read_back_not_drawn(tmp_path: Path
     code = "import sys, evalkit.report.render; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_difference_with_too_few_items_says_so_instead_of_an_interval() -> None:
+    from evalkit.report.cells import cell, spec_for
+
+    comp = {"diff": -0.0517, "ci_low": None, "ci_high": None, "significant": False, "n": 6, "p_value": None,
+            "method": "too few items for an interval (6 < 50 paired items)"}
+    c = cell({"value": 0.52, "ci_low": None, "ci_high": None}, comp, spec_for("prompts", "chrf"))
+    assert c.delta_ci == "(too few items for an interval)" and c.mark == "na"
+    with_ci = cell({"value": 0.52}, {**comp, "ci_low": -0.09, "ci_high": -0.01, "method": "Hall"}, spec_for("prompts", "chrf"))
+    assert with_ci.delta_ci.startswith("[") and "too few" not in with_ci.delta_ci

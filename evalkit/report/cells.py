@@ -216,7 +216,8 @@ def cell(score: pd.Series | dict | None, comp: pd.Series | dict | None, spec: Sp
     if comp is None:
         return Cell(value, interval)
     delta = fmt_delta(comp.get("diff"), spec.kind)
-    delta_ci = (fmt_interval(comp.get("ci_low"), comp.get("ci_high"), spec.kind) or "(no interval)") if delta else ""
+    missing = "(too few items for an interval)" if "too few" in str(comp.get("method") or "") else "(no interval)"
+    delta_ci = (fmt_interval(comp.get("ci_low"), comp.get("ci_high"), spec.kind) or missing) if delta else ""
     mark = mark_for(comp.get("diff"), comp.get("ci_low"), comp.get("ci_high"), comp.get("significant"), spec.better)
     p = comp.get("p_value")
     note = "; ".join(x for x in (str(comp.get("method") or ""), f"n = {fmt(comp.get('n'), 'count')}",
