@@ -5,12 +5,13 @@ The module holds the engine's spec and options; `llama_cpp` itself is imported o
 """
 from __future__ import annotations
 
+import re
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Iterator, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines import llamacpp_rules
@@ -20,6 +21,12 @@ from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResource
 from evalkit.engines.tokenizer import TokenizerOnly
 from evalkit.errors import ModelFileError
 from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators, engine_threads, gguf_type, is_fp8
+
+
+# llama.cpp's KV-cache types (common/arg.cpp kv_cache_types) and their ggml type ids (ggml.h enum ggml_type).
+KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+UNQUANTIZED_KV = frozenset({"f32", "f16", "bf16"})
 
 
 class LlamaCppOptions(BaseModel):
@@ -33,6 +40,16 @@ class LlamaCppOptions(BaseModel):
     n_batch: int = Field(default=512, ge=1)
     flash_attn: bool = False  # llama-perplexity defaults to on for CPU; it changes the numbers slightly
     chat_template: Literal["auto", "none"] = "auto"
+    # KV-cache precision (llama.cpp's -ctk / -ctv): the types llama.cpp's tools accept for the cache. A quantized V
+    # cache needs flash attention (llama.cpp refuses the context otherwise: checked here, at plan time).
+    type_k: KvType = "f16"
+    type_v: KvType = "f16"
+
+    @model_validator(mode="after")
+    def _quantized_v_needs_flash_attn(self) -> LlamaCppOptions:
+        if self.type_v not in UNQUANTIZED_KV and not self.flash_attn:
+            raise ValueError(f"type_v {self.type_v} (a quantized V cache) needs flash_attn: true (llama.cpp refuses it without)")
+        return self
 
     @field_validator("tensor_split")
     @classmethod
@@ -48,6 +65,54 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     m = logits.max(axis=-1, keepdims=True)
     lse = np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)) + m
     return logits - lse
+
+
+_KV_LINE = re.compile(r"llama_kv_cache: size =\s*([0-9.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers.*?K \((\w+)\):\s*([0-9.]+) MiB, V \((\w+)\):\s*([0-9.]+) MiB")
+
+
+def parse_kv_cache(log_text: str) -> dict[str, Any] | None:
+    """llama.cpp's own account of the KV cache it allocated (its load log's `llama_kv_cache: size = ...` line,
+    summed over the lines a context with windowed layers writes): types, cells, layers and bytes."""
+    found = _KV_LINE.findall(log_text)
+    if not found:
+        return None
+    mib = 1024 * 1024
+    return {
+        "type_k": found[0][3], "type_v": found[0][5], "cells": int(found[0][1]),
+        "layers": sum(int(f[2]) for f in found),
+        "k_bytes": round(sum(float(f[4]) for f in found) * mib), "v_bytes": round(sum(float(f[6]) for f in found) * mib),
+        "bytes": round(sum(float(f[0]) for f in found) * mib),
+    }
+
+
+class _LoadLog:
+    """llama.cpp's log lines while a model loads (verbose=False prints none), read through its log callback and
+    handed back to llama-cpp-python's own callback afterwards."""
+
+    def __init__(self, llama_cpp: Any) -> None:
+        self._lib = llama_cpp
+        self.lines: list[str] = []
+
+    def __enter__(self) -> _LoadLog:
+        import ctypes
+
+        @self._lib.llama_log_callback
+        def callback(level: int, text: bytes, user_data: Any) -> None:
+            self.lines.append(text.decode("utf-8", errors="replace"))
+
+        self._callback = callback  # kept alive while llama.cpp holds it
+        self._lib.llama_log_set(callback, ctypes.c_void_p(0))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ctypes
+
+        from llama_cpp import _logger
+
+        self._lib.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+    def kv_cache(self) -> dict[str, Any] | None:
+        return parse_kv_cache("".join(self.lines))
 
 
 # What a seeded request can promise on this engine (manifest and report quote it).
@@ -68,24 +133,29 @@ class LlamaCppEngine(Engine):
 
         threads = options.n_threads or engine_threads()
         start = time.perf_counter()
+        log = _LoadLog(llama_cpp)
         try:
-            self._llm = llama_cpp.Llama(
-                model_path=self.model_path,
-                n_ctx=options.n_ctx,
-                n_gpu_layers=gpu_layers(options),
-                tensor_split=options.tensor_split,
-                # llama-cpp-python's default is half the logical CPUs for generation: one thread of two here.
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_batch=options.n_batch,
-                n_ubatch=options.n_batch,
-                flash_attn=options.flash_attn,
-                logits_all=False,  # scoring reads logits per batch itself; logits_all would cost n_ctx x vocab floats
-                verbose=False,
-            )
+            with log:
+                self._llm = llama_cpp.Llama(
+                    model_path=self.model_path,
+                    n_ctx=options.n_ctx,
+                    n_gpu_layers=gpu_layers(options),
+                    tensor_split=options.tensor_split,
+                    # llama-cpp-python's default is half the logical CPUs for generation: one thread of two here.
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_batch=options.n_batch,
+                    n_ubatch=options.n_batch,
+                    flash_attn=options.flash_attn,
+                    type_k=KV_TYPES[options.type_k],
+                    type_v=KV_TYPES[options.type_v],
+                    logits_all=False,  # scoring reads logits per batch itself; logits_all would cost n_ctx x vocab floats
+                    verbose=False,
+                )
         except ValueError as e:  # llama-cpp-python raises ValueError for files it cannot load
             raise ModelFileError(self.model_path, f"llama.cpp could not load the model ({e})") from None
         self._load_s = time.perf_counter() - start
+        self._kv_cache = log.kv_cache()  # what llama.cpp says it allocated for the KV cache (info()'s kv_cache)
         self._exact_rows = 0  # leading context rows evaluated in batches of >= 2 rows (`_prefill`)
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._init_tokenizer()
@@ -378,6 +448,9 @@ class LlamaCppEngine(Engine):
                 "tensor_split": self.options.tensor_split,
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
                 "weights_bytes": int(llama_cpp.llama_model_size(self._llm.model)),  # every tensor, as loaded
+                "flash_attn": self.options.flash_attn,
+                # The KV cache as llama.cpp allocated it (types, cells, bytes), from its own load log.
+                "kv_cache": self._kv_cache,
             },
         )
 
@@ -492,7 +565,9 @@ def gpu_layers(options: Any) -> int:
 
 
 def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
-    """The cache keys on the layers really offloaded: "auto" on a GPU machine is not "auto" on a CPU one."""
+    """The cache keys on the layers really offloaded: "auto" on a GPU machine is not "auto" on a CPU one. An f16
+    K or V cache (llama.cpp's default, all there was before type_k/type_v) is left out: earlier entries still hit."""
+    values = {k: v for k, v in values.items() if not (k in ("type_k", "type_v") and v == "f16")}
     if values.get("n_gpu_layers") == "auto":
         return {**values, "n_gpu_layers": gpu_layers(LlamaCppOptions(n_gpu_layers="auto"))}
     return values
@@ -518,6 +593,7 @@ SPEC = EngineSpec(
         "n_gpu_layers",  # GPU kernels round differently from CPU ones
         "tensor_split",  # which device computes which layer
         "flash_attn",  # a different attention kernel: different rounding
+        "type_k", "type_v",  # the KV cache's precision (f16 left out of the key: see _effective_numerics)
         # n_threads is left out: ggml's CPU matmuls give each output to one thread (no split-K sums).
     ),
     memory_model=predict_llamacpp,

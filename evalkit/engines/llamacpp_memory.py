@@ -29,6 +29,18 @@ LLAMACPP_GPU_RUNTIME_BYTES = 1_380_000_000
 RUNTIME_BYTES = GB // 5
 
 
+# Bytes per cached value of each llama.cpp KV type (ggml's block sizes: q8_0 34 bytes per 32 values, ...).
+KV_TYPE_BYTES: dict[str, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                                   "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+
+
+def kv_cache_bytes(arch: ArchSpec, type_k: str, type_v: str) -> float:
+    """Bytes per cached value, K and V together, as one figure for ArchSpec's KV sizes: K's head_dim values at
+    type_k's size and V's value_dim at type_v's, averaged (f16/f16: 2)."""
+    k, v = arch.head_dim, arch.value_dim or arch.head_dim
+    return (k * KV_TYPE_BYTES[type_k] + v * KV_TYPE_BYTES[type_v]) / (k + v)
+
+
 SWA_FULL = True  # llama-cpp-python keeps llama.cpp's default swa_full (see the module docstring)
 
 
@@ -43,7 +55,8 @@ def swa_cells(arch: ArchSpec, n_ctx: int, n_ubatch: int, swa_full: bool = SWA_FU
 def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Hardware,
                      workload: Workload | None = None) -> LedgerRow:
     n_ctx, n_ubatch = int(options.n_ctx), int(options.n_batch)  # the engine sets n_ubatch = n_batch
-    cache_bytes = 2  # llama.cpp's default K/V type is f16; evalkit exposes no cache-type option for it
+    type_k, type_v = getattr(options, "type_k", "f16"), getattr(options, "type_v", "f16")
+    cache_bytes = kv_cache_bytes(arch, type_k, type_v)
     cells = swa_cells(arch, n_ctx, n_ubatch)
     kv = arch.kv_bytes(n_ctx, cells, cache_bytes)
     logits = n_ubatch * arch.vocab * 4
@@ -89,6 +102,8 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
     kv_dev = kv * (share * offload if on_gpu else 1)
     if arch.sliding_window:
         notes.append(f"{arch.n_swa_layers}/{arch.n_layers} layers windowed ({arch.sliding_window}); " + ("full-size SWA cache (llama.cpp default)" if cells is None else f"{cells} cells"))
+    if (type_k, type_v) != ("f16", "f16"):
+        notes.append(f"KV cache K {type_k}, V {type_v}")
     notes.append("requests are queued in one context; concurrency = parallel slots memory would allow")
     return LedgerRow(
         deployment=name, engine="llamacpp", precision=precision, weights_from=weights_from, devices=devices,
