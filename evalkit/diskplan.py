@@ -68,7 +68,7 @@ def _vocab(config: Any, config_file: Path, name: str) -> int | None:
 def disk_plan(config: Any, config_file: Path, use_cache: bool = True) -> DiskPlan:
     from evalkit.records import token_dtype
     from evalkit.suites import enabled_suites
-    from evalkit.suites.perplexity import (PerplexitySuite, bound_deployments, chunk_count, kld_reference, scored_from,
+    from evalkit.suites.perplexity import (PerplexitySuite, bound_deployments, chunk_count, kld_reference,
                                            store_bytes_upper_bound)
 
     plan = DiskPlan()
@@ -84,7 +84,7 @@ def disk_plan(config: Any, config_file: Path, use_cache: bool = True) -> DiskPla
             s = suite.settings
             n_bytes = len(suite.text_bytes())
             chunks = min(len(suite.items()), chunk_count(int(n_bytes / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
-            per_chunk = s.n_ctx - scored_from(s.n_ctx)
+            per_chunk = s.n_ctx - s.first_scored()
             from evalkit.suites.perplexity import streaming_readers
 
             owner = kld_reference(config) if streaming_readers(config) else None  # no reader: nothing stored

@@ -16,9 +16,10 @@ LOGPROB_DECIMALS = 6  # top-k log-probs in records: 1e-6 is below float32 logit 
 BYTES_PER_TOKEN = 3.0
 
 
-def scored_from(n_ctx: int) -> int:
-    """Index in a chunk of the first scored token (llama.cpp: logits from `first = n_ctx/2` on)."""
-    return n_ctx // 2 + 1
+def scored_from(n_ctx: int, positions: str = "second_half") -> int:
+    """Index in a chunk of the first scored token (llama.cpp: logits from `first = n_ctx/2` on; "all": every token
+    after the first, for drift by position from the start of the context)."""
+    return 1 if positions == "all" else n_ctx // 2 + 1
 
 
 def chunk_count(n_tokens: int, n_ctx: int, max_chunks: int | None) -> int:

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.engines import gives_full_distributions
-from evalkit.suites.perplexity.chunking import BYTES_PER_TOKEN, chunk_count, scored_from
+from evalkit.suites.perplexity.chunking import BYTES_PER_TOKEN, chunk_count
 from evalkit.suites.perplexity.reference import kld_reference
 from evalkit.suites.perplexity.stores import store_bytes_upper_bound
 from evalkit.suites.perplexity.suite import PerplexitySuite
@@ -34,7 +34,7 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
     suite = PerplexitySuite(s, config, config_file)
     # The same estimate as the disk plan's (evalkit.diskplan): tokens at BYTES_PER_TOKEN text bytes each.
     chunks = min(len(suite.items()), chunk_count(int(len(suite.text_bytes()) / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))
-    tokens = chunks * (s.n_ctx - scored_from(s.n_ctx))
+    tokens = chunks * (s.n_ctx - s.first_scored())
     path = local_model_path(ref.model.source, config_file)
     try:
         vocab = (hf_weights(path) if path.is_dir() else gguf_weights(path)).arch.vocab if path is not None else None

@@ -22,7 +22,7 @@ from evalkit.metrics.likelihood import (
     summarize_drift,
     token_drift_arrays,
 )
-from evalkit.metrics.stats import block_clustered_mean, excludes_zero, normal_two_sided_p, z_value
+from evalkit.metrics.stats import BlockMean, block_clustered_mean, excludes_zero, normal_two_sided_p, z_value
 from evalkit.records import PerplexityRecord, token_arrays, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import ScoreContext
@@ -347,3 +347,92 @@ def _concat(drifts: list[Any]) -> TokenDrift:
         np.concatenate([d.same_top for d in drifts]) if drifts else np.zeros(0, dtype=bool),
         np.concatenate([d.delta_p for d in drifts]) if drifts else np.zeros(0),
     )
+
+
+# -- drift by position in the context -----------------------------------------------------------------------------
+
+FIRST_BUCKET_END = 512  # buckets: [0, 512), [512, 1K), [1K, 2K), [2K, 4K), [4K, 8K), ... (each doubling the last)
+POSITION_PREFIX = "pos "  # a bucket's score rows carry category "pos 0-512", "pos 512-1K", ...
+POSITION_METRICS = ("pos_kld", "pos_top1_agreement", "pos_nll_diff")
+
+
+def position_buckets(end: int) -> list[tuple[int, int]]:
+    """The position buckets covering positions 0 .. end - 1."""
+    out, lo, hi = [], 0, FIRST_BUCKET_END
+    while lo < end:
+        out.append((lo, hi))
+        lo, hi = hi, 2 * hi
+    return out
+
+
+def bucket_label(lo: int, hi: int) -> str:
+    def size(n: int) -> str:
+        return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+    return f"{size(lo)}-{size(hi)}"
+
+
+@dataclass(frozen=True)
+class BucketDrift:
+    """KLD, top-1 agreement and NLL difference (deployment minus the KLD pair's reference) of the scored tokens whose
+    position in their chunk (the index of the predicted token) lies in [start, end): block-clustered means."""
+
+    start: int
+    end: int
+    kld: BlockMean
+    top1: BlockMean
+    nll_diff: BlockMean
+
+    @property
+    def label(self) -> str:
+        return bucket_label(self.start, self.end)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.kld.n_tokens
+
+
+def position_drift(pair: Pair, alpha: float) -> list[BucketDrift]:
+    """Per position bucket, from the per-token arrays the pair already holds (side files): buckets without a scored
+    token are left out. Token-weighted, the buckets' means add up to the pair's whole-run figures."""
+    slices: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for c in pair.dep_ids:
+        d = pair.per_chunk.get(c)
+        first = pair.dep.records[c].scored_from
+        if d is None or first is None or c not in pair.ref.nll:
+            continue
+        n = int(np.asarray(d.kld).size)
+        nll_diff = pair.dep.nll[c] - pair.ref.nll[c]
+        for lo, hi in position_buckets(first + n):
+            a, b = max(lo - first, 0), min(hi - first, n)
+            if a < b:
+                slices.setdefault((lo, hi), []).append(
+                    (np.asarray(d.kld[a:b], dtype=np.float64), np.asarray(d.same_top[a:b], dtype=np.float64), nll_diff[a:b]))
+    out = []
+    for (lo, hi), parts in sorted(slices.items()):
+        out.append(BucketDrift(lo, hi, block_clustered_mean([p[0] for p in parts], alpha),
+                               block_clustered_mean([p[1] for p in parts], alpha),
+                               block_clustered_mean([p[2] for p in parts], alpha)))
+    return out
+
+
+def first_bucket_below(buckets: list[BucketDrift], threshold: float) -> BucketDrift | None:
+    """The first position bucket whose top-1 agreement with the reference is below `threshold` (None: none is)."""
+    return next((b for b in buckets if b.top1.mean < threshold), None)
+
+
+def position_rows(dep: str, suite: str, buckets: list[BucketDrift], threshold: float) -> list[ScoreRow]:
+    """One row per bucket and metric (category "pos <bucket>"), and the headline `top1_below_from`: the first
+    bucket's start position (tokens) where top-1 agreement falls below the threshold, NaN when none does (its
+    category names the bucket; its interval is that bucket's top-1 agreement row's)."""
+    rows = []
+    for b in buckets:
+        cat = POSITION_PREFIX + b.label
+        for metric, m in zip(POSITION_METRICS, (b.kld, b.top1, b.nll_diff)):
+            rows.append(ScoreRow(dep, suite, cat, metric, m.mean, m.ci_low, m.ci_high, m.n_tokens))
+    if buckets:
+        below = first_bucket_below(buckets, threshold)
+        cat = POSITION_PREFIX + below.label if below is not None else CATEGORY
+        rows.append(ScoreRow(dep, suite, cat, "top1_below_from", float(below.start) if below is not None else math.nan,
+                             None, None, below.n_tokens if below is not None else sum(b.n_tokens for b in buckets)))
+    return rows

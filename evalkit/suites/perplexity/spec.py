@@ -45,6 +45,13 @@ METRICS = (
        "Cor(ln PPL(dep), ln PPL(ref)) of the per-token NLLs, as llama.cpp"),
     MetricSpec("perplexity", "ppl_ratio", "ratio", "lower", "continuous", "num", "none", "PPL(dep) / PPL(ref)"),
     MetricSpec("perplexity", "ln_ppl_ratio", "nats/token", "lower", "continuous", "num", "none"),
+    # Drift by position (category "pos 0-512", "pos 512-1K", ...: the predicted token's index in its chunk).
+    MetricSpec("perplexity", "pos_kld", "nats/token", "lower", "continuous", "kld", "none", "mean KL(ref||dep) in the position bucket"),
+    MetricSpec("perplexity", "pos_top1_agreement", "share", "higher", "rate", "pct", "none", "both argmaxes agree, in the position bucket"),
+    MetricSpec("perplexity", "pos_nll_diff", "nats/token", "lower", "continuous", "num", "none",
+       "mean NLL(dep) - NLL(ref) in the position bucket"),
+    MetricSpec("perplexity", "top1_below_from", "tokens", "none", "continuous", "num", "none",
+       "start of the first position bucket where top-1 agreement falls below the threshold (NaN: none)"),
 )
 
 

@@ -7,7 +7,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,8 @@ from evalkit.suites.perplexity.scoring import (
     drift_rows,
     ordered,
     pair_deployments,
+    position_drift,
+    position_rows,
     ppl_rows,
     same_weights_rows,
 )
@@ -63,6 +65,16 @@ class PerplexitySettings(BaseModel):
     # time (the reference waits; a chunk is deleted once every reader recorded it), the reference and its
     # readers running at once. None: every chunk kept for the whole run (evalkit plan says which fits).
     kld_window: PositiveInt | None = None
+    # Which positions of each chunk are scored: llama-perplexity's second half (its figures, comparable with its
+    # output), or "all" (every token after the first: drift by position from the start of the context).
+    positions: Literal["second_half", "all"] = "second_half"
+    # Drift by position: the headline is the first position bucket whose top-1 agreement with the reference is
+    # below this share.
+    top1_threshold: float = Field(default=0.95, gt=0, lt=1)
+
+    def first_scored(self) -> int:
+        """Index in each chunk of the first scored token."""
+        return scored_from(self.n_ctx, self.positions)
 
 
 METHOD = (
@@ -193,7 +205,7 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         if n_chunks == 0:
             raise DataError(str(self.text_path()), f"text has {len(tokens)} tokens, fewer than n_ctx={s.n_ctx}")
         bos = info.bos_token_id if info.add_bos else None
-        first = scored_from(s.n_ctx)
+        first = s.first_scored()
         distributions = distribution_source(engine)
         binding = self.binding
         owner = self.kld_owner()
@@ -359,6 +371,7 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             if not p.exact:
                 extra += same_weights_rows(dep, p.kld.drift, exact, ctx)
             rows += drift_rows(dep, self.name, p.kld.drift, extra, ctx.stats.alpha)
+            rows += position_rows(dep, self.name, position_drift(p.kld, ctx.stats.alpha), self.settings.top1_threshold)
         return rows
 
     def compare(self, records: Mapping[str, list[Any]], ctx: ScoreContext) -> list[ComparisonRow]:
@@ -405,7 +418,8 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
             "n_ctx": s.n_ctx,
             "max_chunks": s.max_chunks,
             "chunks_upper_bound": len(self.items()),
-            "scored_positions": f"{scored_from(s.n_ctx)}..{s.n_ctx - 1} of each chunk",
+            "scored_positions": f"{s.first_scored()}..{s.n_ctx - 1} of each chunk",
+            "top1_threshold": s.top1_threshold,
             "top_k": s.top_k,
             "bytes_of": "UTF-8 of engine.detokenize(scored tokens)",
             "ci": "95% normal: ±1.96 SE over tokens (llama-perplexity's ±); top-1 agreement: Wilson",

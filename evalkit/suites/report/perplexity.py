@@ -200,9 +200,125 @@ def _draw_perplexity(spec: dict[str, Any]) -> bytes:
     return png(fig)
 
 
+# -- drift by position ----------------------------------------------------------------------------------------------
+
+POS = "pos "  # the position buckets' score-row category prefix (suites.perplexity.scoring.POSITION_PREFIX)
+
+
+def position_buckets(view: RunView, dep: str) -> list[tuple[str, dict[str, Any]]]:
+    """(bucket label, {metric: score row}) for each position bucket of `dep`, in position order."""
+    s = view.scores
+    if s.empty:
+        return []
+    rows = s[(s.deployment == dep) & (s.suite == SUITE) & s.category.astype(str).str.startswith(POS)]
+    out: dict[str, dict[str, Any]] = {}
+    for _, r in rows.iterrows():
+        if r["metric"] in ("pos_kld", "pos_top1_agreement", "pos_nll_diff"):
+            out.setdefault(str(r["category"])[len(POS):], {})[str(r["metric"])] = r
+    return sorted(out.items(), key=lambda kv: _bucket_start(kv[0]))
+
+
+def _bucket_start(label: str) -> int:
+    lo = label.split("-")[0]
+    return int(lo[:-1]) * 1024 if lo.endswith("K") else int(lo)
+
+
+def _headline(view: RunView, dep: str) -> Cell:
+    """The first bucket where top-1 agreement falls below the threshold, with that bucket's agreement and interval."""
+    s = view.scores
+    rows = s[(s.deployment == dep) & (s.suite == SUITE) & (s.metric == "top1_below_from")] if not s.empty else s
+    if rows.empty:
+        return Cell("–")
+    r = rows.iloc[0]
+    if not isnum(r["value"]):
+        return Cell("none")
+    label = str(r["category"])[len(POS):]
+    top = view.score(dep, SUITE, str(r["category"]), "pos_top1_agreement")
+    if top is None:
+        return Cell(label)
+    return Cell(label, "", "", f"top-1 {fmt(top['value'], 'pct')} {fmt_interval(top['ci_low'], top['ci_high'], 'pct')}".strip())
+
+
+def position_table(view: RunView) -> Table:
+    deps = [d for d in view.deployments if position_buckets(view, d)]
+    labels: list[str] = []
+    for d in deps:
+        labels += [b for b, _ in position_buckets(view, d) if b not in labels]
+    labels.sort(key=_bucket_start)
+    rows = []
+    for d in deps:
+        got = dict(position_buckets(view, d))
+        cells = [Cell(d)]
+        for b in labels:
+            m = got.get(b, {})
+            kld, top = m.get("pos_kld"), m.get("pos_top1_agreement")
+            if kld is None or top is None:
+                cells.append(Cell("–"))
+                continue
+            cells.append(Cell(f"{fmt(kld['value'], 'kld')} / {fmt(top['value'], 'pct')}",
+                              fmt_interval(top["ci_low"], top["ci_high"], "pct"), note=f"{int(kld['n'])} tokens"))
+        rows.append(cells + [_headline(view, d)])
+    threshold = view.suite_info.get(SUITE, {}).get("top1_threshold", 0.95)
+    return Table("perplexity-positions", "Drift by position in the context", ["deployment"] + [f"{b} tokens" for b in labels]
+                 + [f"first bucket below {100 * float(threshold):.0f}% top-1"], rows,
+                 "KLD (nats/token) / top-1 agreement with the reference over the scored tokens whose position in their "
+                 "chunk falls in each bucket; intervals: top-1 agreement, block-clustered (runs of 64 tokens). The last "
+                 "column is the first bucket whose top-1 agreement is below the threshold, with that bucket's agreement.",
+                 numeric=True)
+
+
+def position_plot(view: RunView) -> Plot | None:
+    col = colors(view)
+    lines = []
+    for d in view.deployments:
+        buckets = position_buckets(view, d)
+        if not buckets:
+            continue
+        lines.append({"label": d, "color": col[d], "buckets": [b for b, _ in buckets],
+                      "kld": [float(m["pos_kld"]["value"]) if "pos_kld" in m else math.nan for _, m in buckets],
+                      "top1": [float(m["pos_top1_agreement"]["value"]) if "pos_top1_agreement" in m else math.nan for _, m in buckets],
+                      "top1_lo": [float(m["pos_top1_agreement"]["ci_low"]) if "pos_top1_agreement" in m and isnum(m["pos_top1_agreement"]["ci_low"]) else math.nan for _, m in buckets],
+                      "top1_hi": [float(m["pos_top1_agreement"]["ci_high"]) if "pos_top1_agreement" in m and isnum(m["pos_top1_agreement"]["ci_high"]) else math.nan for _, m in buckets]})
+    if not lines:
+        return None
+    threshold = float(view.suite_info.get(SUITE, {}).get("top1_threshold", 0.95))
+    spec = {"lines": lines, "threshold": threshold}
+    return Plot("perplexity-positions", "Drift by position in the context", drawn("perplexity-positions", spec, _draw_positions),
+                "KLD and top-1 agreement with the reference per position bucket, for every deployment")
+
+
+def _draw_positions(spec: dict[str, Any]) -> bytes:
+    fig, axes = figure(9.2, 3.2, ncols=2)
+    labels: list[str] = []
+    for line in spec["lines"]:
+        labels += [b for b in line["buckets"] if b not in labels]
+    labels.sort(key=_bucket_start)
+    x = {b: i for i, b in enumerate(labels)}
+    for line in spec["lines"]:
+        xs = [x[b] for b in line["buckets"]]
+        axes[0].plot(xs, [v if v > 0 else math.nan for v in line["kld"]], "o-", color=line["color"], label=line["label"])
+        axes[1].plot(xs, line["top1"], "o-", color=line["color"], label=line["label"])
+        axes[1].fill_between(xs, line["top1_lo"], line["top1_hi"], color=line["color"], alpha=0.15)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("KL(reference ‖ deployment), nats")
+    axes[0].set_title("KLD by position", fontsize=10)
+    axes[1].axhline(spec["threshold"], color="grey", ls="--", lw=1)
+    axes[1].set_ylabel("top-1 agreement")
+    axes[1].set_title("Top-1 agreement by position", fontsize=10)
+    for ax in axes:
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_xlabel("position in the context (tokens)")
+        ax.grid(alpha=0.3, which="both")
+    axes[1].legend(fontsize=8, loc="best")
+    return png(fig)
+
+
 def section(view: RunView) -> Section:
-    return Section(SUITE, "Perplexity and distribution drift", "",
-                   [perplexity_table(view), llama_block_table(view)], some(perplexity_plot(view)))
+    tables = [perplexity_table(view), llama_block_table(view)]
+    positions = position_table(view)
+    if not positions.empty:
+        tables.append(positions)
+    return Section(SUITE, "Perplexity and distribution drift", "", tables, some(perplexity_plot(view), position_plot(view)))
 
 
 def verdict_columns(view: RunView) -> list[Column]:
