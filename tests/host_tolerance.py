@@ -34,14 +34,15 @@ from typing import Callable, Iterable
 REL_TOL = 1e-9
 ABS_TOL = 1e-13
 
-# Metrics computed through numpy's float64 exp/log (from the records' per-token values).
-TRANSCENDENTAL_PREFIXES = ("kld", "delta_p")
+# Metrics computed through numpy's float64 exp/log (from the records' per-token values): any KLD or Δp figure,
+# whatever its prefix (kld_mean, kld_bound_bias, pos_kld by position, ...).
+TRANSCENDENTAL_PARTS = ("kld", "delta_p")
 
 FLOAT_COLUMNS = ("value", "ci_low", "ci_high", "reference_value", "diff", "p_value", "margin")
 
 
 def via_numpy_transcendentals(row: dict[str, str]) -> bool:
-    return row.get("suite") == "perplexity" and row.get("metric", "").startswith(TRANSCENDENTAL_PREFIXES)
+    return row.get("suite") == "perplexity" and any(part in row.get("metric", "") for part in TRANSCENDENTAL_PARTS)
 
 
 def perplexity_figure(row: dict[str, str]) -> bool:
