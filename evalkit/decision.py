@@ -251,14 +251,19 @@ def judge_margin(scores: pd.DataFrame, comps: pd.DataFrame, dep: str, reference:
         return MarginResult(key, margin, direction, "inconclusive", note="no result for this deployment")
     basis, category, est, lo, hi, n = found
     ni: NonInferiority = non_inferiority(est, lo, hi, n, margin, direction, basis)  # type: ignore[arg-type]
-    needed = ni.n_needed
+    needed, extra = ni.n_needed, ""
     if ni.decision == "inconclusive" and basis == "difference":
         flips = _flip_counts(comps, dep, mk.suite, category)
         if flips is not None:  # a pass/fail metric: the score test's own sample size, not a rescaled width
             from evalkit.metrics.stats import pass_fail_items_needed
 
             needed = pass_fail_items_needed(flips[1], flips[0], n, margin)
+            best = pass_fail_items_needed(0, 0, n, margin) if needed is None else None
+            if best is not None:  # the observed difference cannot clear it; the best case still tells the size
+                extra = (f"the observed difference is not better than the margin; even with no answer flipped, "
+                         f"about {best:,} {_unit(key)} would be needed to show it (now {n:,})")
     note = "" if lo is not None and hi is not None else "no interval (too few items)"
+    note = "; ".join(x for x in (note, extra) if x)
     floor = _noise_floor_note(scores, comps, reference, mk, margin, direction)
     note = "; ".join(x for x in (note, floor) if x)
     return MarginResult(key, margin, direction, ni.decision, basis, category, est, lo, hi, ni.bound, n, needed, note)
@@ -277,9 +282,9 @@ def _noise_floor_note(scores: pd.DataFrame, comps: pd.DataFrame, reference: str,
         return ""
     _, _, est, lo, hi, n = found
     own = non_inferiority(est, lo, hi, n, margin, direction)  # type: ignore[arg-type]
-    if own.decision == "non-inferior":
+    if own.decision == "non-inferior" or lo is None or hi is None:  # no interval: no floor to compare with
         return ""
-    return (f"margin tighter than the noise floor: the reference against its own rerun is {own.decision} at it "
+    return (f"margin tighter than the noise floor at this size: the reference against its own rerun is {own.decision} at it "
             f"({_fmt(est)} [{_fmt(lo)}, {_fmt(hi)}], n = {n})")
 
 
@@ -403,8 +408,10 @@ def _unit(key: str) -> str:
 
 def _margin_reason(m: MarginResult) -> tuple[str, str]:
     """(why it fails, what would change that) for a margin that is not non-inferior."""
+    interval = (f"[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]" if m.ci_low is not None and m.ci_high is not None
+                else "no interval: too few items")
     what = f"{m.key} ({'difference from the reference' if m.basis == 'difference' else 'value'} "
-    what += f"{_fmt(m.estimate)} [{_fmt(m.ci_low)}, {_fmt(m.ci_high)}], margin {m.margin:g})"
+    what += f"{_fmt(m.estimate)} {interval}, margin {m.margin:g})"
     if m.decision == "inferior":
         return f"inferior on {what}", f"a margin looser than {_fmt(m.bound)} on {m.key}"
     if m.note == "no result for this deployment":
@@ -413,6 +420,10 @@ def _margin_reason(m: MarginResult) -> tuple[str, str]:
         return (f"inconclusive on {what}",
                 f"about {m.n_needed:,} {_unit(m.key)} on {m.key} instead of {m.n:,} (80% power if the observed difference "
                 f"holds), or a margin looser than {_fmt(m.bound)}")
+    if m.estimate is not None and m.ci_low is not None and (  # 1e-12: -0.05 computed as 0.45 - 0.5
+            m.estimate <= m.margin + 1e-12 if m.direction == "higher" else m.estimate >= m.margin - 1e-12):
+        return (f"inconclusive on {what}", f"a margin looser than {_fmt(m.estimate)} on {m.key}: the observed "
+                "difference is not better than this one, so more items would not show non-inferiority if it holds")
     return f"inconclusive on {what}", f"more items on {m.key}"
 
 

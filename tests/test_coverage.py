@@ -183,17 +183,17 @@ def test_block_clustered_interval_covers_where_the_token_level_one_does_not() ->
     rng = np.random.default_rng(41)
     replicates, truth = 1000, 0.05
     lines, failures = [], []
-    for chunks, rho in ((4, 0.9), (4, 0.6), (8, 0.9), (16, 0.0)):
+    for chunks, tokens, rho in ((4, 511, 0.9), (4, 255, 0.9), (4, 255, 0.6), (8, 511, 0.9), (16, 511, 0.0)):
         blocked = token_level = 0
         for _ in range(replicates):
-            values = _autocorrelated_chunks(rng, chunks, 511, rho)
+            values = _autocorrelated_chunks(rng, chunks, tokens, rho)
             res = block_clustered_mean(values)
             blocked += res.ci_low is not None and res.ci_high is not None and res.ci_low <= truth <= res.ci_high
             flat = np.concatenate(values)  # llama-perplexity's SE: every token independent
             se = flat.std(ddof=1) / math.sqrt(flat.size)
             token_level += abs(flat.mean() - truth) <= 1.959964 * se
         b, t = blocked / replicates, token_level / replicates
-        lines.append(f"{chunks} chunks x 511 tokens, AR(1) rho {rho}: block-clustered {b:.3f}, token-level {t:.3f}")
+        lines.append(f"{chunks} chunks x {tokens} tokens, AR(1) rho {rho}: block-clustered {b:.3f}, token-level {t:.3f}")
         if b < COVERAGE_FLOOR - _mc_error(0.95, replicates):
             failures.append(lines[-1])
     print("\n".join(lines))

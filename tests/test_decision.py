@@ -340,5 +340,5 @@ def test_a_margin_tighter_than_the_noise_floor_is_flagged_with_the_figure() -> N
     dec = decide(rows_frame(scores), rows_frame(comps), REF, [REF, A, B, C], settings(concurrency=1),
                  {"workload": fits()})
     mmlu, ppl = by_name(dec)[A].margins
-    assert "margin tighter than the noise floor" in mmlu.note and "-0.02 [-0.07, 0.03], n = 200" in mmlu.note
+    assert "margin tighter than the noise floor at this size" in mmlu.note and "-0.02 [-0.07, 0.03], n = 200" in mmlu.note
     assert "noise floor" not in ppl.note
