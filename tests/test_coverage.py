@@ -201,3 +201,30 @@ def test_block_clustered_interval_covers_where_the_token_level_one_does_not() ->
     assert float(lines[0].rsplit(" ", 1)[1]) < 0.85  # llama-perplexity's token-level SE misses the truth
     few = block_clustered_mean([np.ones(TOKEN_BLOCK * (MIN_TOKEN_BLOCKS - 1))])
     assert few.ci_low is None and few.method.startswith("too few blocks")
+
+
+def test_rating_mean_clustered_interval_covers_from_its_minimum_size_on() -> None:
+    """Two raters per item, 1-5 ratings: each item has a true mean (item difficulty), each rater adds noise and
+    rounds. The clustered bootstrap of the mean rating (items resampled with all their ratings) must cover the
+    population mean from MIN_ITEMS_FOR_INTERVAL items on."""
+    from evalkit.metrics.stats import MIN_ITEMS_FOR_INTERVAL, StatsSettings, clustered_mean
+
+    rng = np.random.default_rng(43)
+    levels = np.arange(1, 6)
+    item_p = np.array([0.05, 0.15, 0.3, 0.35, 0.15])  # each item's true rating is drawn from this
+    truth_by_true = {}
+    for t in levels:  # each rating: the item's true rating plus rater noise in {-1, 0, +1}, clipped to 1..5
+        truth_by_true[t] = float(np.mean([min(5, max(1, t + e)) for e in (-1, 0, 0, 1)]))
+    truth = float(sum(p * truth_by_true[t] for p, t in zip(item_p, levels)))
+    settings = StatsSettings(bootstrap_samples=500, seed=3)
+    replicates, hits = 300, 0
+    for _ in range(replicates):
+        true = rng.choice(levels, p=item_p, size=MIN_ITEMS_FOR_INTERVAL)
+        ratings = np.clip(true[:, None] + rng.choice([-1, 0, 0, 1], size=(MIN_ITEMS_FOR_INTERVAL, 2)), 1, 5)
+        res = clustered_mean(ratings.sum(axis=1), np.full(MIN_ITEMS_FOR_INTERVAL, 2.0), settings)
+        hits += res.ci_low <= truth <= res.ci_high
+    coverage = hits / replicates
+    print(f"clustered mean rating, {MIN_ITEMS_FOR_INTERVAL} items x 2 raters: coverage {coverage:.3f}")
+    assert coverage >= COVERAGE_FLOOR - _mc_error(0.95, replicates)
+    few = clustered_mean(np.ones(MIN_ITEMS_FOR_INTERVAL - 1) * 6, np.full(MIN_ITEMS_FOR_INTERVAL - 1, 2.0))
+    assert math.isnan(few.ci_low) and few.method.startswith("too few items")
