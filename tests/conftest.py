@@ -140,7 +140,8 @@ deployments:
     options: {{n_ctx: 1024}}
 suites:
   prompts: {{path: {repo}/prompts, categories: [code, reasoning, translation, qa], limit_per_category: 3}}
-  perplexity: {{text: {repo}/texts/ppl_default.txt, n_ctx: 128, max_chunks: 3, top_k: 3}}  # top 3: every-byte cuts scale with the line
+  # 4 chunks x 255 scored tokens: the 16 blocks of 64 tokens the decision's block-clustered PPL-ratio interval needs
+  perplexity: {{text: {repo}/texts/ppl_default.txt, n_ctx: 512, max_chunks: 4, top_k: 3}}  # top 3: every-byte cuts scale with the line
   mmlu: {{source: builtin, per_subject: 3, shots: 1, seed: 0}}
   longcontext: {{lengths: [512], depths: [0.1, 0.9], continuation_tokens: 16, seed: 0}}
   humaneval: {{path: {humaneval}, limit: 3, timeout_s: 20}}

@@ -408,7 +408,9 @@ def test_kld_against_itself_is_zero_and_against_q2k_positive(
     assert scores[("q2k", "kld_max")] > scores[("q2k", "kld_p99")] >= scores[("q2k", "kld_median")] > 0
     assert scores[("q2k", "top1_agreement")] < 1.0
     comps = {(c.deployment, c.metric): c for c in suite.compare(recs, _ctx(["ref", "same", "q2k"]))}
-    assert comps[("q2k", "kld")].ci_low > 0 and comps[("q2k", "ppl")].n == CHUNKS * (N_CTX - scored_from(N_CTX))
+    # Two chunks of 64 scored tokens are 2 blocks: too few for the block-clustered interval, which says so.
+    assert comps[("q2k", "kld")].value > 0 and comps[("q2k", "ppl")].n == CHUNKS * (N_CTX - scored_from(N_CTX))
+    assert comps[("q2k", "kld")].ci_low is None and "too few blocks" in comps[("q2k", "kld")].method
 
 
 @pytest.mark.engine

@@ -156,8 +156,8 @@ def test_every_section_and_plot(rated: Path) -> None:
     assert [s.key for s in ctx["sections"]] == ["prompts", "human", "perplexity", "mmlu", "longcontext", "humaneval",
                                                 "cost", "ledger", "hardware", "environment", "numbers"]
     plots = {p.key for s in ctx["sections"] for p in s.plots}
-    assert plots == {"prompts-categories", "human-ratings", "perplexity", "mmlu-subjects", "longcontext-lengths",
-                     "longcontext-recall-heatmap", "cost", "ledger"}
+    assert plots == {"prompts-categories", "human-ratings", "perplexity", "perplexity-positions", "mmlu-subjects",
+                     "longcontext-lengths", "longcontext-recall-heatmap", "cost", "ledger"}
     files = {p.stem for p in (rated / "report_files").glob("*.png")}
     assert files == plots | {"decision"}
     assert all((rated / "report_files" / f"{k}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for k in files)

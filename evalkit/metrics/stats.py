@@ -258,8 +258,8 @@ class BlockMean:
         where = f"{self.blocks} blocks of up to {TOKEN_BLOCK} tokens in {self.chunks} chunks"
         if self.ci_low is None and self.blocks < MIN_TOKEN_BLOCKS:
             return f"too few blocks for an interval ({where}; {MIN_TOKEN_BLOCKS} needed)"
-        if self.ci_low is None:
-            return f"no interval (every block's figure is the same: spread unknown; {where})"
+        if self.ci_low == self.ci_high:
+            return f"exact: every block's figure is the same ({where})"
         return f"block-clustered Hall t interval over {where} ({self.n_tokens} tokens)"
 
 
@@ -293,8 +293,8 @@ def block_clustered_mean(per_chunk: Sequence[Sequence[float] | np.ndarray], alph
         return BlockMean(mean, None, None, total, g, chunks)
     residuals = [sb - mean * nb for sb, nb in zip(sums, sizes)]
     m2 = math.fsum(r * r for r in residuals) / g
-    if m2 == 0.0:  # every block the same (a deployment against itself): the spread is unknown, not zero
-        return BlockMean(mean, None, None, total, g, chunks)
+    if m2 == 0.0:  # every block's figure the same (one engine against itself, to the bit): exact on this text
+        return BlockMean(mean, mean, mean, total, g, chunks)
     se = math.sqrt(g / (g - 1) * m2 * g) / total
     skew = math.fsum(r * r * r for r in residuals) / g / m2**1.5
     low, high = _hall_interval(mean, se, skew / math.sqrt(g), _t_quantile(alpha, g - 1))
