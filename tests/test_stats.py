@@ -209,6 +209,9 @@ def test_default_z_is_scipys_quantile_to_the_last_bit() -> None:
 
     assert z_value() == z_value(0.05) == float(sps.norm.ppf(0.975))
     assert z_value(0.1) == float(sps.norm.ppf(0.95))
+    from evalkit.metrics.stats import Z_POWER_80
+
+    assert Z_POWER_80 == float(sps.norm.ppf(0.8))
 
 
 @pytest.mark.parametrize("alpha", [0.05, 0.10])

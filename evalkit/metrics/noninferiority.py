@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from evalkit.metrics.stats import Z_95, Z_POWER_80
+
 Direction = Literal["higher", "lower"]
 Verdict = Literal["non-inferior", "inferior", "inconclusive"]
 Basis = Literal["difference", "value"]
@@ -77,7 +79,7 @@ def non_inferiority(estimate: float, ci_low: float | None, ci_high: float | None
 
 
 def items_needed(estimate: float, ci_low: float, ci_high: float, n: int, margin: float,
-                 direction: Direction = "higher", z_alpha: float = 1.959963984540054, power_z: float = 0.8416212335729143) -> int | None:
+                 direction: Direction = "higher", z_alpha: float = Z_95, power_z: float = Z_POWER_80) -> int | None:
     """Items that would show non-inferiority with 80% power if the observed estimate were the truth, for an
     interval whose half-width shrinks as 1 / sqrt(n) (normal and t intervals): None when the estimate is not
     on the good side of the margin (more items would then show inferiority, not non-inferiority).

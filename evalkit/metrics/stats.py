@@ -99,13 +99,14 @@ def confidence_of(settings: StatsSettings | None = None) -> float:
 
 # scipy.stats.norm.ppf(0.975) to the last bit (tests/test_stats.py checks it): a run that needs only the default
 # interval (perplexity of one deployment) then imports no scipy (about a second).
-_Z_DEFAULT = 1.959963984540054
+Z_95 = 1.959963984540054
+Z_POWER_80 = 0.8416212335729143  # scipy.stats.norm.ppf(0.8): a sample size's 80% power, checked in tests
 
 
 def z_value(alpha: float = DEFAULT.alpha) -> float:
     """Two-sided normal quantile for a (1 - alpha) interval (1.959964 at alpha = 0.05)."""
     if alpha == DEFAULT.alpha:
-        return _Z_DEFAULT
+        return Z_95
     return float(_scipy_stats().norm.ppf(1.0 - alpha / 2.0))
 
 
@@ -140,7 +141,7 @@ def wilson_ci(k: int, n: int, alpha: float = DEFAULT.alpha) -> tuple[float, floa
     k, n = int(k), int(n)
     confidence = 1.0 - alpha
     if confidence == 1.0 - DEFAULT.alpha:
-        z = _Z_DEFAULT
+        z = Z_95
     else:
         from scipy.special import ndtri
 
@@ -360,6 +361,15 @@ TANGO_CONTINUITY = 0.25
 _BISECTIONS = 64  # halvings of [-1, 1]: past float64's resolution of the endpoints
 
 
+def _tango_restricted_flip_rate(w2r: Any, r2w: Any, n: Any, delta: Any) -> Any:
+    """Tango's restricted maximum-likelihood probability of a right->wrong flip under H0: difference = delta (the
+    positive root of his quadratic), from counts of n items or, with n = 1, from per-item rates."""
+    a = 2.0 * n
+    b = -w2r - r2w + (2.0 * n - w2r + r2w) * delta
+    c = -r2w * delta * (1.0 - delta)
+    return (np.sqrt(np.maximum(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a)
+
+
 def _tango_statistic(w2r: np.ndarray, r2w: np.ndarray, n: np.ndarray, delta: np.ndarray,
                      continuity: float) -> np.ndarray:
     """Tango's (1998) score statistic for H0: accuracy(dep) - accuracy(ref) = delta, per element.
@@ -368,10 +378,7 @@ def _tango_statistic(w2r: np.ndarray, r2w: np.ndarray, n: np.ndarray, delta: np.
     right->wrong flip under H0 (the positive root of Tango's quadratic). The numerator moves `continuity`
     pairs towards 0. Only +, -, *, / and sqrt: IEEE-exact on every SIMD path, so every host gets the same bits.
     """
-    a = 2.0 * n
-    b = -w2r - r2w + (2.0 * n - w2r + r2w) * delta
-    c = -r2w * delta * (1.0 - delta)
-    q = (np.sqrt(np.maximum(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a)
+    q = _tango_restricted_flip_rate(w2r, r2w, n, delta)
     variance = n * (2.0 * q + delta * (1.0 - delta))
     excess = w2r - r2w - n * delta
     shrunk = np.sign(excess) * np.maximum(np.abs(excess) - continuity, 0.0)
@@ -420,13 +427,6 @@ def tango_interval(flips: Flips, alpha: float = DEFAULT.alpha,
     return float(low), float(high)
 
 
-def _tango_null_flip_rate(w2r_rate: float, r2w_rate: float, delta: float) -> float:
-    """Tango's restricted estimate of the right->wrong flip probability under H0: difference = delta (per item)."""
-    b = -w2r_rate - r2w_rate + (2.0 - w2r_rate + r2w_rate) * delta
-    c = -r2w_rate * delta * (1.0 - delta)
-    return (math.sqrt(max(b * b - 8.0 * c, 0.0)) - b) / 4.0
-
-
 def pass_fail_items_needed(wrong_to_right: int, right_to_wrong: int, n: int, margin: float,
                            alpha: float = DEFAULT.alpha, power: float = 0.8, limit: int = 10_000_000) -> int | None:
     """Paired items that show non-inferiority (lower bound of the interval above `margin`) with `power`, if the
@@ -444,7 +444,7 @@ def pass_fail_items_needed(wrong_to_right: int, right_to_wrong: int, n: int, mar
     delta = p_w2r - p_r2w
     if delta <= margin:
         return None
-    q0 = _tango_null_flip_rate(p_w2r, p_r2w, margin)
+    q0 = float(_tango_restricted_flip_rate(p_w2r, p_r2w, 1.0, margin))
     s0 = math.sqrt(max(2.0 * q0 + margin * (1.0 - margin), 0.0))
     s1 = math.sqrt(max(p_w2r + p_r2w - delta * delta, 0.0))
     z_a, z_b = z_value(alpha), _normal_quantile(power)
@@ -464,7 +464,7 @@ def pass_fail_items_needed(wrong_to_right: int, right_to_wrong: int, n: int, mar
 
 
 def _normal_quantile(p: float) -> float:
-    return 0.8416212335729143 if p == 0.8 else float(_scipy_stats().norm.ppf(p))  # ppf(0.8), checked in tests
+    return Z_POWER_80 if p == 0.8 else float(_scipy_stats().norm.ppf(p))
 
 
 def _pass_fail_power(p_w2r: float, p_r2w: float, n: int, margin: float, alpha: float) -> float:
