@@ -26,6 +26,7 @@ import pandas as pd
 
 # Margin keys are checked against the metric declarations (where config checks them too); re-exported here.
 from evalkit.metrics.declarations import COST_SUITE, MarginKey, check_margin_key, direction_of  # noqa: F401
+from evalkit.fileio import json_safe
 from evalkit.metrics.noninferiority import NonInferiority, non_inferiority
 
 DECISION_JSON = "decision.json"
@@ -149,7 +150,7 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         p = self.primary
-        return _clean({
+        return json_safe({
             "recommended": p.recommended,
             "summary": p.summary,
             "rule": self.rule,
@@ -175,17 +176,6 @@ class Decision:
 
 
 # -- quality: the tested quantity and its interval ------------------------------------------------------
-
-
-def _clean(x: Any) -> Any:
-    """JSON has no NaN: a number that cannot be said is null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
 
 
 def _isnum(x: Any) -> bool:

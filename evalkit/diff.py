@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import ConfigError, EvalkitError, RunDirError
+from evalkit.fileio import json_safe
 from evalkit.history import blocking, describe_change, history_entries, key_changes, result_keys
 from evalkit.store import COMPARISON_COLUMNS, RunDir
 
@@ -124,7 +125,7 @@ class DiffResult:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return _clean({
+        return json_safe({
             "baseline": self.baseline, "new": self.new, "baseline_path": self.baseline_path, "new_path": self.new_path,
             "exit_code": self.exit_code, "fail_on": self.fail_on, "regressions": self.regressions(), "notes": self.notes,
             "pairs": [{"deployment": p.deployment, "baseline_deployment": p.baseline_deployment, "cause": p.cause(),
@@ -132,16 +133,6 @@ class DiffResult:
                        "suites": [asdict(s) for s in p.suites]}
                       for p in self.pairs],
         })
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
 
 
 def parse_margins(items: list[str]) -> dict[str, float]:
@@ -316,7 +307,7 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
                     sd.error = f"{type(e).__name__}: {e}"
                     continue
                 for c in comps:
-                    sd.rows.append({**{k: _clean(v) for k, v in asdict(replace(c, deployment=nd, reference=bd)).items()},
+                    sd.rows.append({**{k: json_safe(v) for k, v in asdict(replace(c, deployment=nd, reference=bd)).items()},
                                     "shared_items": len(shared)})
                 keys_here = [k for k in wanted if MarginKey.parse(k).suite == suite_name]
                 if not keys_here:
@@ -334,7 +325,7 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
                 for key in keys_here:
                     mk = MarginKey.parse(key)
                     res = judge_margin(scores_df, comps_df, mine, theirs, key, wanted[key])
-                    pair.margins.append({**_clean(asdict(res)), "suite": mk.suite, "metric": mk.metric,
+                    pair.margins.append({**json_safe(asdict(res)), "suite": mk.suite, "metric": mk.metric,
                                          "category": res.category if res.category is not None else mk.category,
                                          "from_scores": res.basis == "value" and comps_df[comps_df.metric == mk.metric].empty})
             judged = {m["key"] for m in pair.margins}
@@ -439,7 +430,7 @@ def format_csv(result: DiffResult) -> str:
     w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if v is None else v) for k, v in _clean(r).items()})
+        w.writerow({k: ("" if v is None else v) for k, v in json_safe(r).items()})
     return buf.getvalue()
 
 

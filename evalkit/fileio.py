@@ -1,9 +1,11 @@
-"""Crash-safe file primitives shared by the run directory, side files and variant builds."""
+"""Crash-safe file primitives shared by the run directory, side files and variant builds; JSON-safe values."""
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, tmp_prefix: str | None = None, tmp_suffix: str = ".tmp") -> None:
@@ -31,3 +33,14 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def json_safe(x: Any) -> Any:
+    """JSON has no NaN: a number that cannot be said is null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
