@@ -59,6 +59,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from evalkit.gpu_plan import format_verdicts, refusals, verdicts
 
     config, config_file = load_config(args.config)
+    from evalkit.preflight import check_formats
+
+    check_formats(config, config_file)  # an unknown or unsupported quantization format: one line, exit 2
     rows = ledger_table(config, config_file)
     gpu, found = verdicts(config, config_file, rows)  # hardware truth for a named GPU (none named: nothing)
     if args.json:

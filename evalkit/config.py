@@ -207,11 +207,14 @@ class Hardware(_Strict):
     gpu_memory_gb: float | None = Field(default=None, gt=0)  # per GPU, 10^9 bytes (overrides the table's)
     compute_capability: str | None = None  # "7.0", for a GPU the table lacks (with gpu_memory_gb)
     ram_gb: float | None = Field(default=None, gt=0)
+    # The vLLM release the target machine runs ("0.6.3"): the plan applies that release's rules for the named
+    # GPU (evalkit/engines/vllm_rules.py) instead of the installed vLLM's.
+    vllm_version: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)*([.+-]\w+)*$")
 
-    @field_validator("compute_capability", mode="before")
+    @field_validator("compute_capability", "vllm_version", mode="before")
     @classmethod
     def _capability_text(cls, v: Any) -> Any:
-        return None if v is None else str(v)  # YAML reads 8.9 as a float
+        return None if v is None else str(v)  # YAML reads 8.9 (or vllm_version 0.22) as a float
 
     @model_validator(mode="after")
     def _known_gpu(self) -> "Hardware":

@@ -28,12 +28,15 @@ def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -
     path = local_model_path(dep.model.source, Path(config_file))
     if path is None:
         return ModelFacts(None, None, None, weights_bytes)
-    model_type = dtype = arch = None
+    model_type = dtype = arch = quant = None
     try:
         if path.is_dir():
+            from evalkit.quant_formats import from_hf_config
+
             config = json.loads((path / "config.json").read_text())
             model_type = config.get("model_type")
             dtype = _DTYPES.get(str(config.get("torch_dtype") or config.get("dtype") or ""))
+            quant = from_hf_config(config)
             arch = hf_weights(path).arch
         else:
             from evalkit.models import read_gguf_header
@@ -44,7 +47,7 @@ def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -
         del e
     if dep.model.variant in HF_VARIANTS and not path.is_dir():
         dtype = "bfloat16"  # evalkit's hf variants of a GGUF are written in bfloat16 (evalkit/variants.py)
-    return ModelFacts(model_type, dtype, arch, weights_bytes)
+    return ModelFacts(model_type, dtype, arch, weights_bytes, quant)
 
 
 def verdicts(config: Any, config_file: Path, rows: list[Any] | None = None) -> tuple[GpuModel | None, list[GpuVerdict]]:
@@ -69,7 +72,9 @@ def verdicts_on(config: Any, config_file: Path, gpu: GpuModel, hw: Any, rows: li
         if rules is None:
             out.append(GpuVerdict(dep.name, dep.engine, gpu.name, "no GPU rules declared for this engine", None, "unknown"))
             continue
-        verdict = rules(dep, model_facts(dep, config_file, weights.get(dep.name)), gpu, hw)
+        # The engine release the target runs (`hardware: {vllm_version: ...}`), else the rules' own default (installed).
+        version = (getattr(hw, "versions", None) or {}).get(dep.engine)
+        verdict = rules(dep, model_facts(dep, config_file, weights.get(dep.name)), gpu, hw, version=version)
         row = next((r for r in rows or [] if r.deployment == dep.name), None)
         out.append(_with_width_note(verdict, row))
     return out

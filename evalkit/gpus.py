@@ -155,6 +155,7 @@ class ModelFacts:
     checkpoint_dtype: str | None  # config.json torch_dtype ("bfloat16", "float16", "float32"); None: unknown
     arch: Any = None  # evalkit.ledger.ArchSpec when known (layers, sizes)
     weights_bytes: int | None = None  # the memory plan's weights
+    quant_format: Any = None  # evalkit.quant_formats.QuantFormat of a pre-quantized checkpoint (its quantization_config)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ class GpuVerdict:
     refused: str | None = None
     engine_version: str | None = None
     notes: tuple[str, ...] = ()
+    kernel: str | None = None  # the linear kernel the engine will pick (vLLM's GPTQ/AWQ/INT8 kernel class), when known
 
     def plan_json(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "summary": self.summary, "compute_dtype": self.dtype, "quantization": self.quantization,
-                "refused": self.refused, "engine_version": self.engine_version, "notes": list(self.notes)}
+                "kernel": self.kernel, "refused": self.refused, "engine_version": self.engine_version, "notes": list(self.notes)}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -124,6 +124,7 @@ class Hardware:
     ram_bytes: int
     source: str = "detected"  # or "config"
     gpu: Any = None  # the GPU model (evalkit.gpus.GpuModel) when the config names one or gives its capability
+    versions: dict[str, str] = field(default_factory=dict)  # engine -> the release the target runs (config: vllm_version)
 
     def describe(self) -> str:
         if self.gpus:
@@ -193,6 +194,7 @@ def hardware_from_config(config: Any) -> Hardware:
         ram_bytes=int(ram_gb * GB) if ram_gb else (detected.ram_bytes if detected is not None else 0),  # detected: without ram_gb
         source="config",
         gpu=gpu if gpus else None,
+        versions={"vllm": str(spec.vllm_version)} if getattr(spec, "vllm_version", None) else {},
     )
 
 
@@ -549,6 +551,11 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     dtype, quant = spec.dtype_of(dep.options), str(spec.quantization_of(dep.options) or "")
     notes: tuple[str, ...] = (info.note,) if info.note else ()
 
+    fmt = _quant_format(variant, path)
+    if fmt is not None:  # GPTQ / AWQ / INT8 W8A8: a variant by name, or a pre-quantized checkpoint
+        if variant is None and info.weights_bytes is not None:
+            return _Weights(info.weights_bytes, fmt.name, info.source, notes=notes)
+        return _Weights(quant_weight_bytes(arch, fmt), fmt.name, _quant_source(arch, fmt, variant), True, notes)
     if variant is not None and not (variant == HF_VARIANT and path.is_dir()):
         built = _built_variant(source, path, variant)
         if built is not None:
@@ -597,6 +604,58 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     return _Weights(arch.n_params * per, prec, f"estimate: {arch.n_params:,} parameters (config.json) x {per} bytes", True, notes)
 
 
+def _quant_format(variant: str | None, path: Path) -> Any:
+    """The GPTQ/AWQ/INT8 format of a variant name, or of a checkpoint directory's quantization_config."""
+    from evalkit.quant_formats import from_hf_config, looks_like_format, parse
+
+    if variant is not None:
+        return parse(variant) if looks_like_format(variant) else None
+    if path.is_dir() and (path / "config.json").is_file():
+        try:
+            return from_hf_config(json.loads((path / "config.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+    return None
+
+
+def quant_weight_bytes(arch: ArchSpec, fmt: Any) -> int:
+    """A model's weights in a GPTQ/AWQ/INT8 format (evalkit.quant_formats.weight_bytes: linear layers at the
+    format's bytes per weight with scales and zero points, the rest 16-bit)."""
+    from evalkit.quant_formats import weight_bytes
+
+    return weight_bytes(arch, fmt)
+
+
+def _quant_source(arch: ArchSpec, fmt: Any, variant: str | None) -> str:
+    per = fmt.linear_bytes_per_weight(arch.hidden)
+    what = f"{variant} variant, not built yet" if variant else "config.json"
+    return (f"estimate: {arch.n_params:,} parameters; linear layers x {per:.4f} bytes ({fmt.describe()}), "
+            f"embeddings, head and norms x 2 ({what})")
+
+
+def _compute_width(dep: Any, config_file: Path, hw: Hardware, w: _Weights) -> tuple[_Weights, str | None]:
+    """Where the named GPU's rules (EngineSpec.plan_precision) say the engine computes a 16-bit checkpoint in a
+    wider dtype (vLLM's "auto" gives Gemma float32 on GPUs without bf16), the weights sized in that dtype and the
+    dtype the engine's memory model must size activations and KV in; else (w, None)."""
+    from evalkit.engines import engine_spec
+    from evalkit.gpu_plan import model_facts
+
+    spec = engine_spec(dep.engine)
+    if hw.gpu is None or spec.plan_precision is None or spec.dtype_option is None or w.bytes is None:
+        return w, None
+    stored = DTYPE_BYTES.get(w.precision.upper())
+    if stored != 2:  # only plain 16-bit weights ("BF16", "F16"): quantized formats and "X as Y" are sized already
+        return w, None
+    verdict = spec.plan_precision(dep, model_facts(dep, config_file), hw.gpu, hw, version=hw.versions.get(dep.engine))
+    real = {"float32": 4}.get(verdict.dtype or "")
+    if verdict.refused or real is None:
+        return w, None
+    n = w.bytes // stored
+    return replace(w, bytes=n * real, precision=f"{w.precision} as {verdict.dtype}",
+                   source=f"{w.source}; {n:,} parameters x {real} bytes: {verdict.engine_version} computes in {verdict.dtype} "
+                          f"on {hw.gpu.name}"), verdict.dtype
+
+
 def deployment_row(dep: Any, config_file: Path, hw: Hardware, workload: Workload | None = None) -> LedgerRow:
     """One deployment's ledger row: exact from the files to be loaded, an estimate from the architecture when
     they do not exist yet (labelled), unknown (fits: None) when neither can be known. A served model with no
@@ -622,11 +681,21 @@ def deployment_row(dep: Any, config_file: Path, hw: Hardware, workload: Workload
                          budget, fits=None, max_context=None, memory_context=None, max_concurrency=None,
                          notes=f"size unknown: {reason}")
     w = _weights(dep, path, info)
-    row = predict(dep.name, info.arch, w.bytes or 0, w.precision, w.source, dep.options, hw, workload=workload)
+    w, wider = _compute_width(dep, Path(config_file), hw, w)
+    options = dep.options
+    if wider is not None and hasattr(options, "model_copy"):  # activations and KV in the compute dtype too
+        options = options.model_copy(update={engine_spec_dtype_option(engine): wider})
+    row = predict(dep.name, info.arch, w.bytes or 0, w.precision, w.source, options, hw, workload=workload)
     notes = "; ".join([*w.notes, row.notes] if row.notes else w.notes)
     if w.bytes is None:
         return _unknown_weights(replace(row, notes=notes), "; ".join(w.notes) or "no size for these files")
     return replace(row, estimate=w.estimate, notes=notes)
+
+
+def engine_spec_dtype_option(engine: str) -> str:
+    from evalkit.engines import engine_spec
+
+    return str(engine_spec(engine).dtype_option)
 
 
 def ledger_table(config: Any, config_file: Path) -> list[LedgerRow]:

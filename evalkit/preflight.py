@@ -20,6 +20,7 @@ from evalkit.suites.base import Suite
 
 def preflight(config: Config, config_file: Path) -> dict[str, dict[str, Any]]:
     """Validate every enabled suite's data; returns each suite's provenance (`describe()`) for the manifest."""
+    check_formats(config, config_file)
     suites = enabled_suites(config, config_file)
     if not suites:
         raise ConfigError(str(config_file), f"no suite is enabled; enable at least one under 'suites:' ({', '.join(SUITES)})")
@@ -30,6 +31,17 @@ def preflight(config: Config, config_file: Path) -> dict[str, dict[str, Any]]:
         _check_suite(suite, items, config, config_file)
     _check_gpu(config, config_file)
     return described
+
+
+def check_formats(config: Config, config_file: Path) -> None:
+    """A GPTQ/AWQ/INT8 format no vLLM kernel takes (an unknown format, an unsupported group size or bit width, a
+    group size that does not divide the model's layers): one line (evalkit.quant_formats.deployment_problem)."""
+    from evalkit.quant_formats import deployment_problem
+
+    for dep in config.deployments:
+        problem = deployment_problem(dep, config_file)
+        if problem:
+            raise ConfigError(str(config_file), problem)
 
 
 def _check_gpu(config: Config, config_file: Path) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalkit.gpus import GpuModel, GpuVerdict, ModelFacts
+from evalkit.quant_formats import QuantFormat, looks_like_format, parse
 from evalkit.versions import package_version
 
 BF16 = "bfloat16"
@@ -185,6 +186,8 @@ class Outcome:
     quantization: str  # none | fp8-native | fp8-weight-only | gguf | <method> (not audited)
     refused: str | None  # vLLM's reason for refusing to start, with the source; None: it runs
     notes: tuple[str, ...] = ()
+    kernel: str | None = None  # the linear kernel vLLM picks for a GPTQ/AWQ/INT8 checkpoint (vllm_quant_rules)
+    compute: str | None = None  # what that kernel's matmuls compute in, one phrase
 
     @property
     def mode(self) -> str:
@@ -235,8 +238,11 @@ def _resolve_dtype(rs: RuleSet, capability: tuple[int, int], requested: str, che
 
 
 def outcome(capability: tuple[int, int], *, version: str = NEWEST, dtype: str = "auto", checkpoint_dtype: str | None = BF16,
-            model_type: str | None = None, quantization: str | None = None) -> Outcome:
-    """What vLLM `version` does on a GPU of `capability` with these settings (see the module docstring)."""
+            model_type: str | None = None, quantization: str | None = None, quant_format: QuantFormat | None = None,
+            quant_shape: tuple[Any, int] = (None, 1)) -> Outcome:
+    """What vLLM `version` does on a GPU of `capability` with these settings (see the module docstring).
+    `quant_format`: a GPTQ/AWQ/INT8 checkpoint (evalkit.quant_formats), decided by vllm_quant_rules;
+    `quant_shape` (the ArchSpec, tensor_parallel_size) lets those rules check that layers split into whole groups."""
     rs = rule_set(version)
     notes: list[str] = []
     requested = _DTYPE_NAMES.get(str(dtype).lower(), str(dtype).lower())
@@ -250,7 +256,16 @@ def outcome(capability: tuple[int, int], *, version: str = NEWEST, dtype: str = 
                         f"[{rs.sources['float16_refused']}]")
     # 3-4. quantization
     q = (quantization or "").lower() or None
-    if q in (None, "none"):
+    kernel = compute_text = None
+    if quant_format is not None:
+        from evalkit.engines.vllm_quant_rules import quant_outcome
+
+        qo = quant_outcome(capability, quant_format, compute, version, *quant_shape)
+        mode, kernel, compute_text = quant_format.name, qo.kernel, qo.compute or None
+        notes.extend(qo.notes)
+        if qo.refused:
+            refusals.insert(0, qo.refused)
+    elif q in (None, "none"):
         mode = "none"
     elif re.fullmatch(r"(i?q\d\w*|tq\d\w*|f16|bf16|f32)", q):
         mode = "gguf"
@@ -284,7 +299,7 @@ def outcome(capability: tuple[int, int], *, version: str = NEWEST, dtype: str = 
     if compute == BF16 and capability < (8, 0):
         refusals.append(f"bfloat16 is only supported on GPUs with compute capability of at least 8.0 (this GPU {cap}; "
                         f"dtype: float16 would run) [{rs.sources['bf16_capability']}]")
-    return Outcome(rs.version, compute, mode, refusals[0] if refusals else None, tuple(notes + refusals[1:]))
+    return Outcome(rs.version, compute, mode, refusals[0] if refusals else None, tuple(notes + refusals[1:]), kernel, compute_text)
 
 
 def _describe(o: Outcome) -> str:
@@ -292,20 +307,28 @@ def _describe(o: Outcome) -> str:
         return f"refused: {o.refused.split(' [')[0]}"
     what = {"none": "no quantization", "fp8-native": "FP8 native (W8A8)", "fp8-weight-only": "FP8 weight-only (Marlin, 16-bit compute)",
             "gguf": "GGUF blocks dequantized to 16-bit"}.get(o.quantization, f"quantization {o.quantization}")
+    if o.kernel:
+        what = f"{o.quantization} on {o.kernel}" + (f": matmuls in {o.compute}" if o.compute else "")
     return f"computes in {o.dtype or 'the checkpoint dtype'}; {what}"
 
 
 def by_version(capability: tuple[int, int], **settings: Any) -> list[tuple[str, Outcome]]:
-    """Every read release's outcome, consecutive releases with the same one merged ("0.14.0-0.32.0")."""
+    """Every read release's outcome, consecutive releases with the same one merged ("0.14.0-0.32.0"); with a
+    GPTQ/AWQ/INT8 format, the releases its rules were read at too."""
+    from evalkit.engines.vllm_quant_rules import QUANT_VERSIONS
+
+    versions = [r.version for r in RULE_SETS]
+    if settings.get("quant_format") is not None:
+        versions = sorted(set(versions) | set(QUANT_VERSIONS), key=_version_key)
     out: list[tuple[str, Outcome]] = []
     first = None
-    for rs in RULE_SETS:
-        o = outcome(capability, version=rs.version, **settings)
+    for v in versions:
+        o = outcome(capability, version=v, **settings)
         if out and _describe(out[-1][1]) == _describe(o):
-            out[-1] = (f"{first}-{rs.version}", out[-1][1])
+            out[-1] = (f"{first}-{v}", out[-1][1])
         else:
-            first = rs.version
-            out.append((rs.version, o))
+            first = v
+            out.append((v, o))
     return out
 
 
@@ -319,11 +342,19 @@ def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = 
     settings: dict[str, Any] = dict(dtype=str(getattr(options, "dtype", "auto")), checkpoint_dtype=facts.checkpoint_dtype,
                                     model_type=facts.model_type, quantization=getattr(options, "quantization", None))
     variant = getattr(deployment.model, "variant", None)
-    if variant is not None and variant.upper() == variant:
+    fmt = quant_format_of(deployment, facts)
+    if fmt is not None:
+        settings.update(quant_format=fmt, quant_shape=(facts.arch, int(getattr(options, "tensor_parallel_size", 1) or 1)))
+    elif variant is not None and variant.upper() == variant:
         settings["quantization"] = settings["quantization"] or variant  # a GGUF ladder variant
     o = outcome(gpu.capability, version=version, **settings)
+    read = rs.version
+    if fmt is not None:
+        from evalkit.engines.vllm_quant_rules import quant_release
+
+        read = f"{rs.version} (dtype), {quant_release(version).version} ({fmt.method})"
     label = f"vLLM {version}" + (" (installed)" if version == installed else "") + (
-        f", rules read from {rs.version}" if _version_key(rs.version) != _version_key(version) else "")
+        f", rules read from {read}" if _version_key(rs.version) != _version_key(version) else "")
     notes = list(o.notes)
     if _version_key(version) < _version_key(RULE_SETS[0].version):
         notes.append(f"no vLLM release before {RULE_SETS[0].version} was read; its rules are assumed")
@@ -336,7 +367,24 @@ def plan_precision(deployment: Any, facts: ModelFacts, gpu: GpuModel, hw: Any = 
     if o.quantization == "fp8-weight-only" and not o.refused:
         summary += "; not FP8 compute"
     return GpuVerdict(deployment=deployment.name, engine="vllm", gpu=gpu.name, summary=summary, dtype=o.dtype,
-                      quantization=o.mode, refused=o.refused, engine_version=label, notes=tuple(notes))
+                      quantization=o.mode, refused=o.refused, engine_version=label, notes=tuple(notes), kernel=o.kernel)
+
+
+def quant_format_of(deployment: Any, facts: ModelFacts) -> QuantFormat | None:
+    """The GPTQ/AWQ/INT8 format a vLLM deployment loads: its variant's name (evalkit.quant_formats), else the
+    checkpoint's own quantization_config (ModelFacts.quant_format)."""
+    variant = getattr(getattr(deployment, "model", None), "variant", None)
+    if variant is not None and looks_like_format(variant):
+        return parse(variant)
+    return getattr(facts, "quant_format", None)
+
+
+def compute_dtype(capability: tuple[int, int], options: Any, facts: ModelFacts, version: str | None = None) -> str | None:
+    """The dtype vLLM `version` (default: installed, else the newest read) computes in on a GPU of `capability`
+    (the memory plan sizes weights, activations and KV in it); None when it cannot be known."""
+    o = outcome(capability, version=version or installed_version() or NEWEST, dtype=str(getattr(options, "dtype", "auto")),
+                checkpoint_dtype=facts.checkpoint_dtype, model_type=facts.model_type)
+    return o.dtype
 
 
 def precision(quantization: str | None, capability: tuple[int, int] | None) -> Any:

@@ -1,0 +1,255 @@
+"""Weight-quantization formats people choose between on GPUs: GPTQ and AWQ (integer weights, 16-bit compute) and
+INT8 W8A8 (integer weights and activations): what a format name or a checkpoint's `quantization_config` means,
+and how many bytes each weight takes with its scales and zero points.
+
+Names (variants and plan): `gptq-w<bits>[g<group>]` (no group: one scale per output channel), `awq-w4g<group>`,
+`w8a8-int8`. A checkpoint's config.json says the same in its `quantization_config` (`quant_method` gptq, awq or
+compressed-tensors). Engine-agnostic: what vLLM does with each format on each GPU is evalkit/engines/vllm_quant_rules.py.
+
+Bytes per weight, as the checkpoint stores them and vLLM loads them (its create_weights allocate the same
+tensors): GPTQ and AWQ pack `bits` per weight into int32 (`qweight`), keep one 16-bit scale per group and output
+column (`scales`) and one packed `bits`-wide zero point per group and column (`qzeros`, symmetric GPTQ too);
+compressed-tensors W4A16/W8A16 (`weight_packed`, `weight_scale`) store zero points only when asymmetric;
+INT8 W8A8 is one byte per weight plus one scale per output channel. Embeddings, the output head, norms and
+biases stay in the checkpoint's 16-bit dtype (vLLM quantizes linear layers only).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# Group sizes vLLM's GPU kernels take for GPTQ in every release since 0.22 (AutoGPTQ verifies Marlin support
+# first: vllm/model_executor/layers/quantization/auto_gptq.py:317 in 0.32.0), and Marlin's for AWQ:
+# vllm/model_executor/layers/quantization/utils/marlin_utils.py:37 (0.32.0), the same list since 0.6.3 (line 17).
+MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
+GPTQ_BITS = (2, 3, 4, 8)  # legacy gptq.py (exllama kernels, vLLM <= 0.21): "only 2/3/4/8-bit" (gptq.py:92, 0.21.0)
+MARLIN_GPTQ_BITS = (4, 8)  # uint4b8, uint8b128 (auto_gptq.py:99-102, 0.32.0)
+AWQ_BITS = (4,)  # auto_awq.py:182-184 (0.32.0); awq.py "only 4-bit" in every older release
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One weight-quantization format."""
+
+    name: str  # evalkit's name: gptq-w4g128, gptq-w8, awq-w4g128, w8a8-int8
+    method: str  # "gptq" | "awq" | "w8a8-int8" | "wna16" (a compressed-tensors weight-only checkpoint)
+    bits: int  # weight bits
+    group_size: int  # weights sharing one scale along the input dimension; -1: one per output channel
+    zero_points: bool  # stored per-group zero points used by the kernel (AWQ); symmetric GPTQ uses a fixed bias
+    checkpoint: str  # how it is written: "gptq" (quantize_config), "awq", or "compressed-tensors"
+    act_bits: int = 16  # activations: 16 (weight-only) or 8 (W8A8)
+    desc_act: bool = False  # GPTQ act-order (a g_idx permutation per layer)
+
+    @property
+    def weight_only(self) -> bool:
+        return self.act_bits == 16
+
+    def describe(self) -> str:
+        group = "per output channel" if self.group_size == -1 else f"group size {self.group_size}"
+        if self.method == "w8a8-int8":
+            return "INT8 weights (per channel) and INT8 activations (per token, dynamic), W8A8"
+        what = "INT" if self.method == "wna16" else f"{self.method.upper()} "
+        return f"{what}{self.bits}-bit weights, {group}, 16-bit activations (W{self.bits}A16, {self.checkpoint} checkpoint)"
+
+    def linear_bytes_per_weight(self, in_features: int, scale_bytes: int = 2) -> float:
+        """Bytes per weight of a quantized linear layer with `in_features` inputs (the group count depends on it
+        only for per-channel formats), scales and zero points included."""
+        groups_per_weight = 1 / in_features if self.group_size == -1 else 1 / self.group_size
+        if self.method == "w8a8-int8":  # int8 weight + one float32 scale per output channel
+            return 1 + 4 / in_features
+        stores_zeros = self.checkpoint in ("gptq", "awq") or self.zero_points
+        zeros = self.bits / 8 * groups_per_weight if stores_zeros else 0.0
+        return self.bits / 8 + scale_bytes * groups_per_weight + zeros
+
+
+def linear_shapes(arch: Any) -> list[tuple[int, int, int]]:
+    """(in_features, out_features, count) of a gated-MLP decoder's linear layers: q, k, v, o and gate, up, down
+    in each of arch.n_layers layers (the layers vLLM quantizes)."""
+    q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
+    n = arch.n_layers
+    return [(arch.hidden, q, n), (arch.hidden, kv, 2 * n), (q, arch.hidden, n),
+            (arch.hidden, arch.intermediate, 2 * n), (arch.intermediate, arch.hidden, n)]
+
+
+def weight_bytes(arch: Any, fmt: QuantFormat, other_bytes: int = 2) -> int:
+    """The model's weights in `fmt`: the linear layers at the format's bytes per weight (scales and zero points
+    included), everything else (embeddings, output head, norms, biases) at `other_bytes` per parameter."""
+    linear = 0.0
+    linear_params = 0
+    for k, n_out, count in linear_shapes(arch):
+        linear += count * k * n_out * fmt.linear_bytes_per_weight(k)
+        linear_params += count * k * n_out
+    return int(linear + (arch.n_params - linear_params) * other_bytes)
+
+
+def group_problem(fmt: QuantFormat, arch: Any, tp: int = 1) -> str | None:
+    """Why the model's layers cannot be split into `fmt`'s groups (each rank's input slice of a row-parallel
+    layer must hold whole groups: vLLM's create_weights check), or None."""
+    if fmt.group_size == -1 or arch is None:
+        return None
+    q = arch.n_heads * arch.head_dim
+    for what, k in (("hidden size", arch.hidden), ("attention output width", q), ("intermediate size", arch.intermediate)):
+        if k and k % fmt.group_size:
+            return f"group size {fmt.group_size} does not divide the model's {what} {k}"
+    for what, k in (("attention output width", q), ("intermediate size", arch.intermediate)):  # row-parallel inputs
+        if tp > 1 and k and (k // tp) % fmt.group_size:
+            return f"group size {fmt.group_size} does not divide the {what} per GPU ({k} / tensor_parallel_size {tp})"
+    return None
+
+
+_GPTQ = re.compile(r"gptq-w(\d+)(?:g(\d+))?")
+_AWQ = re.compile(r"awq-w(\d+)(?:g(\d+))?")
+W8A8_INT8 = "w8a8-int8"
+# How evalkit's own variants of each method are written (the quantizer's output format).
+VARIANT_CHECKPOINT = {"gptq": "gptq", "awq": "awq", "w8a8-int8": "compressed-tensors"}
+
+
+def looks_like_format(name: str | None) -> bool:
+    """Whether `name` is meant as one of these formats (gptq-..., awq-..., w8a8-...), valid or not."""
+    return bool(name) and str(name).lower().startswith(("gptq-", "awq-", "w8a8-", "w4a16", "w8a16"))
+
+
+def name_problem(name: str) -> str | None:
+    """What is wrong with a format name, in one clause (unknown format, unsupported bits or group size); None when
+    it names a format vLLM's kernels take."""
+    text = name.lower()
+    if text == W8A8_INT8:
+        return None
+    m = _GPTQ.fullmatch(text) or _AWQ.fullmatch(text)
+    if m is None:
+        return (f"unknown quantization format {name!r} (expected gptq-w<bits>[g<group>], awq-w4g<group> or w8a8-int8, "
+                "e.g. gptq-w4g128, gptq-w8, awq-w4g128)")
+    bits, group = int(m.group(1)), int(m.group(2)) if m.group(2) else -1
+    method = "gptq" if text.startswith("gptq") else "awq"
+    allowed_bits = MARLIN_GPTQ_BITS if method == "gptq" else AWQ_BITS
+    if bits not in allowed_bits:
+        return (f"{name!r}: {method.upper()} with {bits}-bit weights has no vLLM GPU kernel (Marlin, Machete: "
+                f"{', '.join(map(str, allowed_bits))}-bit; auto_gptq.py:99-102, auto_awq.py:182-184 in vLLM 0.32.0)")
+    return group_size_problem(method, group, name)
+
+
+def group_size_problem(method: str, group: int, name: str) -> str | None:
+    """A group size no kernel of the installed vLLM (0.32) takes on any device: GPTQ goes through Marlin's check on
+    every platform (auto_gptq.py:317 -> marlin_utils.py:143-149: -1, 32, 64, 128); AWQ outside Marlin's list runs
+    AWQ's GEMM on a GPU (any group dividing the layer) and the CPU WNA16 kernel (even sizes: cpu.py:38)."""
+    if method == "gptq" and group not in MARLIN_GROUP_SIZES:
+        return (f"{name!r}: group size {group} is not one vLLM's GPTQ kernels take "
+                f"({', '.join(str(g) for g in MARLIN_GROUP_SIZES[1:])}, or none for one scale per output channel; "
+                "vllm/model_executor/layers/quantization/utils/marlin_utils.py:37, checked for every GPTQ layer at "
+                "auto_gptq.py:317 in vLLM 0.32.0)")
+    if method == "awq" and group != -1 and (group <= 0 or group % 2):
+        return (f"{name!r}: group size {group} is not one vLLM's AWQ kernels take (-1 or a positive even size: "
+                "vllm/model_executor/kernels/linear/mixed_precision/cpu.py:38; Marlin -1, 32, 64, 128 on a GPU)")
+    return None
+
+
+def parse(name: str | None) -> QuantFormat | None:
+    """The format a name denotes (None: not a format name, or an invalid one: see name_problem)."""
+    if not name or name_problem(name) is not None:
+        return None
+    text = name.lower()
+    if text == W8A8_INT8:
+        return QuantFormat(text, "w8a8-int8", 8, -1, False, VARIANT_CHECKPOINT["w8a8-int8"], act_bits=8)
+    m = _GPTQ.fullmatch(text) or _AWQ.fullmatch(text)
+    assert m is not None
+    method = "gptq" if text.startswith("gptq") else "awq"
+    group = int(m.group(2)) if m.group(2) else -1
+    return QuantFormat(text, method, int(m.group(1)), group, method == "awq", VARIANT_CHECKPOINT[method])
+
+
+def from_hf_config(config: dict[str, Any]) -> QuantFormat | None:
+    """The format of a pre-quantized checkpoint from its config.json `quantization_config` (None: not quantized,
+    or a method other than these). A GPTQ/AWQ checkpoint's bits and group size are taken as written, even when
+    no kernel takes them: the plan's rules then say so."""
+    q = config.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    if method in ("gptq", "awq"):
+        bits = int(q.get("bits") or q.get("w_bit") or 4)
+        group = int(q.get("group_size") or q.get("q_group_size") or -1)
+        sym = bool(q.get("sym", True)) if method == "gptq" else False
+        name = f"{method}-w{bits}" + (f"g{group}" if group != -1 else "")
+        return QuantFormat(name, method, bits, group, not sym if method == "gptq" else bool(q.get("zero_point", True)),
+                           method, desc_act=bool(q.get("desc_act", False)))
+    if method == "compressed-tensors":
+        return _from_compressed_tensors(q)
+    return None
+
+
+def _from_compressed_tensors(q: dict[str, Any]) -> QuantFormat | None:
+    groups = q.get("config_groups") or {}
+    for group in groups.values():
+        weights, inputs = group.get("weights") or {}, group.get("input_activations")
+        if weights.get("type", "int") != "int":
+            return None  # FP8 / FP4 compressed-tensors: not one of these formats
+        bits = int(weights.get("num_bits", 8))
+        if inputs and int(inputs.get("num_bits", 16)) == 8 and bits == 8:
+            return QuantFormat(W8A8_INT8, "w8a8-int8", 8, -1, False, "compressed-tensors", act_bits=8)
+        if inputs is None:
+            gs = weights.get("group_size")
+            size = int(gs) if gs and weights.get("strategy") == "group" else -1
+            sym = bool(weights.get("symmetric", True))
+            name = f"w{bits}a16" + (f"g{size}" if size != -1 else "")  # GPTQ or AWQ written by llm-compressor
+            return QuantFormat(name, "wna16", bits, size, not sym, "compressed-tensors")
+    return None
+
+
+# The methods vLLM 0.32.0 knows (vllm/model_executor/layers/quantization/__init__.py:15-49, QuantizationMethods).
+VLLM_METHODS = frozenset({
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed",
+    "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors", "experts_int8", "quark",
+    "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor",
+    "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8"})
+
+
+def checkpoint_problem(config: dict[str, Any], arch: Any = None, tp: int = 1) -> str | None:
+    """What is wrong with a pre-quantized checkpoint's quantization_config, in one clause: a method vLLM does not
+    know, bits or a group size no kernel takes, a group size that does not divide the model's layers."""
+    q = config.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    if method not in VLLM_METHODS:
+        return (f"quantization_config.quant_method {method or '(missing)'!r} is not a format vLLM loads (gptq, awq, "
+                "compressed-tensors, fp8, ...: vllm/model_executor/layers/quantization/__init__.py:15-49, vLLM 0.32.0)")
+    fmt = from_hf_config(config)
+    if fmt is None or fmt.checkpoint == "compressed-tensors":
+        return group_problem(fmt, arch, tp) if fmt is not None else None
+    bits_ok = GPTQ_BITS if fmt.method == "gptq" else AWQ_BITS
+    if fmt.bits not in bits_ok:
+        return f"quantization_config: {fmt.method.upper()} with {fmt.bits}-bit weights has no vLLM kernel ({', '.join(map(str, bits_ok))}-bit)"
+    problem = group_size_problem(fmt.method, fmt.group_size, "quantization_config")
+    return problem or group_problem(fmt, arch, tp)
+
+
+def deployment_problem(dep: Any, config_file: Any) -> str | None:
+    """The one-line problem with a deployment's quantization format, before anything is written: an unknown or
+    unsupported format name (its variant), or a checkpoint whose quantization_config no vLLM kernel takes. Reads
+    local files only (a model not on disk is not checked)."""
+    import json
+    from pathlib import Path
+
+    model = getattr(dep, "model", None)
+    if model is None:
+        return None
+    tp = int(getattr(getattr(dep, "options", None), "tensor_parallel_size", 1) or 1)
+    if model.variant is not None and looks_like_format(model.variant):
+        problem = name_problem(model.variant)
+        return f"deployment {dep.name}: {problem}" if problem else None
+    from evalkit.ledger import arch_from_hf_config, local_model_path
+
+    path = local_model_path(model.source, Path(config_file))
+    if path is None or not path.is_dir() or not (path / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the memory plan reports an unreadable config
+    try:
+        arch = arch_from_hf_config(config, path.name)
+    except ValueError:
+        arch = None
+    problem = checkpoint_problem(config, arch, tp)
+    return f"deployment {dep.name}: {path / 'config.json'}: {problem}" if problem else None
