@@ -531,12 +531,14 @@ def open_engine(
     deployment_name: str,
     root: Path | None = None,
     replicate: int | None = None,
+    extra_parts: Mapping[str, Any] | None = None,
 ) -> CachedEngine:
     """The worker's cached engine, loading nothing while everything it is asked for is cached.
 
     First time for this deployment identity: the engine loads now and its description is stored. Later:
     the stored description keys the cache, a tokenizer stand-in serves tokenization misses, and the engine
-    loads on the first result miss. `replicate` (default: resolved["replicate"]) keys the noise-floor rerun.
+    loads on the first result miss. `replicate` (default: resolved["replicate"]) keys the noise-floor rerun;
+    `extra_parts` joins every result key (the judge's identity: its prompt templates and rubrics).
     """
     store = ResultCache(root)
     identity = engine_identity(deployment.engine, resolved, deployment.options)
@@ -554,7 +556,8 @@ def open_engine(
         return load_tokenizer(deployment.engine, path, deployment.options)
 
     def parts_of(info: EngineInfo) -> dict[str, Any]:
-        return key_parts_from_info(info, resolved.get("variant"), deployment.options, resolved.get("sha256"), rep)
+        parts = key_parts_from_info(info, resolved.get("variant"), deployment.options, resolved.get("sha256"), rep)
+        return parts | ({"extra": dict(extra_parts)} if extra_parts else {})
 
     # A served model's weights can change behind the same address: describe it from what answers now.
     stored = store.get(info_key) if known else None

@@ -125,6 +125,24 @@ def _cmd_rate_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_judge(args: argparse.Namespace) -> int:
+    import json
+
+    from evalkit.judge.run import judge_settings_of, run_judge
+    from evalkit.report.render import render_report
+    from evalkit.scoring import score_run
+    from evalkit.store import RunDir
+
+    run = RunDir.open(Path(args.run_dir))
+    settings, config_file = judge_settings_of(run, Path(args.config) if args.config else None)  # before any call
+    with run.exclusive():
+        cost = run_judge(run.path, settings, config_file, use_cache=not args.no_cache)
+        score_run(run)
+        render_report(run)
+    print(json.dumps(cost, sort_keys=True))
+    return 0
+
+
 def _cmd_view(args: argparse.Namespace) -> int:
     import os
 
@@ -195,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("sheets", nargs="+", metavar="SHEET")
     p.set_defaults(func=_cmd_rate_import)
+
+    p = verbs.add_parser("judge", help="grade a run's outputs with a model judge, then re-score and re-render it")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--config", help="YAML with a `judge:` block (default: the run's own config's)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the engine-result cache")
+    p.set_defaults(func=_cmd_judge)
 
     p = verbs.add_parser("view", help="browse runs in a local web viewer (items, run against run, blind review)")
     p.add_argument("reports_dir", nargs="?", default="reports", metavar="REPORTS_DIR",

@@ -284,6 +284,30 @@ class ExecutorSettings(_Strict):
     namespace: str = "evalkit"
 
 
+class JudgeCertify(_Strict):
+    """When a judge is certified for a category (evalkit.judge.score): every condition must hold there."""
+
+    min_items: int = Field(default=50, ge=1)  # rated items (the alpha interval needs 50)
+    min_alpha: float = Field(default=0.667, ge=-1.0, le=1.0)  # lower end of judge-vs-human alpha's interval
+    max_alpha_gap: float = Field(default=0.1, ge=0.0)  # judge-vs-human alpha at least the raters' own minus this
+    min_self_agreement: float = Field(default=0.9, ge=0.0, le=1.0)  # share of outputs given the same score twice
+    max_flip_rate: float = Field(default=0.1, ge=0.0, le=1.0)  # pairwise verdicts that change with the order
+    max_unparseable: float = Field(default=0.05, ge=0.0, le=1.0)  # share of judge answers not in the format
+
+
+class JudgeSettings(_Strict):
+    """`judge:` a deployment (any engine, in-process or served) that grades the prompts suite's outputs with
+    the rubrics (evalkit.judge). Deterministic by default: temperature 0, a fixed seed."""
+
+    deployment: Deployment
+    modes: list[Literal["pointwise", "pairwise"]] = Field(default_factory=lambda: ["pointwise", "pairwise"], min_length=1)
+    rubrics: str | None = None  # a directory of <category>.md and pairwise.md (None: evalkit's rubrics/)
+    categories: list[str] | None = None  # None: every category of the judged outputs
+    sampling: Sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=64, seed=0)
+    repeats: int = Field(default=2, ge=1, le=2)  # 2: every pointwise judgement twice (self-consistency)
+    certify: JudgeCertify = JudgeCertify()
+
+
 class Config(_Strict):
     reference: str
     hardware: Hardware | None = None
@@ -294,6 +318,7 @@ class Config(_Strict):
     stats: StatsSettings = StatsSettings()
     noise_floor: bool = False  # run the reference twice to measure the engine's own variation
     decision: DecisionSettings | None = None
+    judge: JudgeSettings | None = None  # a model judge of the prompts suite's outputs (evalkit.judge)
 
     @field_validator("decision")
     @classmethod

@@ -20,29 +20,32 @@ from evalkit.store import RunDir
 def resolve_deployments(config: Config) -> dict[str, dict[str, Any]]:
     """Every deployment's model on disk (variants prepared if needed), checked and fingerprinted. A served
     model is "kind": "served", with its endpoint and whether evalkit knows its weights (`model:` named)."""
-    out: dict[str, dict[str, Any]] = {}
-    for dep in config.deployments:
-        spec = engine_spec(dep.engine)
-        entry: dict[str, Any] = {"engine": dep.engine, "source": None, "variant": None, "path": None, "kind": None,
-                                 "sha256": None, "size_bytes": None}
-        if dep.model is not None:
-            path = _model_path(dep)
-            kind = check_model(path, dep.model.source)
-            if not spec.loads_kind(kind):
-                raise ModelFileError(
-                    str(path), f"deployment {dep.name}: engine {dep.engine} needs a {spec.model_kind} model, got a {kind} checkpoint"
-                )
-            fp = fingerprint(path)
-            entry |= {"source": dep.model.source, "variant": dep.model.variant, "path": str(path), "kind": kind,
-                      "sha256": fp.sha256, "size_bytes": fp.size_bytes}
-        if spec.served:
-            entry |= {"kind": SERVED_KIND, "weights_kind": entry["kind"],
-                      "weights": "named" if dep.model is not None else "not verified",
-                      "endpoint": spec.endpoint(dep.options) if spec.endpoint is not None else None}
-        out[dep.name] = {**entry, "hardware": _hardware(dep)}
+    out = {dep.name: resolve_deployment(dep) for dep in config.deployments}
     if config.noise_floor:
         out[config.reference + NOISE_SUFFIX] = {**out[config.reference], "base": config.reference, "replicate": 1}
     return out
+
+
+def resolve_deployment(dep: Any) -> dict[str, Any]:
+    """One deployment's manifest entry (resolve_deployments; the judge's too)."""
+    spec = engine_spec(dep.engine)
+    entry: dict[str, Any] = {"engine": dep.engine, "source": None, "variant": None, "path": None, "kind": None,
+                             "sha256": None, "size_bytes": None}
+    if dep.model is not None:
+        path = _model_path(dep)
+        kind = check_model(path, dep.model.source)
+        if not spec.loads_kind(kind):
+            raise ModelFileError(
+                str(path), f"deployment {dep.name}: engine {dep.engine} needs a {spec.model_kind} model, got a {kind} checkpoint"
+            )
+        fp = fingerprint(path)
+        entry |= {"source": dep.model.source, "variant": dep.model.variant, "path": str(path), "kind": kind,
+                  "sha256": fp.sha256, "size_bytes": fp.size_bytes}
+    if spec.served:
+        entry |= {"kind": SERVED_KIND, "weights_kind": entry["kind"],
+                  "weights": "named" if dep.model is not None else "not verified",
+                  "endpoint": spec.endpoint(dep.options) if spec.endpoint is not None else None}
+    return {**entry, "hardware": _hardware(dep)}
 
 
 def _model_path(dep: Any) -> Path:
@@ -186,6 +189,7 @@ def _run_and_report(run_dir: RunDir, names: list[str], executor: Executor) -> di
         print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
         warn_hardware(run_dir)
         codes = run_workers(run_dir, names, executor)
+        _judge(run_dir)
         from evalkit.scoring import score_run
         from evalkit.report.render import render_report
 
@@ -201,6 +205,17 @@ def _run_and_report(run_dir: RunDir, names: list[str], executor: Executor) -> di
             raise EvalkitError(str(run_dir.path), f"no space left on the device ({e.strerror}); every complete record "
                                                   f"is kept: free space, then run --resume {run_dir.path}") from None
     return codes
+
+
+def _judge(run_dir: RunDir) -> None:
+    """The config's model judge grades the outputs (evalkit.judge), once every deployment has run."""
+    manifest = run_dir.manifest()
+    config = Config.model_validate(manifest["config"])
+    if config.judge is None:
+        return
+    from evalkit.judge.run import run_judge
+
+    run_judge(run_dir.path, config.judge, Path(manifest["config_file"]), use_cache=bool(manifest.get("use_cache", True)))
 
 
 def choose_executor(config: Config, kind: str | None, address: str | None) -> Executor:

@@ -70,6 +70,29 @@ _RATINGS: list[MetricSpec] = [
 ]
 
 
+# The model judge (evalkit.judge): certified categories' scores are margins like any metric; uncertified ones are
+# declared without a better direction, so no margin can name them.
+_JUDGE: list[MetricSpec] = [
+    _m("judge", "score", "points (1-5)", "higher", "continuous", "rating", "paired_bootstrap",
+       "certified judge's mean pointwise score; paired by item against the reference"),
+    _m("judge", "score_uncertified", "points (1-5)", "none", "continuous", "rating", "none",
+       "judge's mean pointwise score in a category where it is not certified (never in the decision)"),
+    _m("judge", "net_preference", "win - loss", "higher", "continuous", "num", "none",
+       "certified judge, side by side with the reference in both orders (a flip is a tie)"),
+    _m("judge", "net_preference_uncertified", "win - loss", "none", "continuous", "num", "none",
+       "side by side, judge not certified in this category (never in the decision)"),
+    _m("judge", "unparseable", "answers", "lower", "count", "count", "none", "judge answers not in the asked format"),
+    _m("judge", "flip_rate", "share", "lower", "rate", "pct", "none", "pairwise verdicts that change when A and B swap"),
+    _m("judge", "self_agreement", "share", "higher", "rate", "pct", "none", "outputs given the same score twice"),
+    _m("judge", "alpha_vs_humans", "alpha", "higher", "continuous", "num", "none",
+       "ordinal Krippendorff's alpha, judge score against each human rating of the same output"),
+    _m("judge", "length_slope_pointwise", "points / 10 words", "none", "continuous", "num", "none",
+       "judge score per 10 more words of answer"),
+    _m("judge", "length_slope_pairwise", "outcome / 10 words", "none", "continuous", "num", "none",
+       "pairwise outcome per 10 words longer than the reference's"),
+]
+
+
 def _index(specs: list[MetricSpec]) -> tuple[dict[tuple[str, str], MetricSpec], list[MetricSpec]]:
     exact: dict[tuple[str, str], MetricSpec] = {}
     families: list[MetricSpec] = []
@@ -95,7 +118,7 @@ def _declared() -> list[MetricSpec]:
     registry = importlib.import_module("evalkit.suites")
     state = registry.registry_state()
     if _STATE[0] != state:
-        found = [m for spec in registry.all_specs() for m in spec.metrics] + _RATINGS
+        found = [m for spec in registry.all_specs() for m in spec.metrics] + _RATINGS + _JUDGE
         exact, families = _index(found)
         _EXACT.clear()
         _EXACT.update(exact)
