@@ -42,6 +42,7 @@ class QuantRelease:
     ct_wna16_min: tuple[int, int]  # compressed-tensors W4A16/W8A16 scheme minimum
     ct_float32: bool  # compressed-tensors takes float32 activations
     sources: dict[str, str]
+    machete_zero_points: bool = True  # 0.6.3's Machete refuses zero points (kernels/machete.py:33-37)
 
 
 _Q = "vllm/model_executor/layers/quantization"
@@ -64,6 +65,7 @@ QUANT_RELEASES: tuple[QuantRelease, ...] = (
          "ct_w8a8": f"{_Q}/compressed_tensors/schemes/compressed_tensors_w8a8_int8.py:30-32 (7.5)",
          "ct_wna16": f"{_Q}/compressed_tensors/schemes/compressed_tensors_wNa16.py:58-60 (8.0)",
          "int8": f"{_Q}/utils/w8a8_utils.py:190-217 (apply_int8_linear: ops.cutlass_scaled_mm)"},
+        machete_zero_points=False,
     ),
     QuantRelease(
         "0.13.0", (8, 0), True, True, ("Machete", "AllSpark", "Marlin", "Exllama"), False, (-1, 64, 128), (7, 5), True,
@@ -187,7 +189,8 @@ def _mp_kernel(r: QuantRelease, cap: tuple[int, int], fmt: QuantFormat, act: str
     """choose_mp_linear_kernel: the first kernel of the release's list that takes the layer (the optional
     packages' kernels, BitBLAS, Conch and Humming, are not installed by a plain `pip install vllm`)."""
     for k in r.mp_kernels:
-        if k == "Machete" and cap >= (9, 0) and fmt.bits in (4, 8) and fmt.group_size in r.machete_groups:
+        if k == "Machete" and cap >= (9, 0) and fmt.bits in (4, 8) and fmt.group_size in r.machete_groups \
+                and (r.machete_zero_points or not fmt.zero_points):
             return "MacheteLinearKernel"
         if k == "AllSpark" and (8, 0) <= cap < (9, 0) and not fmt.zero_points and fmt.bits == 8 and fmt.group_size == -1:
             return "AllSparkLinearKernel"
