@@ -101,8 +101,9 @@ def group_problem(fmt: QuantFormat, arch: Any, tp: int = 1) -> str | None:
 _GPTQ = re.compile(r"gptq-w(\d+)(?:g(\d+))?")
 _AWQ = re.compile(r"awq-w(\d+)(?:g(\d+))?")
 W8A8_INT8 = "w8a8-int8"
-# How evalkit's own variants of each method are written (the quantizer's output format).
-VARIANT_CHECKPOINT = {"gptq": "gptq", "awq": "awq", "w8a8-int8": "compressed-tensors"}
+# How evalkit's own variants of each method are written: llm-compressor writes compressed-tensors for all three
+# (evalkit/quantize.py), so vLLM loads them through its compressed-tensors schemes, not its gptq/awq methods.
+VARIANT_CHECKPOINT = {"gptq": "compressed-tensors", "awq": "compressed-tensors", "w8a8-int8": "compressed-tensors"}
 
 
 def looks_like_format(name: str | None) -> bool:
@@ -144,8 +145,10 @@ def group_size_problem(method: str, group: int, name: str) -> str | None:
     return None
 
 
-def parse(name: str | None) -> QuantFormat | None:
-    """The format a name denotes (None: not a format name, or an invalid one: see name_problem)."""
+def parse(name: str | None, checkpoint: str | None = None) -> QuantFormat | None:
+    """The format a name denotes (None: not a format name, or an invalid one: see name_problem), written as
+    evalkit's variants are (VARIANT_CHECKPOINT) unless `checkpoint` says otherwise ("gptq", "awq": a GPTQ/AWQ-format
+    checkpoint such as the published ones)."""
     if not name or name_problem(name) is not None:
         return None
     text = name.lower()
@@ -155,7 +158,7 @@ def parse(name: str | None) -> QuantFormat | None:
     assert m is not None
     method = "gptq" if text.startswith("gptq") else "awq"
     group = int(m.group(2)) if m.group(2) else -1
-    return QuantFormat(text, method, int(m.group(1)), group, method == "awq", VARIANT_CHECKPOINT[method])
+    return QuantFormat(text, method, int(m.group(1)), group, method == "awq", checkpoint or VARIANT_CHECKPOINT[method])
 
 
 def from_hf_config(config: dict[str, Any]) -> QuantFormat | None:

@@ -97,6 +97,8 @@ TABLE = [
     ("H200", "0.32.0", "w8a8-int8", "bfloat16", "CutlassInt8ScaledMMLinearKernel"),
     ("H100-SXM-80GB", "0.6.3", CT_W4_ZP, "bfloat16", "MarlinLinearKernel"),  # 0.6.3 Machete: no zero points (machete.py:33-37)
     ("H100-SXM-80GB", "0.32.0", CT_W4_ZP, "bfloat16", "MacheteLinearKernel"),  # uint4 with zero points (machete_utils.py:14)
+    ("T4", "0.13.0", CT_W4_ZP, "float16", R),  # Marlin 8.0, Exllama takes no zero points: no kernel
+    ("T4", "0.14.0", CT_W4_ZP, "float16", "MarlinLinearKernel"),
     # activation dtypes: the legacy gptq method takes float16 only (gptq.py:55-56); a group Marlin lacks sends a
     # bf16 model there (0.6.3), while 0.32 refuses the group size itself
     ("A100-SXM4-80GB", "0.6.3", "gptq-w4g256", "bfloat16", R),
@@ -106,10 +108,12 @@ TABLE = [
 
 
 def _fmt(f: str | QuantFormat) -> QuantFormat:
+    """A name in the table is a GPTQ/AWQ-format checkpoint (quant_method gptq/awq, as the published ones)."""
     if isinstance(f, QuantFormat):
         return f
-    got = parse(f) or QuantFormat(f, "gptq", int(f[6]), int(f.split("g")[-1]), False, "gptq")  # g256: no name, a checkpoint
-    return got
+    method = f.split("-")[0]
+    return parse(f, checkpoint=method if method in ("gptq", "awq") else None) or \
+        QuantFormat(f, "gptq", int(f[6]), int(f.split("g")[-1]), False, "gptq")  # g256: no name, a checkpoint
 
 
 @pytest.mark.parametrize("gpu,version,fmt,dtype,kernel", TABLE)
@@ -127,22 +131,22 @@ def test_quant_outcome_table(gpu: str, version: str, fmt: str | QuantFormat, dty
 
 def test_refusal_reasons() -> None:
     v100, t4 = (7, 0), (7, 5)
-    gptq = vllm_rules.outcome(v100, version="0.32.0", dtype="float16", quant_format=parse("gptq-w4g128")).refused
+    gptq = vllm_rules.outcome(v100, version="0.32.0", dtype="float16", quant_format=_fmt("gptq-w4g128")).refused
     assert "Marlin does not support" in gptq and "auto_gptq.py:178-183" in gptq and "marlin_utils.py:37" in gptq
-    awq = vllm_rules.outcome(v100, version="0.6.3", dtype="float16", quant_format=parse("awq-w4g128")).refused
+    awq = vllm_rules.outcome(v100, version="0.6.3", dtype="float16", quant_format=_fmt("awq-w4g128")).refused
     assert "awq is not supported for the current GPU (minimum capability 7.5, this GPU 7.0)" in awq and "loader.py:103-110" in awq
     w8a8 = vllm_rules.outcome(v100, version="0.32.0", dtype="float16", quant_format=parse("w8a8-int8")).refused
     assert "minimum capability 7.5" in w8a8 and "compressed_tensors.py:119-124, 994" in w8a8
     bf16 = vllm_rules.outcome((8, 0), version="0.6.3", dtype="bfloat16", quant_format=_fmt("gptq-w4g256")).refused
     assert "bfloat16 is not supported for quantization method gptq" in bf16
     # 4-bit legacy GPTQ: vLLM 0.13-0.21 warn that its kernel is buggy; 0.6.3 does not
-    assert any("buggy" in n for n in vllm_rules.outcome(t4, version="0.13.0", dtype="float16", quant_format=parse("gptq-w4g128")).notes)
-    assert not any("buggy" in n for n in vllm_rules.outcome(t4, version="0.6.3", dtype="float16", quant_format=parse("gptq-w4g128")).notes)
+    assert any("buggy" in n for n in vllm_rules.outcome(t4, version="0.13.0", dtype="float16", quant_format=_fmt("gptq-w4g128")).notes)
+    assert not any("buggy" in n for n in vllm_rules.outcome(t4, version="0.6.3", dtype="float16", quant_format=_fmt("gptq-w4g128")).notes)
 
 
 def test_versions_between_read_releases() -> None:
     """0.15-0.21 get 0.14.0's rules (GPTQ still legacy on 7.0); 0.23-0.31 get 0.22.0's (refused)."""
-    v100, fmt = (7, 0), parse("gptq-w4g128")
+    v100, fmt = (7, 0), _fmt("gptq-w4g128")
     assert vllm_rules.outcome(v100, version="0.18.0", dtype="float16", quant_format=fmt).kernel == "gptq_gemm (exllama)"
     assert vllm_rules.outcome(v100, version="0.25.1", dtype="float16", quant_format=fmt).refused
     merged = dict(vllm_rules.by_version(v100, dtype="float16", quant_format=fmt))
@@ -153,12 +157,15 @@ def test_versions_between_read_releases() -> None:
 
 def test_bytes_per_weight_by_hand() -> None:
     """GPTQ/AWQ: bits/8 + a 16-bit scale and a bits-wide zero point per group; W8A8: 1 + a float32 scale per row."""
-    assert parse("gptq-w4g128").linear_bytes_per_weight(3584) == 0.5 + 2 / 128 + 0.5 / 128  # 0.51953125
-    assert parse("gptq-w8g128").linear_bytes_per_weight(3584) == 1 + 2 / 128 + 1 / 128  # 1.0234375
-    assert parse("awq-w4g128").linear_bytes_per_weight(3584) == 0.51953125
-    assert parse("gptq-w8").linear_bytes_per_weight(3584) == 1 + 2 / 3584 + 1 / 3584  # one group per row
+    assert _fmt("gptq-w4g128").linear_bytes_per_weight(3584) == 0.5 + 2 / 128 + 0.5 / 128  # 0.51953125
+    assert _fmt("gptq-w8g128").linear_bytes_per_weight(3584) == 1 + 2 / 128 + 1 / 128  # 1.0234375
+    assert _fmt("awq-w4g128").linear_bytes_per_weight(3584) == 0.51953125
+    assert _fmt("gptq-w8").linear_bytes_per_weight(3584) == 1 + 2 / 3584 + 1 / 3584  # one group per row
     assert parse("w8a8-int8").linear_bytes_per_weight(3584) == 1 + 4 / 3584
     assert CT_W4.linear_bytes_per_weight(3584) == 0.5 + 2 / 128  # compressed-tensors, symmetric: no zero points
+    assert parse("gptq-w4g128") == CT_W4.__class__("gptq-w4g128", "gptq", 4, 128, False, "compressed-tensors")  # evalkit's variant
+    assert parse("gptq-w4g128").linear_bytes_per_weight(3584) == 0.515625
+    assert parse("awq-w4g128").linear_bytes_per_weight(3584) == 0.51953125  # asymmetric: zero points stored
 
 
 def test_qwen_7b_weights_by_hand() -> None:
@@ -173,9 +180,10 @@ def test_qwen_7b_weights_by_hand() -> None:
 
     arch = arch_from_hf_config(json.loads((Path(__file__).parent / "data" / "qwen2.5-7b-instruct" / "config.json").read_text()), "q")
     assert arch.n_params == 7_615_616_512
-    assert weight_bytes(arch, parse("gptq-w4g128")) == 5_570_747_392
-    assert weight_bytes(arch, parse("awq-w4g128")) == 5_570_747_392
-    assert weight_bytes(arch, parse("gptq-w8g128")) == 8_858_881_024
+    assert weight_bytes(arch, _fmt("gptq-w4g128")) == 5_570_747_392
+    assert weight_bytes(arch, _fmt("awq-w4g128")) == 5_570_747_392
+    assert weight_bytes(arch, _fmt("gptq-w8g128")) == 8_858_881_024
+    assert weight_bytes(arch, parse("gptq-w4g128")) == 5_545_257_984  # compressed-tensors (no zeros): x 132/256 + the rest
     assert weight_bytes(arch, parse("w8a8-int8")) == 8_711_506_944
 
 
@@ -246,7 +254,7 @@ def test_plan_precision_reads_the_checkpoint_and_the_target_version() -> None:
 
     dep = SimpleNamespace(name="q", engine="vllm", model=SimpleNamespace(source="x", variant=None),
                           options=SimpleNamespace(dtype="auto", quantization=None, tensor_parallel_size=1))
-    facts = ModelFacts("qwen2", "float16", None, None, parse("gptq-w8g128"))
+    facts = ModelFacts("qwen2", "float16", None, None, _fmt("gptq-w8g128"))
     v = vllm_rules.plan_precision(dep, facts, lookup("V100-SXM2-16GB"), version="0.6.3")
     assert v.refused is None and v.kernel == "gptq_gemm (exllama)" and v.engine_version == "vLLM 0.6.3"
     v = vllm_rules.plan_precision(dep, facts, lookup("V100-SXM2-16GB"), version="0.32.0")
