@@ -39,7 +39,7 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines import hf_rules
@@ -73,6 +73,25 @@ class HfOptions(BaseModel):
     # never the scoring paths). Like max_batch_size it changes generated tokens' rounding, not what is measured,
     # so it is not one of the cache key's numerics options.
     torch_compile: Literal["auto", "on", "off"] = "auto"
+    # KV-cache precision: "full" keeps K and V in `dtype`. transformers' quantized cache (QuantizedCache,
+    # cache_implementation="quantized") needs a backend package: optimum-quanto or hqq.
+    kv_cache: Literal["full", "quanto", "hqq"] = "full"
+
+    @field_validator("kv_cache")
+    @classmethod
+    def _quantized_cache_backend(cls, v: str) -> str:
+        if v != "full":
+            from importlib.util import find_spec
+
+            package, module = {"quanto": ("optimum-quanto", "optimum.quanto"), "hqq": ("hqq", "hqq")}[v]
+            try:
+                found = find_spec(module) is not None
+            except ModuleNotFoundError:  # `optimum` itself absent
+                found = False
+            if not found:
+                raise ValueError(f"kv_cache {v!r} (transformers' QuantizedCache) needs the {package} package, which is not installed")
+            raise ValueError(f"kv_cache {v!r}: the hf engine decodes through a StaticCache and has no quantized-cache path yet")
+        return v
 
 
 def _torch_dtype(name: str) -> "torch.dtype":

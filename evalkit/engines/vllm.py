@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines import vllm_rules
@@ -79,6 +79,15 @@ class VllmOptions(BaseModel):
     # KV cache per device, GB (10^9 bytes). None: on CPU evalkit sizes it for max_num_seqs sequences of
     # max_model_len tokens (evalkit.engines.vllm_memory.vllm_kv_cache_size); on GPUs vLLM sizes it from gpu_memory_utilization.
     kv_cache_gb: float | None = Field(default=None, gt=0)
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _known_kv_cache_dtype(cls, v: str) -> str:
+        from evalkit.engines.vllm_kv import check_kv_cache_dtype
+        from evalkit.hardware import cpu_flags
+
+        check_kv_cache_dtype(v, cpu=not detect_accelerators(), flags=cpu_flags())  # plan time: one line, exit 2
+        return v
 
 
 class VllmEngine(HfTokens, Engine):
@@ -400,6 +409,7 @@ class VllmEngine(HfTokens, Engine):
         }
         if self._dtype_note:
             extra["dtype_note"] = self._dtype_note
+        extra["kv_cache_ran"] = self._kv_cache_ran()
         if extra["device"] == "cpu":
             extra["cpu_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
             extra["engine_processes"] = "one (engine core and worker in this process)" if self._one_process else "vLLM's default"
@@ -417,6 +427,18 @@ class VllmEngine(HfTokens, Engine):
             load_s=self._load_s,
             extra=extra,
         )
+
+    def _kv_cache_ran(self) -> dict[str, Any]:
+        """What the loaded model's KV cache really is (evalkit.engines.vllm_kv.read_back, inside vLLM's worker),
+        read once. A worker in another process may refuse the pickled function: then the reason is recorded."""
+        from evalkit.engines.vllm_kv import read_back, summary
+
+        if not hasattr(self, "_kv_ran"):
+            try:
+                self._kv_ran = summary(self.options.kv_cache_dtype, self._llm.collective_rpc(read_back)[0])
+            except Exception as e:  # any failure to read leaves the run going; the record says why
+                self._kv_ran = {"error": _first_line(e)}
+        return self._kv_ran
 
     def close(self) -> None:
         if self._closed:
