@@ -171,9 +171,11 @@ def _open(path: Path) -> tuple[RunDir, dict[str, Any]]:
     return run, manifest
 
 
-def latest_comparable(new: Path, reports_dir: Path) -> Path:
+def latest_comparable(new: Path, reports_dir: Path, unsaved: dict[str, Any] | None = None) -> Path:
     """The newest run under `reports_dir` created before `new` that shares a (deployment, suite) with the same
-    items (no `items` field of their keys differs) and recorded items in common; NothingComparable otherwise."""
+    items (no `items` field of their keys differs) and recorded items in common; NothingComparable otherwise.
+    The folder's history index is read, not written: an out-of-date one's new content goes to `unsaved` (see
+    history.history_entries), for the caller to save when the diff succeeds."""
     new = Path(new)
     _, manifest = _open(new)
     keys = result_keys(new, manifest)
@@ -182,7 +184,7 @@ def latest_comparable(new: Path, reports_dir: Path) -> Path:
 
     mine = item_sets(new, manifest)
     best: tuple[str, str] | None = None
-    for e in history_entries(Path(reports_dir)):
+    for e in history_entries(Path(reports_dir), unsaved={} if unsaved is None else unsaved):
         if "error" in e or (reports_dir / e["name"]).resolve() == new.resolve():
             continue
         if str(e.get("created") or "") > created:
@@ -203,6 +205,14 @@ def diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None = None
               config_margins: bool = True, fail_on: str = "inferior") -> DiffResult:
     """The paired comparison of `new` against `baseline` (see the module doc). EvalkitError (exit 2) on bad input;
     NothingComparable when no deployment and suite can be compared."""
+    from evalkit.scoring import paused_gc
+
+    with paused_gc():  # tens of thousands of records alive throughout: collections would walk them again and again
+        return _diff_runs(baseline, new, margins, pairs=pairs, config_margins=config_margins, fail_on=fail_on)
+
+
+def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, pairs: list[tuple[str, str]] | None,
+               config_margins: bool, fail_on: str) -> DiffResult:
     import pandas as pd
 
     from evalkit.config import Config

@@ -41,7 +41,7 @@ def add_diff_parsers(verbs: Any, diff: Callable[..., int], history: Callable[...
     p.set_defaults(func=history)
 
 
-def _runs(args: argparse.Namespace) -> tuple[Path, Path]:
+def _runs(args: argparse.Namespace, unsaved: dict[str, Any]) -> tuple[Path, Path]:
     from evalkit.errors import ConfigError
     from evalkit.diff import latest_comparable
 
@@ -51,7 +51,7 @@ def _runs(args: argparse.Namespace) -> tuple[Path, Path]:
     if args.baseline:
         if len(runs) != 1:
             raise ConfigError("evalkit diff", "with --baseline REPORTS_DIR, name only the new run")
-        return latest_comparable(Path(runs[0]), Path(args.baseline)), Path(runs[0])
+        return latest_comparable(Path(runs[0]), Path(args.baseline), unsaved), Path(runs[0])
     if len(runs) != 2:
         raise ConfigError("evalkit diff", "name two runs (BASELINE NEW, or BASELINE..NEW), or one with --baseline REPORTS_DIR")
     return Path(runs[0]), Path(runs[1])
@@ -97,7 +97,8 @@ def run_diff(args: argparse.Namespace) -> int:
         pairs.append((new, base))
     for target in (args.csv, args.json):
         _check_target(target)
-    baseline, new = _runs(args)
+    unsaved: dict[str, Any] = {}  # --baseline's history index, written only once the diff has succeeded
+    baseline, new = _runs(args, unsaved)
     result = diff_runs(baseline, new, margins, pairs=pairs or None, config_margins=not args.no_config_margins,
                        fail_on=args.fail_on)
     to_stdout = "-" in (args.csv, args.json)
@@ -107,6 +108,10 @@ def run_diff(args: argparse.Namespace) -> int:
         _write(args.csv, format_csv(result))
     if args.json:
         _write(args.json, format_json(result))
+    if unsaved:
+        from evalkit.history import save_index
+
+        save_index(Path(args.baseline), unsaved)
     return result.exit_code
 
 

@@ -321,14 +321,15 @@ def run_dirs(reports_dir: Path) -> list[Path]:
     return [c for c in children if not c.is_symlink() and c.is_dir() and (c / MANIFEST).is_file()]
 
 
-def history_entries(reports_dir: Path, *, write_index: bool = True,
-                    memory: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def history_entries(reports_dir: Path, *, write_index: bool = True, memory: dict[str, Any] | None = None,
+                    unsaved: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every run under `reports_dir` (oldest first, by creation time then name), from the index where it is
     current, else read again; the index is then brought up to date (atomically, under its lock). A run directory
     that cannot be read is kept with its problem in the entry's `error`. `memory` (a dict the caller keeps):
-    entries are kept there instead of in the index file, and nothing is written (the viewer's way)."""
-    from filelock import FileLock, Timeout
-
+    entries are kept there instead of in the index file, and nothing is written (the viewer's way). `unsaved` (a
+    dict the caller keeps): the index is read but not written; where it is out of date, its new content is left
+    there for the caller to `save_index` once its command has succeeded (`evalkit diff --baseline`: a command that
+    ends in exit 2 writes nothing)."""
     reports_dir = Path(reports_dir)
     if not reports_dir.is_dir():
         raise RunDirError(str(reports_dir), "no such reports folder")
@@ -359,19 +360,29 @@ def history_entries(reports_dir: Path, *, write_index: bool = True,
     if memory is not None:
         memory.clear()
         memory.update(entries)
-    if changed and write_index:
-        try:
-            with FileLock(reports_dir / f".{INDEX_FILE}.lock", timeout=30):
-                # One writer at a time, each writing a whole index of the folder as it just read it: the file is
-                # always some writer's complete view, and an entry is only ever used where its stamp still holds.
-                # Under the lock no writer is mid-write, so a temporary left beside it is a dead writer's: swept.
-                for orphan in reports_dir.glob(f".{INDEX_FILE}.*.tmp"):
-                    orphan.unlink(missing_ok=True)
-                atomic_write_bytes(index_path, encode_index(entries))
-        except (OSError, Timeout):
-            pass  # a read-only folder or a stuck lock: the history is still right, only not kept for next time
+    if changed and unsaved is not None:
+        unsaved.clear()
+        unsaved.update(entries)
+    elif changed and write_index:
+        save_index(reports_dir, entries)
     out = [v["entry"] for v in entries.values()]
     return sorted(out, key=lambda e: (str(e.get("created") or ""), e["name"]))
+
+
+def save_index(reports_dir: Path, entries: dict[str, Any]) -> None:
+    """Write the index of `reports_dir` (run name -> {stamp, entry}, as history_entries reads it)."""
+    from filelock import FileLock, Timeout
+
+    try:
+        with FileLock(Path(reports_dir) / f".{INDEX_FILE}.lock", timeout=30):
+            # One writer at a time, each writing a whole index of the folder as it just read it: the file is
+            # always some writer's complete view, and an entry is only ever used where its stamp still holds.
+            # Under the lock no writer is mid-write, so a temporary left beside it is a dead writer's: swept.
+            for orphan in Path(reports_dir).glob(f".{INDEX_FILE}.*.tmp"):
+                orphan.unlink(missing_ok=True)
+            atomic_write_bytes(Path(reports_dir) / INDEX_FILE, encode_index(entries))
+    except (OSError, Timeout):
+        pass  # a read-only folder or a stuck lock: the history is still right, only not kept for next time
 
 
 def load_history(reports_dir: str | Path, *, write_index: bool = True, memory: dict[str, Any] | None = None) -> Any:

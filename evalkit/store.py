@@ -96,14 +96,19 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     Bytes after the last newline are a torn write (a writer cuts them before appending) and are ignored, even
     when they parse as JSON."""
     for n, raw in _lines(path):
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as e:
-            # Writers append whole lines under a lock and repair a tear first: this is not a crash's trace.
-            raise RunDirError(f"{path}:{n}", f"corrupt record (not JSON: {e.msg}); the records file was edited or damaged") from None
-        if not isinstance(record, dict):
-            raise RunDirError(f"{path}:{n}", "corrupt record (not a JSON object)")
-        yield record
+        yield json_line(path, n, raw)
+
+
+def json_line(path: Path, n: int, raw: bytes) -> dict[str, Any]:
+    """Line `n` of the records file `path` as its JSON object; RunDirError naming the line otherwise."""
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError as e:
+        # Writers append whole lines under a lock and repair a tear first: this is not a crash's trace.
+        raise RunDirError(f"{path}:{n}", f"corrupt record (not JSON: {e.msg}); the records file was edited or damaged") from None
+    if not isinstance(record, dict):
+        raise RunDirError(f"{path}:{n}", "corrupt record (not a JSON object)")
+    return record
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -120,16 +125,25 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 # The head every evalkit writer gives a line (records.dump_record: schema_version, suite, item_id first):
 # enough to know which item a line records without parsing the rest of it.
-_HEAD = re.compile(rb'^\{"schema_version":\d+,"suite":"((?:[^"\\]|\\.)*)","item_id":"((?:[^"\\]|\\.)*)"[,}]')
+_HEAD = re.compile(rb'^\{"schema_version":(\d+),"suite":"((?:[^"\\]|\\.)*)","item_id":"((?:[^"\\]|\\.)*)"[,}]')
+
+
+def line_head(raw: bytes) -> tuple[int, str, str] | None:
+    """(schema_version, suite, item_id) from an evalkit-written line's head alone; None for another layout."""
+    m = _HEAD.match(raw)
+    if m is None:
+        return None
+    suite, item = (json.loads(b'"' + g + b'"') if b"\\" in g else g.decode() for g in m.groups()[1:])  # escapes: rare
+    return int(m.group(1)), suite, item
 
 
 def read_keys(path: Path) -> Iterator[str]:
     """`record_key` of every complete line of `path`, from the line's head alone (a line of another layout:
     parsed whole)."""
     for n, raw in _lines(path):
-        m = _HEAD.match(raw)
-        if m is not None:
-            suite, item = (json.loads(b'"' + g + b'"') for g in m.groups())
+        head = line_head(raw)
+        if head is not None:
+            _, suite, item = head
         else:
             try:
                 record = json.loads(raw)
@@ -277,6 +291,11 @@ class RunDir:
         for rec in read_jsonl(self.records_path(deployment)):
             seen.setdefault(record_key(rec["suite"], rec["item_id"]), rec)
         return list(seen.values())
+
+    def record_lines(self, deployment: str) -> Iterator[tuple[int, bytes]]:
+        """(line number, bytes) of every complete line of one deployment's records, unparsed and in file order
+        (duplicates included: `records` keeps the first)."""
+        return _lines(self.records_path(deployment))
 
     def done_keys(self, deployment: str) -> set[str]:
         """Keys of the recorded items, read from each line's head (payloads are not parsed)."""

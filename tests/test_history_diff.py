@@ -381,6 +381,28 @@ def _reports(tmp_path: Path, n: int = 3) -> Path:
     return root
 
 
+def test_baseline_that_ends_in_exit_2_writes_nothing(tmp_path: Path) -> None:
+    """`--baseline` reads the folder's history but keeps its index to itself until the diff has succeeded: exit 2
+    (nothing earlier to compare with; a bad --pair found after the baseline was picked) leaves the folder as it
+    was, index and lock file included; a diff that succeeds then writes the index for the next call."""
+    root = _reports(tmp_path, 2)
+    first, second = sorted(p for p in root.iterdir() if p.is_dir())
+
+    def tree() -> dict[str, int]:
+        return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+    before = tree()
+    _one_line_exit_2(evalkit("diff", str(first), "--baseline", str(root)), "no run before")
+    _one_line_exit_2(evalkit("diff", str(second), "--baseline", str(root), "--pair", "nope=smol-q8"), "--pair", "'nope'")
+    assert tree() == before and not (root / ".evalkit-history.json").exists()
+    proc = evalkit("diff", str(second), "--baseline", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert (root / ".evalkit-history.json").is_file()
+    from evalkit.history import INDEX_FILE, decode_index
+
+    assert set(decode_index((root / INDEX_FILE).read_bytes()) or {}) == {first.name, second.name}
+
+
 def test_load_history_frame(tmp_path: Path) -> None:
     import evalkit
 

@@ -227,3 +227,43 @@ def test_version_2_generations_are_nested_as_one_part() -> None:
     assert req.generation == Generation(output_text=None, output_token_ids=[5, 6], finish_reason="length", ttft_s=0.1,
                                         total_s=0.3)  # the text was never kept: None, not made up
     assert req.generation.text == "" and req.prompt_token_ids == [1, 2, 3, 4]
+
+
+@pytest.mark.engine
+def test_records_read_from_bytes_equal_the_dict_path(real_run: Path, tmp_path: Path) -> None:
+    """scoring.records_by_suite parses current lines straight from their bytes (issue 36's speed): every suite's
+    records, plus a duplicate (the first wins), a line without its deployment, a v0 line and a v2 line, come out
+    equal to json.loads + parse_record of RunDir.records, the path it replaced; a bad line is the same error."""
+    from evalkit.scoring import records_by_suite
+    from evalkit.store import RunDir
+
+    run = Path(shutil.copytree(real_run, tmp_path / real_run.name, ignore=shutil.ignore_patterns("items", "*.csv")))
+    path = sorted((run / "records").glob("*.jsonl"))[0]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    dup = json.dumps(first | {"cached": not first.get("cached")})  # same item again: must not replace the first
+    no_dep = {k: v for k, v in json.loads(lines[1]).items() if k != "deployment"}
+    v0 = PROMPT_V0 | {"item_id": "qa-v0"}
+    v2 = {k: v for k, v in PROMPT_V0.items()} | {"item_id": "qa-v2", "schema_version": 2, "cached": False}
+    path.write_text("\n".join([lines[0], json.dumps(no_dep), *lines[2:], dup, json.dumps(v0), json.dumps(v2)]) + "\n",
+                    encoding="utf-8")
+    rundir = RunDir.open(run)
+    deps = sorted(p.stem for p in (run / "records").glob("*.jsonl"))
+    expected: dict[str, dict[str, list[Any]]] = {}
+    for dep in deps:
+        for raw in rundir.records(dep):
+            rec = parse_record({**raw, "deployment": raw.get("deployment") or dep})
+            expected.setdefault(rec.suite, {}).setdefault(dep, []).append(rec)
+    got = records_by_suite(rundir, deps)
+    assert got == expected
+    mine = got["prompts"][path.stem]
+    assert any(r.item_id == "qa-v0" for r in mine) and any(r.item_id == "qa-v2" for r in mine)
+    assert sum(len(v) for per in got.values() for v in per.values()) == sum(len(rundir.records(d)) for d in deps)
+    path.write_text(path.read_text(encoding="utf-8") + json.dumps(json.loads(lines[2]) | {"item_id": "bad", "category": 7}) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(RunDirError) as fast:
+        records_by_suite(rundir, deps)
+    with pytest.raises(RunDirError) as slow:
+        for raw in rundir.records(path.stem):
+            parse_record({**raw, "deployment": raw.get("deployment") or path.stem}, str(path))
+    assert str(fast.value) == str(slow.value) and "'bad'" in str(fast.value) and "category" in str(fast.value)
