@@ -1,6 +1,6 @@
 """Plan-time capability check: which (deployment, suite) pairs cannot run, and why, before anything loads.
 
-A suite declares what it needs (`Suite.requires`), an engine what it can do (`EngineSpec.capabilities_of`:
+A suite declares what it needs (`Suite.requires`, and one of `Suite.requires_any`), an engine what it can do (`EngineSpec.capabilities_of`:
 its declared capabilities, or for a served engine what its server answers, with the server's reasons).
 A pair whose engine lacks something is skipped with the reason in the run's manifest (`skipped`) and
 report, or refused as a user error with `run --strict`. Nothing then fails mid-run for a missing capability.
@@ -45,6 +45,8 @@ def plan_skips(config: Any, config_file: Path, suites: "list[Suite] | None" = No
             known = known or spec.capabilities_of(dep)  # a served engine asks its server once per deployment
             caps, why = known
             missing = [c for c in Capability if c in suite.requires and c not in caps]
+            if suite.requires_any and not suite.requires_any & caps:  # none of the ways it can measure
+                missing += [c for c in Capability if c in suite.requires_any]
             if missing:
                 what = ", ".join(c.value for c in missing)
                 reasons = list(dict.fromkeys(why[c] for c in missing if why.get(c)))

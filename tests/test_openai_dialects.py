@@ -103,3 +103,40 @@ def test_server_tokenization_per_dialect() -> None:
     assert [c[1:] for c in vllm.calls] == [
         ("/tokenize", {"model": "m", "prompt": "x", "add_special_tokens": False}), ("/detokenize", {"model": "m", "tokens": [5]}),
         ("/tokenize", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True})]
+
+
+def test_log_prob_requests_stay_within_what_each_server_documents() -> None:
+    """vLLM: prompt_logprobs at the asked k, logprob_token_ids at the ids; llama-server: a one-token /completion
+    with n_probs (pre-sampling) and no prompt log-probs; a plain server: echo and logprobs (by token text)."""
+    import math
+
+    from evalkit.engines.openai_discovery import read_limit
+
+    # vLLM 0.32's refusal of more than --max-logprobs (vllm/sampling_params.py _validate_logprobs)
+    assert read_limit("POST /v1/completions: HTTP 400: Requested prompt logprobs of 2000, which is greater than "
+                      "max allowed: 20") == 20
+    assert read_limit("HTTP 400: bad request") is None
+    vllm = VllmServer(Client(), facts("vllm"))
+    assert vllm.score_request([1, 2, 3], 20)[1]["prompt_logprobs"] == 20
+    answer = {"choices": [{"prompt_logprobs": [None, {"2": {"logprob": -1.5, "rank": 3}, "9": {"logprob": -0.2, "rank": 1}},
+                                               {"3": {"logprob": -0.7, "rank": 1}}]}]}
+    lps, top = vllm.read_scores([1, 2, 3], answer, 1)
+    assert lps == [None, -1.5, -0.7] and top == [[], [(9, -0.2)], [(3, -0.7)]]
+    path, body = vllm.next_token_request([1, 2], [7, 8], 64)
+    assert body["logprob_token_ids"] == [7, 8] and vllm.reads_at_ids
+    got = vllm.read_next_token({"choices": [{"logprobs": {"top_logprobs": [{"token_id:7": -0.1, "token_id:8": -3.0}]}}]}, [7, 8], [])
+    assert got == [-0.1, -3.0]
+    llama = LlamaServer(Client(), facts("llama.cpp"))
+    path, body = llama.next_token_request([1, 2], [7, 8], 64)
+    assert path == "/completion" and body["n_probs"] == 64 and body["post_sampling_probs"] is False and body["n_predict"] == 1
+    got = llama.read_next_token({"completion_probabilities": [{"top_logprobs": [{"id": 7, "logprob": -0.5}]}]}, [7, 8], [])
+    assert got[0] == -0.5 and math.isnan(got[1])  # 8 outside the top-k: the engine asks again at the limit
+    with pytest.raises(NotImplementedError, match="echo"):
+        llama.score_request([1, 2], 0)
+    plain = PlainOpenAI(Client(), ServerFacts("openai", "m", ["m"], None, frozenset(Capability), {}, max_logprobs=5))
+    assert plain.score_request([1, 2, 3], 0)[1] == {"model": "m", "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0,
+                                                    "echo": True, "logprobs": 1}
+    lps, top = plain.read_scores([1, 2, 3], {"choices": [{"logprobs": {"token_logprobs": [None, -1.0, -2.0, -0.1]}}]}, 0)
+    assert lps == [None, -1.0, -2.0] and top is None and not plain.top_k_by_id
+    got = plain.read_next_token({"choices": [{"logprobs": {"top_logprobs": [{" A": -0.3, " B": -1.2}]}}]}, [7, 8, 9], [" A", " B", " C"])
+    assert got[:2] == [-0.3, -1.2] and math.isnan(got[2])

@@ -89,6 +89,12 @@ class EngineInfo:
     n_ctx: int
     load_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    # The most top-k log-probs per position `score` / `score_span` give (None: any; a served engine: the
+    # server's limit, e.g. vLLM's --max-logprobs). Suites ask for no more (perplexity's top-k bound).
+    top_k_limit: int | None = None
+    # How `next_token_logprobs` reads its candidates: "one-pass" (the whole distribution, at the ids) or
+    # "answer-top-k" (from the answer position's top-k a server returned; NaN for a candidate outside it).
+    next_token_method: str = "one-pass"
 
 
 class Engine(ABC):

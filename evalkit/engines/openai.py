@@ -20,6 +20,7 @@ engine description. Without weights the server tokenizes (and the cache key is w
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import queue
 import time
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
 from evalkit.engines.openai_dialects import Collect, ServerTokens, dialect_for
-from evalkit.engines.openai_discovery import LAUNCHED_CAPS, ServerFacts, discover
+from evalkit.engines.openai_discovery import LAUNCHED_CAPS, MAX_TOP_K as LAUNCHED_TOP_K, ServerFacts, discover
 from evalkit.engines.served_http import RetryPolicy, ServedRequestError, ServerClient
 from evalkit.engines.spec import Capability, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import TokenizerOnly
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from evalkit.engines.launcher import ServerProcess
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
+NEXT_TOKEN_K = 64  # top-k first asked of an answer position (a multiple-choice letter is nearly always in it)
 
 
 class OpenAIOptions(BaseModel):
@@ -298,25 +300,25 @@ class OpenAIEngine(Engine):
 
     _eog: frozenset[int] | None = None
 
-    # -- likelihoods (vLLM's server) -----------------------------------------------------------------
+    # -- likelihoods (as each dialect gives them) -----------------------------------------------------------------
 
-    def _post_many(self, bodies: list[dict[str, Any]]) -> list[Any]:
-        """POST /v1/completions for every body, at most max_concurrency at once; answers in order."""
+    def _post_many(self, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """POST every (path, body), at most max_concurrency at once; answers in order."""
         async def run() -> list[Any]:
             sem = asyncio.Semaphore(self.options.max_concurrency)
 
-            async def one(body: dict[str, Any]) -> Any:
+            async def one(path: str, body: dict[str, Any]) -> Any:
                 async with sem:
-                    return await self.client.acall("POST", "/v1/completions", body)
+                    return await self.client.acall("POST", path, body)
 
-            return list(await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True))
+            return list(await asyncio.gather(*(one(p, b) for p, b in requests), return_exceptions=True))
 
         answers = self.client.submit(run).result()
         failed = [a for a in answers if isinstance(a, BaseException)]
-        self._requests += len(bodies)
+        self._requests += len(requests)
         self._failed += len(failed)
         if failed:
-            raise ServedRequestError(f"deployment {self.deployment}", f"{len(failed)} of {len(bodies)} scoring "
+            raise ServedRequestError(f"deployment {self.deployment}", f"{len(failed)} of {len(requests)} scoring "
                                      f"request(s) failed after retries (first: {failed[0]})")
         return answers
 
@@ -324,44 +326,63 @@ class OpenAIEngine(Engine):
         if cap not in self.facts.capabilities:
             raise ServedRequestError(f"deployment {self.deployment}", self.facts.reasons.get(cap, f"server cannot give {cap.value}"))
 
+    def top_k_limit(self) -> int:
+        """The most top-k log-probs per position this server gives by token id (its max_logprobs, read by
+        discovery; 0 where its top-k lists are keyed by token text)."""
+        if not self.dialect.top_k_by_id:
+            return 0
+        return int(self.facts.max_logprobs) if self.facts.max_logprobs is not None else 0
+
     def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
-        """Teacher-forced log-probabilities from vLLM's `prompt_logprobs` (one request per sequence)."""
+        """Teacher-forced log-probabilities, one request per sequence, as the dialect asks for prompt log-probs
+        (vLLM's `prompt_logprobs`, the OpenAI API's `echo`); top-k never above the server's limit."""
         self._need(Capability.PROMPT_LOGPROBS)
-        if top_k and self.facts.max_logprobs is not None and top_k > self.facts.max_logprobs:
+        if top_k > self.top_k_limit():
             raise ServedRequestError(f"deployment {self.deployment}",
-                                     f"top-k {top_k} exceeds the server's max_logprobs ({self.facts.max_logprobs})")
-        bodies = [{"model": self.facts.model_id, "prompt": list(map(int, s)), "max_tokens": 1, "temperature": 0.0,
-                   "prompt_logprobs": top_k} for s in sequences]
+                                     f"top-k {top_k} exceeds what the server gives ({self.top_k_limit()}: its max_logprobs)")
+        seqs = [list(map(int, s)) for s in sequences]
         results = []
-        for seq, answer in zip(sequences, self._post_many(bodies)):
-            lps = answer["choices"][0].get("prompt_logprobs") or []
-            logprobs: list[float | None] = [None] * len(seq)
-            top: list[list[tuple[int, float]]] | None = [[] for _ in seq] if top_k else None
-            for pos in range(1, len(seq)):
-                entry = lps[pos] if pos < len(lps) else None
-                if not entry:
-                    raise ServedRequestError(f"deployment {self.deployment}", f"no prompt log-prob at position {pos}")
-                logprobs[pos] = float(entry[str(seq[pos])]["logprob"])
-                if top is not None:
-                    best = [(int(t), float(v["logprob"])) for t, v in entry.items()
-                            if v.get("rank") is not None and v["rank"] <= top_k]
-                    top[pos] = sorted(best, key=lambda e: -e[1])
-            results.append(TokenScores(token_ids=list(seq), logprobs=logprobs, top=top))
+        for seq, answer in zip(seqs, self._post_many([self.dialect.score_request(s, top_k) for s in seqs])):
+            try:
+                logprobs, top = self.dialect.read_scores(seq, answer, top_k)
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                raise ServedRequestError(f"deployment {self.deployment}", f"unreadable prompt log-probs ({e!r})") from None
+            results.append(TokenScores(token_ids=seq, logprobs=logprobs, top=top))
         return results
 
     def next_token_logprobs(self, prompts: Sequence[Sequence[int]], candidates: Sequence[int]) -> list[list[float]]:
-        """Log-probs at `candidates` of the next token (vLLM's `logprob_token_ids`: the whole-vocabulary
-        log-softmax read at those ids, as the in-process engine)."""
+        """Log-probs at `candidates` of the next token: vLLM reads them at the ids (`logprob_token_ids`: the
+        whole-vocabulary log-softmax, as in-process); llama-server and a plain server return the answer
+        position's top-k, first NEXT_TOKEN_K, then once more at the server's limit for a prompt whose top-k
+        left a candidate out (llama-server's limit is the vocabulary: every candidate is then there). NaN: a
+        candidate outside the most the server gives (the caller scores the choices another way)."""
         self._need(Capability.NEXT_TOKEN_LOGPROBS)
-        bodies = [{"model": self.facts.model_id, "prompt": list(map(int, p)), "max_tokens": 1, "temperature": 0.0,
-                   "logprobs": 1, "logprob_token_ids": list(map(int, candidates)), "return_tokens_as_token_ids": True}
-                  for p in prompts]
-        out = []
-        for answer in self._post_many(bodies):
-            first = answer["choices"][0]["logprobs"]["top_logprobs"][0]
-            by_id = {int(k.split(":", 1)[1]): float(v) for k, v in first.items()}
-            out.append([by_id[int(c)] for c in candidates])
+        cands = [int(c) for c in candidates]
+        texts = [] if self.dialect.reads_at_ids else [self.detokenize([c]) for c in cands]
+        limit = self.facts.max_logprobs
+        k = NEXT_TOKEN_K if limit is None else min(NEXT_TOKEN_K, int(limit))
+        ids = [list(map(int, p)) for p in prompts]
+
+        def ask(which: list[int], k: int) -> list[list[float]]:
+            answers = self._post_many([self.dialect.next_token_request(ids[i], cands, k) for i in which])
+            try:
+                return [self.dialect.read_next_token(a, cands, texts) for a in answers]
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                raise ServedRequestError(f"deployment {self.deployment}", f"unreadable next-token log-probs ({e!r})") from None
+
+        out = ask(list(range(len(ids))), k)
+        again = [i for i, lps in enumerate(out) if any(math.isnan(x) for x in lps)]
+        if again and not self.dialect.reads_at_ids and limit is not None and int(limit) > k:
+            for i, lps in zip(again, ask(again, int(limit))):
+                out[i] = lps
         return out
+
+    def next_token_method(self) -> str:
+        """How `next_token_logprobs` reads the candidates: "one-pass" (at their ids, from the whole
+        distribution), "answer-top-k" (from the answer position's returned top-k) or "none" (it cannot)."""
+        if Capability.NEXT_TOKEN_LOGPROBS not in self.facts.capabilities:
+            return "none"
+        return "one-pass" if self.dialect.reads_at_ids else "answer-top-k"
 
     # -- description ---------------------------------------------------------------------------------
 
@@ -390,7 +411,8 @@ class OpenAIEngine(Engine):
         return EngineInfo(engine=self.name, engine_version=self.facts.version or "unknown",
                           model_path=self.model_path or self.facts.model_id, add_bos=add_bos, bos_token_id=bos,
                           chat_template=template, vocab_size=int(vocab or 0),
-                          n_ctx=int(self.facts.n_ctx or self.options.n_ctx), load_s=self._load_s, extra=extra)
+                          n_ctx=int(self.facts.n_ctx or self.options.n_ctx), load_s=self._load_s, extra=extra,
+                          top_k_limit=self.top_k_limit(), next_token_method=self.next_token_method())
 
     def run_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = {"requests": self._requests, "failed_requests": self._failed,
@@ -467,7 +489,42 @@ def deployment_capabilities(deployment: Any) -> tuple[frozenset[Capability], dic
     if options.launch is not None:
         return LAUNCHED_CAPS[options.launch]
     facts = _plan_facts(deployment)
+    if Capability.TOKENIZER not in facts.capabilities and deployment.model is not None:
+        # A server that does not tokenize: the deployment's weights do, as the in-process engine would.
+        return facts.capabilities | {Capability.TOKENIZER}, {c: r for c, r in facts.reasons.items() if c is not Capability.TOKENIZER}
     return facts.capabilities, facts.reasons
+
+
+def _launch_arg(args: list[str], flag: str) -> str | None:
+    """The value a launch argument sets last (`--flag v` or `--flag=v`), as the server's parser reads it."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def served_limits(deployment: Any) -> dict[str, Any]:
+    """What the deployment's server allows, read rather than assumed: a running server's discovered limits (vLLM's
+    max_logprobs from its refusal of more, max_model_len from /v1/models; llama-server's n_ctx per slot from
+    /props), or a launched one's from its command line."""
+    options: OpenAIOptions = deployment.options
+    if options.launch == "vllm":
+        said = _launch_arg(list(options.launch_args), "--max-logprobs")
+        return {"top_k": int(said) if said else LAUNCHED_TOP_K, "top_k_from": "--max-logprobs of the launched vLLM server",
+                "n_ctx": options.n_ctx, "n_ctx_from": "options.n_ctx (--max-model-len)"}
+    if options.launch == "llama-server":
+        return {"top_k": 0, "top_k_from": "llama-server gives no prompt log-probs", "n_ctx": options.n_ctx,
+                "n_ctx_from": "options.n_ctx (per slot)"}
+    facts = _plan_facts(deployment)
+    limit = facts.max_logprobs if facts.dialect != "openai" else 0
+    if Capability.PROMPT_LOGPROBS not in facts.capabilities:
+        limit = 0
+    where = {"vllm": "vLLM max_logprobs", "llama.cpp": "llama-server", "openai": "top-k keyed by token text"}[facts.dialect]
+    n_ctx_from = {"vllm": "vLLM max_model_len", "llama.cpp": "llama-server n_ctx per slot"}.get(facts.dialect)
+    return {"top_k": limit, "top_k_from": where, "n_ctx": facts.n_ctx, "n_ctx_from": n_ctx_from}
 
 
 def endpoint(options: OpenAIOptions) -> dict[str, Any]:
@@ -539,6 +596,7 @@ SPEC = EngineSpec(
     package=("httpx",),
     libraries=("tenacity",),
     deployment_capabilities=deployment_capabilities,
+    served_limits=served_limits,
     check=check,
     endpoint=endpoint,
     context_option="n_ctx",

@@ -4,20 +4,24 @@
   token's id), `/tokenize`, `/detokenize` and `/apply-template` for the server's tokenization.
 - `VllmServer`: vLLM's `/v1/completions` with `return_token_ids` and `ignore_eos`; `/tokenize` (with
   `messages` for chat) and `/detokenize`. Prompt and next-token log-probabilities (the engine's `score` and
-  `next_token_logprobs`) are vLLM's too; the capabilities discovery found gate them.
+  `next_token_logprobs`) are vLLM's too (`prompt_logprobs` within its max_logprobs, `logprob_token_ids`);
+  the capabilities discovery found gate them. llama-server's answer-position distribution is a one-token
+  `/completion` with `n_probs`; it has no prompt log-probs.
 - `PlainOpenAI`: any other OpenAI-compatible server: `/v1/completions`, text out (no token ids; the engine
-  tokenizes the text with the deployment's weights when it has them).
+  tokenizes the text with the deployment's weights when it has them); log-probs only as the API documents
+  them: `logprobs` (top-k keyed by token text) and `echo` (the prompt's tokens with their log-probs).
 
 The engine (`evalkit.engines.openai`) holds no branch on the dialect: what differs is a hook here. Which
 dialect a server speaks is found by `evalkit.engines.openai_discovery.discover`.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
 from evalkit.engines.base import GenRequest, SamplingParams
-from evalkit.engines.openai_discovery import Dialect, ServerFacts
+from evalkit.engines.openai_discovery import LLAMA_SERVER_NO_PROMPT, Dialect, ServerFacts
 from evalkit.engines.served_http import ServerClient, StreamConsumer
 from evalkit.engines.spec import Capability
 
@@ -74,6 +78,11 @@ class ServerDialect:
     streams_stop_token = False
     # Only text arrives (no token ids): the engine tokenizes the text with the deployment's weights, if any.
     text_only = False
+    # next_token_request reads the candidates' log-probs at their ids (vLLM's logprob_token_ids), not from a
+    # returned top-k that may leave some out.
+    reads_at_ids = False
+    # Top-k log-prob lists name token ids (False: the OpenAI API's, keyed by token text, which no id is read from).
+    top_k_by_id = True
 
     def __init__(self, client: ServerClient, facts: ServerFacts, cache_prompt: bool = False) -> None:
         self.client, self.facts, self.cache_prompt = client, facts, cache_prompt
@@ -102,6 +111,34 @@ class ServerDialect:
             "model": self.facts.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": sampling.temperature,
             "top_p": sampling.top_p, "seed": sampling.seed, "stream": True, "stream_options": {"include_usage": True},
         }
+
+    # -- log-probs (what each server documents; the engine's score and next_token_logprobs) ----------------
+
+    def score_request(self, seq: list[int], top_k: int) -> tuple[str, dict[str, Any]]:
+        """Teacher-forced log-probs of `seq`: the OpenAI API's `echo` with `logprobs` (the prompt's tokens with
+        their log-probs; top-k lists are keyed by token text, so none are kept)."""
+        return "/v1/completions", {"model": self.facts.model_id, "prompt": seq, "max_tokens": 1, "temperature": 0.0,
+                                   "echo": True, "logprobs": max(1, min(top_k, self.facts.max_logprobs or 1))}
+
+    def read_scores(self, seq: list[int], answer: Any, top_k: int) -> tuple[list[float | None], list[list[tuple[int, float]]] | None]:
+        """Each position's log-prob of its actual token (position 0: None) and, when asked and given by id,
+        the top-k."""
+        lps = answer["choices"][0]["logprobs"]["token_logprobs"]
+        if len(lps) < len(seq):
+            raise ValueError(f"echo gave {len(lps)} prompt log-probs for {len(seq)} prompt tokens")
+        return [None] + [float(x) for x in lps[1:len(seq)]], None
+
+    def next_token_request(self, prompt: list[int], candidates: Sequence[int], k: int) -> tuple[str, dict[str, Any]]:
+        """A one-token completion returning the top `k` log-probs of the answer position (`candidates`: for a
+        server that is asked at given ids, `reads_at_ids`)."""
+        return "/v1/completions", {"model": self.facts.model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+                                   "logprobs": k}
+
+    def read_next_token(self, answer: Any, candidates: Sequence[int], texts: Sequence[str]) -> list[float]:
+        """The answer position's log-prob of each candidate (by its token text here); NaN where the returned
+        top-k leaves it out."""
+        top = answer["choices"][0]["logprobs"]["top_logprobs"][0] or {}
+        return [float(top[t]) if t in top else math.nan for t in texts]
 
     def feed(self, c: Collect, data: Any) -> bool:
         """One stream event into `c`; True at the last one."""
@@ -133,6 +170,7 @@ class PlainOpenAI(ServerDialect):
 
     name: Dialect = "openai"
     text_only = True
+    top_k_by_id = False
 
 
 class VllmServer(ServerDialect):
@@ -140,11 +178,42 @@ class VllmServer(ServerDialect):
 
     name: Dialect = "vllm"
     streams_stop_token = True
+    reads_at_ids = True
 
     def generation_request(self, ids: list[int], req: GenRequest, sampling: SamplingParams, max_tokens: int
                            ) -> tuple[str, dict[str, Any]]:
         path, body = super().generation_request(ids, req, sampling, max_tokens)
         return path, body | {"ignore_eos": req.ignore_eos, "return_token_ids": True, "skip_special_tokens": True}
+
+    def score_request(self, seq: list[int], top_k: int) -> tuple[str, dict[str, Any]]:
+        # prompt_logprobs: the actual token's log-prob always, plus the top_k (<= the server's max_logprobs).
+        return "/v1/completions", {"model": self.facts.model_id, "prompt": seq, "max_tokens": 1, "temperature": 0.0,
+                                   "prompt_logprobs": top_k}
+
+    def read_scores(self, seq: list[int], answer: Any, top_k: int) -> tuple[list[float | None], list[list[tuple[int, float]]] | None]:
+        lps = answer["choices"][0].get("prompt_logprobs") or []
+        logprobs: list[float | None] = [None] * len(seq)
+        top: list[list[tuple[int, float]]] | None = [[] for _ in seq] if top_k else None
+        for pos in range(1, len(seq)):
+            entry = lps[pos] if pos < len(lps) else None
+            if not entry:
+                raise ValueError(f"no prompt log-prob at position {pos}")
+            logprobs[pos] = float(entry[str(seq[pos])]["logprob"])
+            if top is not None:
+                best = [(int(t), float(v["logprob"])) for t, v in entry.items() if v.get("rank") is not None and v["rank"] <= top_k]
+                top[pos] = sorted(best, key=lambda e: -e[1])
+        return logprobs, top
+
+    def next_token_request(self, prompt: list[int], candidates: Sequence[int], k: int) -> tuple[str, dict[str, Any]]:
+        """vLLM's `logprob_token_ids`: the whole-vocabulary log-softmax read at the candidates, as in-process."""
+        return "/v1/completions", {"model": self.facts.model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+                                   "logprobs": 1, "logprob_token_ids": list(map(int, candidates)),
+                                   "return_tokens_as_token_ids": True}
+
+    def read_next_token(self, answer: Any, candidates: Sequence[int], texts: Sequence[str]) -> list[float]:
+        first = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+        by_id = {int(k.split(":", 1)[1]): float(v) for k, v in first.items()}
+        return [by_id[int(c)] if int(c) in by_id else math.nan for c in candidates]
 
 
 class LlamaServer(ServerDialect):
@@ -187,6 +256,21 @@ class LlamaServer(ServerDialect):
             c.done = True
             return True
         return False
+
+    def score_request(self, seq: list[int], top_k: int) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError(LLAMA_SERVER_NO_PROMPT)
+
+    def next_token_request(self, prompt: list[int], candidates: Sequence[int], k: int) -> tuple[str, dict[str, Any]]:
+        # n_probs with post_sampling_probs false: the top k of the softmax of the raw logits (before any
+        # sampler), llama.cpp's tools/server get_token_probabilities.
+        return "/completion", {"prompt": prompt, "n_predict": 1, "n_probs": k, "post_sampling_probs": False,
+                               "temperature": 0.0, "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0,
+                               "cache_prompt": self.cache_prompt, "stream": False}
+
+    def read_next_token(self, answer: Any, candidates: Sequence[int], texts: Sequence[str]) -> list[float]:
+        top = answer["completion_probabilities"][0]["top_logprobs"]
+        by_id = {int(e["id"]): float(e["logprob"]) for e in top}
+        return [by_id[int(c)] if int(c) in by_id else math.nan for c in candidates]
 
     def unstreamed(self, c: Collect, whole: Any) -> None:
         c.tokens = [int(t) for t in whole.get("tokens") or []]

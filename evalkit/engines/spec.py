@@ -128,6 +128,9 @@ class EngineSpec:
     # Per-deployment capabilities, asked at plan time (a served engine asks its server once per deployment):
     # (capabilities, {missing capability: the server's reason}). May raise an EvalkitError (server unreachable).
     deployment_capabilities: Callable[[Any], tuple[frozenset[Capability], dict[Capability, str]]] | None = None
+    # A served deployment's limits, read from its server at plan time: {"top_k": the most log-probs per position
+    # by token id, "n_ctx": its context per sequence, "top_k_from"/"n_ctx_from": where each was read}.
+    served_limits: Callable[[Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         fields = getattr(self.options_model, "model_fields", {})
@@ -176,6 +179,10 @@ class EngineSpec:
         if self.deployment_capabilities is None:
             return self.capabilities, {}
         return self.deployment_capabilities(deployment)
+
+    def limits_of(self, deployment: Any) -> dict[str, Any]:
+        """A served deployment's limits read from its server (`served_limits`); {} for an in-process engine."""
+        return self.served_limits(deployment) if self.served_limits is not None else {}
 
     def loads_kind(self, kind: str) -> bool:
         return kind == self.model_kind or kind in self.also_loads

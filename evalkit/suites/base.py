@@ -79,6 +79,9 @@ class Suite(ABC, Generic[SettingsT]):
     # What the engine must be able to do; a deployment whose engine lacks one is skipped at plan time
     # (evalkit/capabilities.py). An instance may narrow or widen it from its settings.
     requires: frozenset[Capability] = frozenset()
+    # At least one of these too (when any are named): a suite with more than one way to measure (MMLU: the
+    # answer position's next-token log-probs, or each choice scored as a continuation from prompt log-probs).
+    requires_any: frozenset[Capability] = frozenset()
 
     def runs_after(self, deployment: str, spec: Any) -> frozenset[str]:
         """Deployments whose units must finish before this suite runs for `deployment` (whose config entry is

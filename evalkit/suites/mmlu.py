@@ -64,7 +64,10 @@ class MmluRecord(Record):
     n_prompt_tokens: int
     prompt_sha256: str
     letter_token_ids: list[int] | None = None  # None: the letters were not single tokens
-    method: Literal["one-pass", "four-continuations"]
+    # How the letters' log-probs were read: "one-pass" (the answer position's whole distribution, at the letters'
+    # ids), "answer-top-k" (from the top-k a server returned for the answer position: llama-server's n_probs, an
+    # OpenAI server's logprobs), "four-continuations" (each " X" scored as a continuation: prompt log-probs).
+    method: Literal["one-pass", "answer-top-k", "four-continuations"]
     choice_logprobs: list[float]
     pred: str
     gold: str
@@ -76,8 +79,12 @@ METRICS = (
     MetricSpec("mmlu", "accuracy", "share", "higher", "rate", "pct", "mcnemar"),
     *flip_metrics("mmlu"),
     MetricSpec("mmlu", "four_continuation_items", "items", "none", "count", "count", "none",
-               "questions scored by four continuations (letters not single tokens)"),
+               "questions scored by four continuations (letters not single tokens, or outside a server's top-k)"),
+    MetricSpec("mmlu", "answer_top_k_items", "items", "none", "count", "count", "none",
+               "questions whose letters were read from the top-k log-probs a server returned for the answer position"),
 )
+# Items read otherwise than "one-pass" (the in-process engines' way), counted per deployment for the report.
+METHOD_METRICS = {"answer-top-k": "answer_top_k_items", "four-continuations": "four_continuation_items"}
 
 LETTERS = ("A", "B", "C", "D")
 BUILTIN_LABEL = "evalkit-mc (not MMLU)"
@@ -310,7 +317,9 @@ def _in(cat: str, rec: MmluRecord) -> bool:
 
 class MmluSuite(Suite["MmluSettings"]):
     name = "mmlu"
-    requires = frozenset({Capability.NEXT_TOKEN_LOGPROBS, Capability.PROMPT_LOGPROBS, Capability.TOKENIZER})
+    requires = frozenset({Capability.TOKENIZER})
+    # The answer position's distribution, or each choice scored as a continuation: either measures the letters.
+    requires_any = frozenset({Capability.NEXT_TOKEN_LOGPROBS, Capability.PROMPT_LOGPROBS})
 
     def _data(self) -> McData:
         if getattr(self, "_cached", None) is None:
@@ -356,16 +365,22 @@ class MmluSuite(Suite["MmluSettings"]):
 
         logprobs: list[list[float]] = [[] for _ in items]
         prov: list[dict[str, Any]] = [{} for _ in items]  # cached / measured_at of each item's engine results
+        # How this engine reads the answer position ("none": it cannot; every item is scored as continuations).
+        answer_method = engine.info().next_token_method
+        if answer_method == "none":
+            one_pass = [False] * len(items)
         start = time.perf_counter()
         # One engine call per candidate set (the letter ids are the same for every prompt of a tokenizer,
         # but group defensively in case a prompt ending changes the merge).
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, letters in enumerate(letter_ids):
-            if letters is not None:
+            if letters is not None and one_pass[i]:
                 groups.setdefault(tuple(letters), []).append(i)
         for cand, idxs in groups.items():
             for i, lp in zip(idxs, engine.next_token_logprobs([prompts[i][0] for i in idxs], list(cand))):
                 logprobs[i] = [float(x) for x in lp]
+                if any(np.isnan(logprobs[i])):  # a letter outside the top-k a server gives: score continuations
+                    one_pass[i] = False
             for i, p in zip(idxs, call_provenance(engine, len(idxs))):
                 prov[i] = p
         fallback = [i for i, ok in enumerate(one_pass) if not ok]
@@ -392,7 +407,7 @@ class MmluSuite(Suite["MmluSettings"]):
                 n_prompt_tokens=len(ids),
                 prompt_sha256=hashlib.sha256(item.data["prompt"].encode("utf-8")).hexdigest(),
                 letter_token_ids=letter_ids[i],
-                method="one-pass" if one_pass[i] else "four-continuations",
+                method=(answer_method if answer_method != "none" else "one-pass") if one_pass[i] else "four-continuations",
                 choice_logprobs=lps,
                 pred=pred,
                 gold=item.data["gold"],
@@ -412,9 +427,10 @@ class MmluSuite(Suite["MmluSettings"]):
                 continue
             for cat in _categories(recs):
                 rows += pass_fail_scores(dep, self.name, cat, "accuracy", [r.correct for r in recs if _in(cat, r)], ctx.stats)
-            fell_back = sum(r.method == "four-continuations" for r in recs)
-            if fell_back:  # visible in the report: letters were not single tokens for this tokenizer
-                rows.append(ScoreRow(dep, self.name, "all", "four_continuation_items", float(fell_back), n=len(recs)))
+            for method, metric in METHOD_METRICS.items():  # how the letters were read, shown in the report
+                count = sum(r.method == method for r in recs)
+                if count:
+                    rows.append(ScoreRow(dep, self.name, "all", metric, float(count), n=len(recs)))
         return rows
 
     def compare(self, records: SuiteRecords[MmluRecord], ctx: ScoreContext) -> list[ComparisonRow]:

@@ -7,8 +7,27 @@ from typing import Any
 from evalkit.engines import gives_full_distributions
 from evalkit.suites.perplexity.chunking import BYTES_PER_TOKEN, chunk_count
 from evalkit.suites.perplexity.reference import kld_reference
+from evalkit.suites.perplexity.scoring import bound_looseness
 from evalkit.suites.perplexity.stores import store_bytes_upper_bound
 from evalkit.suites.perplexity.suite import PerplexitySuite
+
+
+def served_top_k_lines(config: Any, top_k: int) -> list[str]:
+    """A line per served deployment whose server gives fewer top-k log-probs than suites.perplexity.top_k: its
+    PPL is unchanged (the actual token's log-prob), its KLD bound is at the server's k, looser."""
+    from evalkit.engines import engine_spec
+
+    out = []
+    for dep in config.deployments:
+        if not dep.runs("perplexity"):
+            continue
+        limits = engine_spec(dep.engine).limits_of(dep)
+        k = limits.get("top_k")
+        if k is not None and k < top_k:
+            bound = f"its KLD is the top-{k} + tail bound ({bound_looseness(k)})" if k else "no KLD for it"
+            out.append(f"perplexity: {dep.name}'s server gives at most top-{k} log-probs per token ({limits.get('top_k_from')}): "
+                       f"{bound}; its PPL reads the actual token's log-prob, as in-process")
+    return out
 
 
 def plan_store_note(config: Any, config_file: Path) -> str | None:
@@ -20,10 +39,12 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
     if s is None:
         return None
     owner = kld_reference(config)
+    limited = served_top_k_lines(config, s.top_k)
     if owner is None:
         ref = config.deployment(config.reference)
-        return (f"perplexity: no exact KLD (the reference {ref.name} runs on {ref.engine}, which gives no full "
-                f"distributions, and no suites.perplexity.kld_reference is set); KLD is the top-{s.top_k} + tail lower bound")
+        return "\n".join([f"perplexity: no exact KLD (the reference {ref.name} runs on {ref.engine}, which gives no full "
+                          f"distributions, and no suites.perplexity.kld_reference is set); KLD is the top-{s.top_k} + tail "
+                          "lower bound", *limited])
     ref = config.deployment(owner)
     runs = [d for d in config.deployments if d.runs("perplexity") and d.name != owner]
     readers = [d.name for d in runs if gives_full_distributions(d.engine)]
@@ -31,6 +52,7 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
     lines = [f"perplexity: exact KLD against {owner} for {', '.join(readers) or 'no deployment'}"]
     if bound:  # engines without full distributions keep the bound, against the run's reference
         lines.append(f"perplexity: top-{s.top_k} + tail lower bound of KLD against {config.reference} for {', '.join(bound)}")
+    lines += limited
     suite = PerplexitySuite(s, config, config_file)
     # The same estimate as the disk plan's (evalkit.diskplan): tokens at BYTES_PER_TOKEN text bytes each.
     chunks = min(len(suite.items()), chunk_count(int(len(suite.text_bytes()) / BYTES_PER_TOKEN) + 2, s.n_ctx, s.max_chunks))

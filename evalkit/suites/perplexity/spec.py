@@ -88,12 +88,13 @@ def _check_plan(suite: Suite[Any], items: list[Any], config: Any, config_file: P
         if not dep.runs(suite.name):
             continue
         spec = engine_spec(dep.engine)
-        context = spec.context_of(dep.options)
+        limits = spec.limits_of(dep)  # a running server's own context, read from it
+        context = limits.get("n_ctx") or spec.context_of(dep.options)
+        where = limits.get("n_ctx_from") if limits.get("n_ctx") else f"options.{spec.context_option}"
         if context and n_ctx > context:
             raise ConfigError(
                 str(config_file),
-                f"suites.perplexity.n_ctx={n_ctx} exceeds deployment {dep.name}'s context ({context} tokens, "
-                f"options.{spec.context_option})",
+                f"suites.perplexity.n_ctx={n_ctx} exceeds deployment {dep.name}'s context ({context} tokens, {where})",
             )
 
 

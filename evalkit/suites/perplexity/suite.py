@@ -31,6 +31,7 @@ from evalkit.suites.perplexity.reference import bound_deployments, kld_reference
 from evalkit.suites.perplexity.scoring import (
     DRIFT_METRICS,
     Chunks,
+    bound_looseness,
     Pairs,
     drift_rows,
     ordered,
@@ -222,6 +223,13 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
         must_read = (self.config is not None and distributions is not None and store is not None and not is_reference
                      and binding is not None and (binding.run_dir / MANIFEST).is_file())
         top_k = self.top_k_for(binding.deployment if binding is not None else None, full=distributions is not None)
+        if info.top_k_limit is not None and top_k > info.top_k_limit:
+            # A server gives at most its own limit (vLLM --max-logprobs, 20 unless set): ask no more; the actual
+            # token's log-prob (PPL) does not depend on it, the KLD bound does.
+            say(f"perplexity: {binding.deployment if binding is not None else info.engine}: the engine gives at most "
+                f"top-{info.top_k_limit} log-probs per token, so its KLD is the top-{info.top_k_limit} + tail bound "
+                f"({bound_looseness(info.top_k_limit)}), not top-{top_k}")
+            top_k = info.top_k_limit
         stream = None
         # The driver's cache pass (executors/cached.py) answers what the cache holds and never waits on a peer.
         if (must_read or (is_reference and self.config is not None and store is not None)) and not self.cache_pass:

@@ -61,11 +61,37 @@ def _draw_mmlu(spec: dict[str, Any]) -> bytes:
     return png(fig)
 
 
+METHODS = {"answer_top_k_items": "answer-top-k (letters read from the top-k the server returned)",
+           "four_continuation_items": "four continuations (each ' X' scored from prompt log-probs)"}
+
+
+def methods_note(view: RunView) -> str:
+    """How each deployment's letters were read (the records' per-item method, counted in the scores): said
+    where any deployment read some otherwise than one pass over the answer position's whole distribution."""
+    s = view.suite_scores(SUITE)
+    if s.empty:
+        return ""
+    parts = []
+    for d in view.deployments:
+        rows = s[(s.deployment == d) & (s.category == "all")]
+        n = rows[rows.metric == "accuracy"].n
+        total = int(n.iloc[0]) if len(n) and n.iloc[0] == n.iloc[0] else None
+        other = rows[rows.metric.isin(list(METHODS))]
+        said = [f"{int(v)} {METHODS[m]}" for m, v in zip(other.metric, other.value)]
+        rest = (total - int(other.value.sum())) if total is not None else None
+        if rest:
+            said.insert(0, f"{rest} one-pass (whole distribution at the letters' ids)")
+        parts.append(f"{d}: {', '.join(said) or 'one-pass'}")
+    shown = any(s.metric.isin(list(METHODS)))
+    return ("How the letters were read: " + "; ".join(parts) + ".") if shown else ""
+
+
 def section(view: RunView) -> Section:
     flipped = flipped_items(view, SUITE, ("reference_pred", "output", "gold"))
     label = mmlu_label(view)
-    return Section(SUITE, f"{label}: multiple choice",
-                   "" if label == "MMLU" else "evalkit's built-in multiple-choice set, not MMLU.",
+    intro = " ".join(x for x in ("" if label == "MMLU" else "evalkit's built-in multiple-choice set, not MMLU.",
+                                 methods_note(view)) if x)
+    return Section(SUITE, f"{label}: multiple choice", intro,
                    [mmlu_subject_table(view), flips_table(view, SUITE, "all", "questions")],
                    some(mmlu_plot(view)), details=[flipped] if not flipped.empty else [])
 
