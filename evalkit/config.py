@@ -33,8 +33,16 @@ class ModelRef(_Strict):
     @field_validator("variant")
     @classmethod
     def _known_variant(cls, v: str | None) -> str | None:
+        from evalkit.quant_formats import looks_like_format, name_problem
+
+        if v is not None and looks_like_format(v):  # gptq-w4g64, awq-w4g64, w8a8-int8 (evalkit.quantize makes them)
+            problem = name_problem(v)
+            if problem:
+                raise ValueError(problem)
+            return v
         if v is not None and v not in VARIANTS:
-            raise ValueError(f"unknown variant {v!r} (expected one of {', '.join(VARIANTS)})")
+            raise ValueError(f"unknown variant {v!r} (expected one of {', '.join(VARIANTS)}, or a quantization format "
+                             "such as gptq-w4g64, awq-w4g64, w8a8-int8)")
         return v
 
 
@@ -284,6 +292,10 @@ class ExecutorSettings(_Strict):
     namespace: str = "evalkit"
 
 
+JudgeMode = Literal["pointwise", "pairwise"]
+JUDGE_MODES: tuple[JudgeMode, ...] = ("pointwise", "pairwise")
+
+
 class JudgeCertify(_Strict):
     """When a judge is certified for a category (evalkit.judge.score): every condition must hold there."""
 
@@ -300,7 +312,7 @@ class JudgeSettings(_Strict):
     the rubrics (evalkit.judge). Deterministic by default: temperature 0, a fixed seed."""
 
     deployment: Deployment
-    modes: list[Literal["pointwise", "pairwise"]] = Field(default_factory=lambda: ["pointwise", "pairwise"], min_length=1)
+    modes: list[JudgeMode] = Field(default_factory=lambda: list(JUDGE_MODES), min_length=1)
     rubrics: str | None = None  # a directory of <category>.md and pairwise.md (None: evalkit's rubrics/)
     categories: list[str] | None = None  # None: every category of the judged outputs
     sampling: Sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=64, seed=0)

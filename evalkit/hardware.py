@@ -297,7 +297,27 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         "explanation": precision.explanation,
         "warning": warning,
         "notes": notes,
+        **planned_quant_kernel(deployment, use),
     }
+
+
+def planned_quant_kernel(deployment: Any, use: HardwareUse) -> dict[str, Any]:
+    """The plan's prediction for a GPTQ/AWQ/INT8 variant on vLLM's CPU backend: the format, the linear kernel
+    (evalkit.engines.vllm_kernels), or why no kernel takes it. The engine's own answer is recorded when it loads
+    (engines/<deployment>.json: linear_kernel) and the report puts the two side by side."""
+    from evalkit.quant_formats import looks_like_format, parse
+
+    variant = deployment.model.variant if deployment.model is not None else None
+    if not variant or not looks_like_format(variant) or deployment.engine != "vllm" or use.capability is not None:
+        return {}
+    fmt = parse(variant)
+    if fmt is None:
+        return {}
+    from evalkit.engines.vllm_kernels import cpu_outcome
+
+    kernel, refused = cpu_outcome(fmt)
+    return {"quant_format": fmt.describe().replace(f"{fmt.checkpoint} checkpoint", "compressed-tensors checkpoint"),
+            "planned_kernel": kernel, "planned_kernel_refused": refused}
 
 
 def describe_devices(accs: list[Accelerator]) -> str:

@@ -38,8 +38,10 @@ def check_formats(config: Config, config_file: Path) -> None:
     group size that does not divide the model's layers): one line (evalkit.quant_formats.deployment_problem)."""
     from evalkit.quant_formats import deployment_problem
 
+    from evalkit.engines.vllm_kernels import deployment_refusal
+
     for dep in config.deployments:
-        problem = deployment_problem(dep, config_file)
+        problem = deployment_problem(dep, config_file) or deployment_refusal(dep)
         if problem:
             raise ConfigError(str(config_file), problem)
 

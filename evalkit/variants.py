@@ -12,6 +12,10 @@ Variants:
   per-output-channel scale, stored back in 16 bits (an emulation of vLLM's weight-only FP8, see
   `fp8_roundtrip`).
 - `Q8_0` ... `Q2_K`: llama.cpp's quantizer (`llama_model_quantize`) run in a subprocess.
+- `gptq-w4g64`, `gptq-w8g64`, `awq-w4g64`, `w8a8-int8` (any name evalkit.quant_formats accepts): the `hf`
+  checkpoint quantized by llm-compressor (evalkit.quantize, in its own interpreter) into compressed-tensors,
+  calibrated on a named text. Their cache directory is `<format>-cal-<text sha256[:12]>-<samples>x<seq_len>`:
+  another calibration text or size is another variant.
 """
 from __future__ import annotations
 
@@ -39,6 +43,9 @@ from evalkit.engines.fp8_rounding import fp8_roundtrip
 from evalkit.errors import EvalkitError, VariantError
 from evalkit.fileio import pid_alive
 from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, read_gguf_header, resolve_source
+from evalkit.quant_formats import looks_like_format, parse
+from evalkit.quantize import Calibration, calibration_from, check_request
+from evalkit.quantize import build as build_quantized
 from evalkit.versions import package_version
 
 if TYPE_CHECKING:
@@ -66,14 +73,22 @@ _16BIT_GGUF_TYPES = {"F32", "F16", "BF16"}
 # ---------------------------------------------------------------------------------------------- public API
 
 
-def prepare_variant(source: str, variant: str | None, *, force: bool = False, progress: bool = True) -> Path:
-    """A local model path for `source` turned into `variant` (None: the source itself). Cached by content."""
+def prepare_variant(source: str, variant: str | None, *, force: bool = False, progress: bool = True,
+                    calibration: Calibration | None = None) -> Path:
+    """A local model path for `source` turned into `variant` (None: the source itself). Cached by content.
+    `calibration`: the text a GPTQ/AWQ/W8A8 variant is calibrated on (default: evalkit.quantize's)."""
     path = resolve_source(source)
     kind = check_model(path, source)
     if variant is None:
         return path
-    if variant not in VARIANTS:
-        raise VariantError(source, f"unknown variant {variant!r} (expected one of {', '.join(VARIANTS)})")
+    if variant not in VARIANTS and not looks_like_format(variant):
+        raise VariantError(source, f"unknown variant {variant!r} (expected one of {', '.join(VARIANTS)}, or a "
+                                   "quantization format: gptq-w4g64, gptq-w8g64, awq-w4g64, w8a8-int8)")
+    calib = (calibration or calibration_from(None)) if looks_like_format(variant) else None
+    if calib is not None:  # every check that needs no quantizer, before anything is written
+        check_request(source, variant, calib, path if kind == HF_KIND else None)
+        if kind == GGUF_KIND:
+            _check_gguf_groups(source, path, variant)
     if variant == HF_VARIANT and kind == HF_KIND:
         return path  # already a Hugging Face checkpoint
     if variant in LADDER and kind != GGUF_KIND:
@@ -82,7 +97,7 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
         )
     sha = fingerprint(path).sha256
     base = cache_dir() / "variants" / sha[:16]
-    final = base / variant
+    final = base / _dir_name(variant, calib)
     if not force and _is_done(final):
         return _model_path(final)
     base.mkdir(parents=True, exist_ok=True)
@@ -99,7 +114,7 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
         started = time.monotonic()
         _say(progress, f"evalkit: preparing variant {variant} of {source} ...")
         try:
-            extra = _build(variant, source, path, kind, tmp, progress=progress)
+            extra = _build(variant, source, path, kind, tmp, progress=progress, calibration=calib)
             record = _provenance(source, path, sha, kind, variant, extra, time.monotonic() - started)
             _write_json(tmp / PROVENANCE, record)  # last: its presence marks a finished variant
             _publish(tmp, final, force=force)
@@ -109,14 +124,36 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
     return _model_path(final)
 
 
-def built_variant(source: str, variant: str) -> Path | None:
+def built_variant(source: str, variant: str, calibration: Calibration | None = None) -> Path | None:
     """The model path of `variant` of `source` when it is already prepared in the cache, else None.
     Never builds (the memory plan reads exact sizes from it when it exists)."""
     path = resolve_source(source)
     if variant == HF_VARIANT and path.is_dir():
         return path
-    final = cache_dir() / "variants" / fingerprint(path).sha256[:16] / variant
+    calib = (calibration or calibration_from(None)) if looks_like_format(variant) else None
+    final = cache_dir() / "variants" / fingerprint(path).sha256[:16] / _dir_name(variant, calib)
     return _model_path(final) if _is_done(final) else None
+
+
+def _dir_name(variant: str, calibration: Calibration | None) -> str:
+    return variant if calibration is None else f"{variant}-{calibration.key()}"
+
+
+def _check_gguf_groups(source: str, gguf: Path, variant: str) -> None:
+    """A group size that does not divide the model's layer widths, read from the GGUF header (no hf variant yet)."""
+    fmt = parse(variant)
+    if fmt is None or fmt.group_size == -1:
+        return
+    try:
+        kv = read_gguf_header(gguf).meta
+    except (OSError, ValueError, struct.error):
+        return  # the hf conversion reports an unreadable GGUF
+    arch = kv.get("general.architecture")
+    for what, key in (("hidden size", "embedding_length"), ("intermediate size", "feed_forward_length")):
+        k = kv.get(f"{arch}.{key}")
+        if isinstance(k, int) and k % fmt.group_size:
+            raise VariantError(source, f"group size {fmt.group_size} does not divide the model's {what} {k} "
+                                       "(each group must be whole; try a group size that divides it, e.g. 64 or 32)")
 
 
 def prepare_all(config: "Config", *, force: bool = False, progress: bool = True) -> list[tuple[str, Path]]:
@@ -127,7 +164,7 @@ def prepare_all(config: "Config", *, force: bool = False, progress: bool = True)
             continue
         variant = dep.model.variant
         spec = engine_spec(dep.engine)
-        if variant in HF_VARIANTS and not spec.loads_kind(HF_KIND):
+        if (variant in HF_VARIANTS or looks_like_format(variant)) and not spec.loads_kind(HF_KIND):
             raise VariantError(
                 f"deployment {dep.name}",
                 f"engine {dep.engine} cannot load the {variant} variant (a Hugging Face checkpoint); use a GGUF variant "
@@ -207,7 +244,11 @@ def _provenance(
     }
 
 
-def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, progress: bool) -> dict[str, Any]:
+def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, progress: bool,
+           calibration: Calibration | None = None) -> dict[str, Any]:
+    if calibration is not None:  # GPTQ / AWQ / INT8 W8A8 by llm-compressor, from the 16-bit checkpoint
+        hf_dir = path if kind == HF_KIND else prepare_variant(source, HF_VARIANT, progress=progress)
+        return build_quantized(source, hf_dir, variant, calibration, out, progress=progress)
     if variant == HF_VARIANT:
         return _build_hf(source, path, out, progress)
     if variant == "fp8-weight":
@@ -654,12 +695,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("prepare", help="make one variant of a model source")
     p.add_argument("source")
-    p.add_argument("variant", nargs="?", choices=VARIANTS)
+    p.add_argument("variant", nargs="?", help=f"{', '.join(VARIANTS)}, or gptq-w4g64, gptq-w8g64, awq-w4g64, w8a8-int8")
+    p.add_argument("--calibration", help="text file a GPTQ/AWQ/W8A8 variant is calibrated on (default: evalkit's)")
+    p.add_argument("--samples", type=int, help="calibration windows (default 32)")
+    p.add_argument("--seq-len", type=int, help="tokens per calibration window (default 256)")
     p.add_argument("--force", action="store_true")
     p.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     try:
-        print(prepare_variant(args.source, args.variant, force=args.force, progress=not args.quiet))
+        calib = calibration_from(args.calibration, args.samples, args.seq_len)
+        print(prepare_variant(args.source, args.variant, force=args.force, progress=not args.quiet, calibration=calib))
     except EvalkitError as e:
         print(f"evalkit: error: {e}", file=sys.stderr)
         return 2

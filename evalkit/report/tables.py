@@ -144,15 +144,35 @@ def human_tables(view: RunView) -> list[Table]:
 
 def hardware_table(view: RunView) -> Table:
     rows = []
+    ran = _engine_extras(view)
     for name in view.deployments:
         dep = view.run.manifest["deployments"][name]
         hw = dep.get("hardware") or {}
         notes = "; ".join([hw.get("explanation") or ""] + list(hw.get("notes") or []))
         rows.append([Cell(name), Cell(dep.get("engine", "–")), Cell(str(dep.get("source", "–"))),
                      Cell(str(dep.get("variant") or "–")), Cell(str(hw.get("requested_quantization") or "none")),
-                     Cell(str(hw.get("effective_precision", "–"))), Cell(str(hw.get("device", "–"))), Cell(notes.strip("; "))])
+                     Cell(str(hw.get("effective_precision", "–"))), Cell(str(hw.get("device", "–"))),
+                     Cell(_kernel_cell(hw, ran.get(name) or {})), Cell(notes.strip("; "))])
     return Table("hardware", "", ["deployment", "engine", "model", "variant", "requested",
-                                                               "effective precision", "device", "explanation"], rows)
+                                  "effective precision", "device", "linear kernel: planned / ran", "explanation"], rows,
+                 "Linear kernel: the plan's prediction (from vLLM's code) beside the kernel classes the loaded engine's "
+                 "layers really ran (read from the model, engines/<deployment>.json); 'differs' when they disagree.")
+
+
+def _engine_extras(view: RunView) -> dict[str, dict[str, Any]]:
+    e = view.run.engines
+    if e.empty or "deployment" not in e or "extra" not in e:
+        return {}
+    return {str(r["deployment"]): r["extra"] for r in e.to_dict("records") if isinstance(r.get("extra"), dict)}
+
+
+def _kernel_cell(hw: dict[str, Any], extra: dict[str, Any]) -> str:
+    planned = hw.get("planned_kernel") or ("refused: " + hw["planned_kernel_refused"] if hw.get("planned_kernel_refused") else None)
+    ran = extra.get("linear_kernel") or (f"not read ({extra['linear_kernels_error']})" if extra.get("linear_kernels_error") else None)
+    if planned is None and ran is None:
+        return "–"
+    agree = "" if planned is None or ran is None else (" (as planned)" if str(ran).startswith(str(planned)) else " (differs)")
+    return f"{planned or 'no prediction'} / {ran or 'not recorded'}{agree}"
 
 
 def warnings(view: RunView) -> list[tuple[str, str]]:
