@@ -26,7 +26,7 @@ from typing import Any
 
 from evalkit.errors import ConfigError, EvalkitError, RunDirError
 from evalkit.fileio import json_safe
-from evalkit.history import blocking, describe_change, history_entries, key_changes, result_keys
+from evalkit.history import blocking, describe_change, history_entries, key_changes, result_keys, unpaired_metrics
 from evalkit.store import COMPARISON_COLUMNS, RunDir
 
 EXIT_OK, EXIT_REGRESSION = 0, 1
@@ -53,6 +53,7 @@ class SuiteDiff:
     outputs_changed: int | None = None  # shared items whose outcome fields differ (None: not counted)
     rows: list[dict[str, Any]] = field(default_factory=list)  # ComparisonRow fields + shared_items
     error: str = ""
+    not_compared: list[str] = field(default_factory=list)  # metrics a changed setting of the suite can change
 
 
 @dataclass
@@ -191,7 +192,7 @@ def latest_comparable(new: Path, reports_dir: Path, unsaved: dict[str, Any] | No
             continue
         for dep, per in (e.get("keys") or {}).items():
             for suite, key in per.items():
-                if dep in keys and suite in keys[dep] and not blocking(key_changes(key, keys[dep][suite])) \
+                if dep in keys and suite in keys[dep] and not blocking(key_changes(key, keys[dep][suite], suite)) \
                         and (e.get("items") or {}).get(dep, {}).get(suite, {}).get("n") and mine.get(dep, {}).get(suite):
                     cand = (str(e.get("created") or ""), e["name"])
                     best = cand if best is None or cand > best else best
@@ -276,7 +277,7 @@ def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, p
             if not shared_suites:
                 reasons.append(f"{nd}: no suite run in both")
             for suite_name in shared_suites:
-                changes = key_changes(base_keys[bd][suite_name], new_keys[nd][suite_name])
+                changes = key_changes(base_keys[bd][suite_name], new_keys[nd][suite_name], suite_name)
                 a = new_recs.get(suite_name, {}).get(nd, [])
                 b = base_recs.get(suite_name, {}).get(bd, [])
                 sd = SuiteDiff(suite_name, changes, comparable=False, baseline_items=len(b), new_items=len(a))
@@ -296,6 +297,8 @@ def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, p
                     continue
                 sd.comparable = True
                 any_compared = True
+                unpaired = unpaired_metrics(changes)  # e.g. perplexity's top_k changed: its KLD figures are not compared
+                sd.not_compared = sorted(unpaired)
                 if suite_name not in NO_OUTCOME_SUITES:
                     sd.outputs_changed = sum(_outcome(by_id_a[i]) != _outcome(by_id_b[i]) for i in shared)
                 suite = suites.get(suite_name)
@@ -312,14 +315,14 @@ def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, p
                                     manifest={**new_m, "deployment_order": [theirs, mine], "reference": theirs,
                                               "deployments": dep_entries})
                 try:
-                    comps = suite.compare(records, sctx)
+                    comps = [c for c in suite.compare(records, sctx) if c.metric not in unpaired]
                 except Exception as e:  # one suite that cannot pair across runs must not hide the others
                     sd.error = f"{type(e).__name__}: {e}"
                     continue
                 for c in comps:
                     sd.rows.append({**{k: json_safe(v) for k, v in asdict(replace(c, deployment=nd, reference=bd)).items()},
                                     "shared_items": len(shared)})
-                keys_here = [k for k in wanted if MarginKey.parse(k).suite == suite_name]
+                keys_here = [k for k in wanted if MarginKey.parse(k).suite == suite_name and MarginKey.parse(k).metric not in unpaired]
                 if not keys_here:
                     continue
                 comps_df = pd.DataFrame([asdict(c) for c in comps], columns=COMPARISON_COLUMNS)
@@ -327,7 +330,7 @@ def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, p
                 # baseline has its own value of the metric (accuracy), else on the new side's value (ppl_ratio).
                 score_rows: list[Any] = []
                 try:
-                    score_rows = list(suite.score(records, sctx))
+                    score_rows = [r for r in suite.score(records, sctx) if r.metric not in unpaired]
                 except Exception as e:
                     sd.error = f"scoring for the margins: {type(e).__name__}: {e}"
                 scores_df = pd.DataFrame([asdict(s) for s in score_rows],
@@ -396,6 +399,8 @@ def format_text(result: DiffResult, *, every_row: bool = False) -> str:
                 "identical outputs" if s.outputs_changed == 0 else f"{s.outputs_changed} outputs changed")
             lines.append(f"  {s.suite}: {s.shared_items} shared items (baseline {s.baseline_items}, new {s.new_items})"
                          + (f"; {out}" if out else "") + (f"; error: {s.error}" if s.error else ""))
+            if s.not_compared:
+                lines.append(f"  {s.suite}: not compared (a setting that changes them differs): {', '.join(s.not_compared)}")
         verdicts = {(m["suite"], str(m["category"]), m["metric"]): m for m in p.margins}
         table = []
         for s in p.suites:

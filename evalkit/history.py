@@ -11,6 +11,9 @@ version and the machine. Two results are comparable when their keys agree except
 - `items`: the suite's data or a setting that defines its items (a data file's hash, MMLU's shots, ...):
   the same item id may not be the same item, so the two results are **not comparable**;
 - `size`: a setting that only chooses how many items run (limits, chunk counts): items pair by id;
+- `metrics`: a suite setting that leaves the items as they are but can change some of its metrics (the suite
+  declares which: `SuiteSpec.metric_settings`, e.g. perplexity's top_k changes the KLD figures, not the
+  perplexity): comparable, except in those metrics;
 - `cause`: what can change a result (weights, variant, engine and version, precision, numerics options,
   sampling) — what a difference between the runs is attributed to;
 - `setting`: an engine option its engine declares does not change results (llama.cpp's thread count);
@@ -45,7 +48,7 @@ _MAGIC = b"evalkit-history"
 SIZE_SETTINGS = frozenset({"limit", "limit_per_category", "max_chunks", "per_subject", "lengths", "depths", "categories",
                            "subjects", "repeats", "concurrency"})
 PATH_SETTINGS = frozenset({"path", "text"})  # where a suite's data lies: its content is keyed by hash
-KINDS = ("items", "size", "cause", "setting", "stats", "environment", "location")
+KINDS = ("items", "size", "metrics", "cause", "setting", "stats", "environment", "location")
 KEY_COLUMNS = ("engine", "engine_version", "weights_sha256", "model_source", "variant", "precision", "device")
 
 
@@ -157,14 +160,29 @@ def result_keys(run: Path, manifest: dict[str, Any] | None = None) -> dict[str, 
     return out
 
 
-def field_kind(field: str, engine: str | None = None, key: dict[str, str] | None = None) -> str:
-    """The kind of a key field (see the module doc); `key` tells a moved data path from changed data."""
+def _metric_settings(suite: str | None) -> dict[str, frozenset[str]]:
+    """The suite's settings that change only some metrics (SuiteSpec.metric_settings); {} for an unknown suite."""
+    if not suite:
+        return {}
+    try:
+        from evalkit.suites import suite_spec
+
+        return dict(suite_spec(suite).metric_settings)
+    except Exception:  # a suite this installation does not know: every setting defines its items, to be safe
+        return {}
+
+
+def field_kind(field: str, engine: str | None = None, key: dict[str, str] | None = None, suite: str | None = None) -> str:
+    """The kind of a key field (see the module doc); `key` tells a moved data path from changed data; `suite`
+    (the key's suite) tells a setting that changes only some metrics from one that defines the items."""
     if field.startswith("data."):
         return "items"
     if field.startswith("suite."):
         name = field.split(".", 1)[1]
         if name in SIZE_SETTINGS:
             return "size"
+        if name in _metric_settings(suite):
+            return "metrics"
         if name in PATH_SETTINGS and key is not None and any(k.startswith("data.") for k in key):
             return "location"  # the content is keyed by hash: a moved file with the same bytes is the same data
         return "items"
@@ -178,19 +196,29 @@ def field_kind(field: str, engine: str | None = None, key: dict[str, str] | None
     return "cause"
 
 
-def key_changes(before: dict[str, str], after: dict[str, str]) -> list[dict[str, Any]]:
-    """Fields whose values differ between two keys: [{field, kind, before, after}] (values as JSON text; a
-    field only one key has reads "absent" on the other side)."""
+def key_changes(before: dict[str, str], after: dict[str, str], suite: str | None = None) -> list[dict[str, Any]]:
+    """Fields whose values differ between two keys of `suite`'s results: [{field, kind, before, after}] (values as
+    JSON text; a field only one key has reads "absent" on the other side); a `metrics` change also lists the
+    metrics it can change (`metrics`). Without `suite`, every suite setting that is not a size defines the items."""
     engine = json.loads(after.get("engine") or before.get("engine") or '""')
+    scoped = _metric_settings(suite)
     out = []
     for f in sorted(set(before) | set(after)):
         a, b = before.get(f), after.get(f)
         if {a, b} <= {None, "null"}:
             continue  # a setting one evalkit records and the other does not, left at its default (null) where recorded
         if a != b:
-            out.append({"field": f, "kind": field_kind(f, engine, after if f in after else before),
-                        "before": "absent" if a is None else a, "after": "absent" if b is None else b})
+            change: dict[str, Any] = {"field": f, "kind": field_kind(f, engine, after if f in after else before, suite),
+                      "before": "absent" if a is None else a, "after": "absent" if b is None else b}
+            if change["kind"] == "metrics":
+                change["metrics"] = sorted(scoped[f.split(".", 1)[1]])
+            out.append(change)
     return out
+
+
+def unpaired_metrics(changes: Iterable[dict[str, Any]]) -> set[str]:
+    """The metrics that `metrics` changes make incomparable (the rest of the suite's stay comparable)."""
+    return {m for c in changes if c["kind"] == "metrics" for m in c.get("metrics", [])}
 
 
 def blocking(changes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -401,21 +429,28 @@ def load_history(reports_dir: str | Path, *, write_index: bool = True, memory: d
             continue
         keys = e.get("keys") or {}
         changed_of: dict[tuple[str, str], tuple[str, str]] = {}
+        unpaired_of: dict[tuple[str, str], tuple[set[str], list[dict[str, Any]]]] = {}
         for dep, per in keys.items():
             for suite, key in per.items():
                 before = previous.get((dep, suite))
                 if before is None:
                     changed_of[(dep, suite)] = ("", "first run")
                 else:
-                    changes = key_changes(before, key)
+                    changes = key_changes(before, key, suite)
                     changed_of[(dep, suite)] = (summarize_changes(changes), change_group(changes))
+                    unpaired_of[(dep, suite)] = (unpaired_metrics(changes), changes)
                 previous[(dep, suite)] = key
         for s in e.get("scores") or []:
             key = keys.get(s["deployment"], {}).get(s["suite"], {})
+            changed, group = changed_of.get((s["deployment"], s["suite"]), ("", ""))[0], \
+                changed_of.get((s["deployment"], s["suite"]), ("", "first run"))[1]
+            unpaired, changes = unpaired_of.get((s["deployment"], s["suite"]), (set(), []))
+            if s.get("metric") in unpaired:  # this metric's setting changed: not comparable with the previous run
+                changed, group = "not comparable: " + "; ".join(describe_change(c) for c in changes
+                                                                if s["metric"] in c.get("metrics", [])), "not comparable"
             row = {"run": e["name"], "run_id": e["run_id"], "created": e.get("created"), **s,
                    "key": hashlib.sha256(_canon(key).encode()).hexdigest()[:12] if key else None,
-                   "changed": changed_of.get((s["deployment"], s["suite"]), ("", ""))[0],
-                   "change_group": changed_of.get((s["deployment"], s["suite"]), ("", "first run"))[1]}
+                   "changed": changed, "change_group": group}
             for col in KEY_COLUMNS:
                 row[col] = json.loads(key[col]) if col in key else None
             rows.append(row)
@@ -438,8 +473,16 @@ def summarize_changes(changes: list[dict[str, Any]]) -> str:
     shown = sorted((c for c in changes if c["kind"] not in ("environment", "location")), key=lambda c: (order[c["kind"]], c["field"]))
     if not shown:
         return "environment only: " + "; ".join(describe_change(c) for c in changes)
-    return "; ".join(describe_change(c) + (" (its engine declares it changes no result)" if c["kind"] == "setting" else "")
-                     for c in shown)
+    def note(c: dict[str, Any]) -> str:
+        if c["kind"] == "setting":
+            return " (its engine declares it changes no result)"
+        if c["kind"] == "metrics":
+            ms = c.get("metrics") or []
+            return (f" (changes only {', '.join(ms[:3])}{f' and {len(ms) - 3} more' if len(ms) > 3 else ''}: those are not compared)"
+                    if ms else " (its suite declares it changes no result)")
+        return ""
+
+    return "; ".join(describe_change(c) + note(c) for c in shown)
 
 
 def index_path(reports_dir: Path) -> Path:
@@ -469,7 +512,7 @@ def change_group(changes: list[dict[str, Any]]) -> str:
         return "options"
     if any(f.startswith("sampling.") for f in fields):
         return "sampling"
-    if kinds & {"setting", "size", "stats"}:
+    if kinds & {"setting", "size", "metrics", "stats"}:
         return "settings only"
     return "environment only"
 

@@ -403,6 +403,45 @@ def test_baseline_that_ends_in_exit_2_writes_nothing(tmp_path: Path) -> None:
     assert set(decode_index((root / INDEX_FILE).read_bytes()) or {}) == {first.name, second.name}
 
 
+def test_kld_settings_leave_perplexity_comparable_except_its_kld(tmp_path: Path) -> None:
+    """Perplexity's top_k and kld_reference change how the KLD figures are measured, not the chunks nor anyone's
+    NLL: a run that differs only there is compared on perplexity (same chunks, same outputs, PPL difference 0)
+    and its KLD and top-1 figures are left out, with the reason; a changed n_ctx (other chunks) still makes it
+    not comparable."""
+    root = _reports(tmp_path, 2)
+    first, second = sorted(p for p in root.iterdir() if p.is_dir())
+    m = json.loads((second / "manifest.json").read_text())
+    m["config"]["suites"]["perplexity"] |= {"top_k": 16, "kld_reference": "smol-q8"}
+    (second / "manifest.json").write_text(json.dumps(m))
+    proc, doc = diff_json(str(first), str(second), "--margin", "perplexity/kld=0.5", "--margin", "perplexity/ppl_ratio=1.05")
+    assert proc.returncode == 0, proc.stderr
+    q4 = pair(doc, "smol-q4")
+    ppl = suite_of(q4, "perplexity")
+    assert ppl["comparable"] and ppl["shared_items"] == len(records(first, "smol-q4", "perplexity")) == 3
+    assert {c["field"] for c in q4["changes"]} == {"suite.top_k", "suite.kld_reference"}
+    assert {c["kind"] for c in q4["changes"]} == {"metrics"}
+    assert {"kld", "top1_agreement"} <= set(ppl["not_compared"]) and "ppl" not in ppl["not_compared"]
+    metrics = {r["metric"] for r in ppl["rows"]}
+    assert "ppl" in metrics and not metrics & {"kld", "top1_agreement"}
+    assert row(ppl, "text", "ppl")["diff"] == 0  # the same records on both sides
+    assert margin(q4, "perplexity/ppl_ratio")["estimate"] == 1.0  # judged: identical sides (no interval: inconclusive)
+    assert "perplexity/kld" in q4["unjudged_margins"]
+    text = evalkit("diff", str(first), str(second)).stdout
+    assert "not compared (a setting that changes them differs): " in text and "kld" in text
+    # The history says the same per metric: PPL stays in its series, the KLD row is not comparable.
+    import evalkit as ek
+
+    df = ek.load_history(root)
+    later = df[(df.run == second.name) & (df.deployment == "smol-q4") & (df.suite == "perplexity")]
+    assert set(later[later.metric == "kld_mean"]["change_group"]) == {"not comparable"}
+    assert set(later[later.metric == "ppl"]["change_group"]) == {"settings only"}
+    m["config"]["suites"]["perplexity"]["n_ctx"] = 128
+    (second / "manifest.json").write_text(json.dumps(m))
+    proc, doc = diff_json(str(first), str(second))
+    ppl = suite_of(pair(doc, "smol-q4"), "perplexity")
+    assert not ppl["comparable"] and "suite.n_ctx" in ppl["reason"] and ppl["rows"] == []
+
+
 def test_load_history_frame(tmp_path: Path) -> None:
     import evalkit
 

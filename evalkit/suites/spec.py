@@ -81,6 +81,9 @@ class SuiteSpec:
     - `quality`: False for a suite whose metrics are limits of a workload (cost), never quality margins.
     - `offline_description(settings)`: what the report shows instead of `describe()` when describing the suite would
       reach the network (None: describe() runs offline).
+    - `metric_settings`: settings that leave the items as they are but can change some metrics, each with the
+      metrics it can change (empty: none). Two runs that differ only there are comparable (evalkit.history),
+      for every other metric. A setting not named here (and not a size or data-path setting) defines the items.
     """
 
     name: str
@@ -99,6 +102,7 @@ class SuiteSpec:
     plan_note: Callable[[Any, Any], str | None] | None = None
     quality: bool = True
     offline_description: Callable[[Any], dict[str, Any] | None] | None = None
+    metric_settings: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for m in self.metrics:
@@ -108,6 +112,13 @@ class SuiteSpec:
             literal = getattr(r.model_fields.get("suite"), "default", None)
             if literal != self.name:
                 raise ValueError(f"suite {self.name!r}: record type {r.__name__} has suite {literal!r}")
+        declared = {m.name for m in self.metrics}
+        for setting, metrics in self.metric_settings.items():
+            if setting not in self.settings_model.model_fields:
+                raise ValueError(f"suite {self.name!r}: metric_settings names {setting!r}, not one of its settings")
+            if not metrics <= declared:
+                raise ValueError(f"suite {self.name!r}: metric_settings[{setting!r}] names undeclared metrics "
+                                 f"{sorted(metrics - declared)}")
 
     @property
     def label(self) -> str:

@@ -102,7 +102,7 @@ def _what_changed(mine: dict[str, dict[str, str]], theirs: dict[str, dict[str, s
 
     seen: dict[str, dict[str, Any]] = {}
     for suite in mine.keys() & theirs.keys():
-        for c in key_changes(theirs[suite], mine[suite]):
+        for c in key_changes(theirs[suite], mine[suite], suite):
             seen.setdefault(c["field"], c)
     return summarize_changes(list(seen.values())) if mine.keys() & theirs.keys() else "no suite run by both"
 

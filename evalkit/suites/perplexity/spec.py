@@ -113,6 +113,11 @@ def _token_ids(rec: PerplexityRecord, run_dir: Path) -> Any:
     return arrays["token"] if "token" in (arrays.dtype.names or ()) else None
 
 
+# What the KLD settings can change: the distribution-drift figures, measured against the KLD reference with the
+# reference's top-k ids (where KLD is the top-k bound). NLL, perplexity and their ratios read each side's own
+# log-likelihood of the text, which neither setting touches: runs differing only there stay comparable on those.
+_DRIFT = frozenset(m.name for m in METRICS if m.name.startswith(("kld", "delta_p", "top1", "pos_kld", "pos_top1")))
+
 SPEC = SuiteSpec(
     name="perplexity",
     settings_model=PerplexitySettings,
@@ -128,4 +133,10 @@ SPEC = SuiteSpec(
     check=_check_plan,
     config_check=_check_kld_reference,
     plan_note=plan_store_note,
+    metric_settings={
+        "top_k": _DRIFT,
+        "kld_reference": _DRIFT | {"pos_nll_diff"},  # the position curves are drawn against the KLD reference
+        "kld_window": frozenset(),  # how many stored chunks wait on disk: no figure changes
+        "top1_threshold": frozenset({"top1_below_from"}),  # only where the headline bucket is drawn
+    },
 )
