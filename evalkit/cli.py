@@ -129,6 +129,7 @@ def _cmd_judge(args: argparse.Namespace) -> int:
     import json
 
     from evalkit.judge.run import judge_settings_of, run_judge
+    from evalkit.pipeline import resolve_deployment
     from evalkit.report.render import render_report
     from evalkit.scoring import score_run
     from evalkit.store import RunDir
@@ -136,7 +137,7 @@ def _cmd_judge(args: argparse.Namespace) -> int:
     run = RunDir.open(Path(args.run_dir))
     settings, config_file = judge_settings_of(run, Path(args.config) if args.config else None)  # before any call
     with run.exclusive():
-        cost = run_judge(run.path, settings, config_file, use_cache=not args.no_cache)
+        cost = run_judge(run.path, settings, config_file, resolve_deployment, use_cache=not args.no_cache)
         score_run(run)
         render_report(run)
     print(json.dumps(cost, sort_keys=True))

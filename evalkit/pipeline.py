@@ -215,7 +215,8 @@ def _judge(run_dir: RunDir) -> None:
         return
     from evalkit.judge.run import run_judge
 
-    run_judge(run_dir.path, config.judge, Path(manifest["config_file"]), use_cache=bool(manifest.get("use_cache", True)))
+    run_judge(run_dir.path, config.judge, Path(manifest["config_file"]), resolve_deployment,
+              use_cache=bool(manifest.get("use_cache", True)))
 
 
 def choose_executor(config: Config, kind: str | None, address: str | None) -> Executor:

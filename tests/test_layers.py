@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("executors/scoring/decision", [
         "evalkit.executors", "evalkit.executors.*", "evalkit.worker", "evalkit.progress", "evalkit.preflight",
         "evalkit.scoring", "evalkit.decision", "evalkit.rating", "evalkit.rating.*",
+        "evalkit.judge", "evalkit.judge.*",  # the model judge: prompts, judging through the result cache, statistics
         "evalkit.diskplan",  # the disk a run needs, from the config and each suite's record layout
         "evalkit.margin_plan",  # whether the suites' sizes can show the margins, before anything runs
     ]),

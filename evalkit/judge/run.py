@@ -17,7 +17,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 from evalkit.cache import numerics_options, open_engine, wrap_engine
 from evalkit.config import Config, JudgeSettings
@@ -26,14 +26,14 @@ from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.judge.prompts import (
     pairwise_prompt, parse_pairwise, parse_pointwise, rubric_text, rubrics_dir_of, template_sha256,
 )
-from evalkit.pipeline import resolve_deployment
+from evalkit.rating.export import PROMPT_SUITE
 from evalkit.scoring import records_by_suite
 from evalkit.store import RecordWriter, RunDir, atomic_write_text, read_jsonl
 
 JUDGE_DIR = "judge"
 JUDGEMENTS = "judgements.jsonl"
 JUDGE_JSON = "judge.json"
-SUITE = "prompts"  # the suite whose generated answers the judge grades
+SUITE = PROMPT_SUITE  # the suite whose generated answers the judge grades (the one humans rate)
 BATCH = 8  # judge calls per engine call and per fsynced append
 
 
@@ -64,7 +64,8 @@ def judged_outputs(run: RunDir, categories: Sequence[str] | None) -> dict[tuple[
     by_suite = records_by_suite(run, list(manifest["deployment_order"]))
     out: dict[tuple[str, str], Output] = {}
     for dep, recs in by_suite.get(SUITE, {}).items():
-        for r in recs:
+        for r in recs:  # the prompts suite's records (prompt, generation, reference, item)
+            r = cast(Any, r)
             if categories is not None and r.category not in categories:
                 continue
             item = getattr(r, "item", {}) or {}
@@ -136,8 +137,11 @@ def _batches(calls: Sequence[Call]) -> Iterator[list[Call]]:
         yield list(calls[i:i + BATCH])
 
 
-def run_judge(run_dir: Path, settings: JudgeSettings, config_file: Path | None, use_cache: bool = True) -> dict[str, Any]:
-    """Judge every output the settings ask for that this judge has not judged yet; returns what it cost."""
+def run_judge(run_dir: Path, settings: JudgeSettings, config_file: Path | None, resolve: Callable[[Any], dict[str, Any]],
+              use_cache: bool = True) -> dict[str, Any]:
+    """Judge every output the settings ask for that this judge has not judged yet; returns what it cost.
+    `resolve`: the judge deployment -> its manifest entry (evalkit.pipeline.resolve_deployment: model on disk,
+    variant prepared, fingerprinted), passed in by the verb that runs it."""
     run = RunDir.open(run_dir)
     manifest = run.manifest()
     reference = str(manifest["reference"])
@@ -145,7 +149,7 @@ def run_judge(run_dir: Path, settings: JudgeSettings, config_file: Path | None, 
     outputs = judged_outputs(run, settings.categories)
     calls = judge_calls(outputs, reference, settings, rubrics)  # a missing rubric stops here, before any call
     dep = settings.deployment
-    resolved = resolve_deployment(dep)
+    resolved = resolve(dep)
     extra = {"judge": {"template_sha256": template_sha256(),
                        "rubrics_sha256": rubrics_sha256(rubrics, [o.category for o in outputs.values()])}}
     if use_cache:

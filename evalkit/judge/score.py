@@ -146,7 +146,8 @@ def _certify(category: str, recs: list[dict[str, Any]], humans: list[dict[str, A
              st: StatsSettings) -> Certification:
     first = {(r["item_id"], r["deployment"]): r for r in recs if r["mode"] == "pointwise" and r["pass"] == 1}
     second = {(r["item_id"], r["deployment"]): r for r in recs if r["mode"] == "pointwise" and r["pass"] == 2}
-    judge_units, by_output = [], {}
+    judge_units: list[tuple[str, list[int]]] = []
+    by_output: dict[tuple[str, str], list[int]] = {}
     for h in humans:
         by_output.setdefault((h["item_id"], h["deployment"]), []).append(h["score"])
         j = first.get((h["item_id"], h["deployment"]))
@@ -154,8 +155,8 @@ def _certify(category: str, recs: list[dict[str, Any]], humans: list[dict[str, A
             judge_units.append((h["item_id"], [int(j["score"]), h["score"]]))
     a = alpha_by_item(judge_units, st)
     raters = alpha_by_item([(item, scores) for (item, _), scores in by_output.items()], st)
-    both = [(first[k], second[k]) for k in first if k in second]
-    agree = sum(1 for x, y in both if x["parsed"] and y["parsed"] and x["score"] == y["score"])
+    both = [(first[k], second[k]) for k in first if k in second and first[k]["parsed"] and second[k]["parsed"]]
+    agree = sum(1 for x, y in both if x["score"] == y["score"])
     pairs = [p for p in _pairs(recs) if p["both"]]
     flips = sum(p["flip"] for p in pairs)
     bad = sum(1 for r in recs if not r["parsed"])
@@ -163,18 +164,18 @@ def _certify(category: str, recs: list[dict[str, Any]], humans: list[dict[str, A
                       flips, len(pairs), bad, len(recs), False)
     reasons = []
     if c.n_items < cfg["min_items"]:
-        reasons.append(f"{c.n_items} rated items judged (< {cfg['min_items']})")
+        reasons.append(f"{c.n_items} rated items judged (fewer than {cfg['min_items']})")
     if c.alpha_low is None or c.alpha_low < cfg["min_alpha"]:
         reasons.append(f"alpha vs humans {'has no interval' if c.alpha_low is None else f'low end {c.alpha_low:.2f}'} "
-                       f"(needs >= {cfg['min_alpha']})")
+                       f"(needs at least {cfg['min_alpha']})")
     if math.isfinite(c.raters_alpha) and not (math.isfinite(c.alpha) and c.alpha >= c.raters_alpha - cfg["max_alpha_gap"]):
         reasons.append(f"alpha vs humans below the raters' own {c.raters_alpha:.2f} by more than {cfg['max_alpha_gap']}")
     if c.self_n and c.self_agreement < cfg["min_self_agreement"]:
-        reasons.append(f"same score twice {c.self_agree}/{c.self_n} (< {cfg['min_self_agreement']:.0%})")
+        reasons.append(f"same score twice {c.self_agree}/{c.self_n} (below {cfg['min_self_agreement']:.0%})")
     if c.flip_n and c.flip_rate > cfg["max_flip_rate"]:
-        reasons.append(f"position flips {c.flips}/{c.flip_n} (> {cfg['max_flip_rate']:.0%})")
+        reasons.append(f"position flips {c.flips}/{c.flip_n} (above {cfg['max_flip_rate']:.0%})")
     if c.judged and c.unparseable_rate > cfg["max_unparseable"]:
-        reasons.append(f"unparseable {c.unparseable}/{c.judged} (> {cfg['max_unparseable']:.0%})")
+        reasons.append(f"unparseable {c.unparseable}/{c.judged} (above {cfg['max_unparseable']:.0%})")
     return Certification(**{**asdict(c), "certified": not reasons, "reasons": reasons})
 
 

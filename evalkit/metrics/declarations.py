@@ -81,7 +81,7 @@ _JUDGE: list[MetricSpec] = [
        "certified judge, side by side with the reference in both orders (a flip is a tie)"),
     _m("judge", "net_preference_uncertified", "win - loss", "none", "continuous", "num", "none",
        "side by side, judge not certified in this category (never in the decision)"),
-    _m("judge", "unparseable", "answers", "lower", "count", "count", "none", "judge answers not in the asked format"),
+    _m("judge", "unparseable", "answers", "none", "count", "count", "none", "judge answers not in the asked format"),
     _m("judge", "flip_rate", "share", "lower", "rate", "pct", "none", "pairwise verdicts that change when A and B swap"),
     _m("judge", "self_agreement", "share", "higher", "rate", "pct", "none", "outputs given the same score twice"),
     _m("judge", "alpha_vs_humans", "alpha", "higher", "continuous", "num", "none",

@@ -65,6 +65,12 @@ def sections(view: RunView) -> list[Section]:
             out.append(Section("human", "Human ratings",
                                "Blind ratings imported from the rating sheets, de-blinded with the run's key.",
                                T.human_tables(view), some(P.human_plot(view))))
+        if spec.name == RATED_SUITE:  # a model judge's grades of the same outputs follow them (evalkit.judge)
+            from evalkit.report.judge_section import section_parts
+
+            judged = section_parts(view)
+            if judged is not None:
+                out.append(Section("judge", "Model judge", judged[0], judged[1]))
     if view.run.manifest.get("ledger"):
         out.append(Section("ledger", "Memory ledger", "What “evalkit plan” predicted before loading, beside what was measured.",
                            [T.ledger_table(view)], some(P.ledger_plot(view))))

@@ -416,9 +416,26 @@ class RunIndex:
                 cell["output_ids_first_difference"] = first_difference(
                     None if c.output_ids is None else c.output_ids.tolist(),
                     None if ref.output_ids is None else ref.output_ids.tolist())
+        self._add_judgements(out, suite, item_id)
         out["reference"] = self.reference
         out["deployments"] = self.deployments
         return out
+
+    def _add_judgements(self, out: dict[str, Any], suite: str, item_id: str) -> None:
+        """A model judge's answers on this item (evalkit.judge), per deployment: score or verdict, and its reason
+        and raw answer as text (model output: the page shows it inert, as every output)."""
+        from evalkit.judge.run import SUITE as JUDGED_SUITE
+        from evalkit.judge.score import load_judgements
+
+        if suite != JUDGED_SUITE:
+            return
+        _, recs = load_judgements(self.path)
+        for r in recs:
+            cell = out["cells"].get(r.get("deployment")) if r.get("item_id") == item_id else None
+            if cell is None:
+                continue
+            cell.setdefault("judge", []).append({k: r.get(k) for k in ("mode", "pass", "order", "score", "verdict", "outcome",
+                                                                      "parsed", "problem", "reason", "raw")})
 
 
     def _load_arrays(self, dep: str, i: int) -> None:

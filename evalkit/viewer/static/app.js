@@ -246,6 +246,12 @@ async function showItem(name, params) {
     if (scores) card.append(el("p", {cls: "scores", text: scores}));
     const extra = Object.entries(c.extra || {}).map(([k, v]) => `${k}: ${Array.isArray(v) ? v.join(", ") : v}`).join(" · ");
     if (extra) card.append(el("p", {cls: "scores"}, visible(extra)));
+    for (const j of c.judge || []) {  // a model judge's answer: untrusted text, shown inert like the output
+      const what = j.mode === "pointwise" ? `judge, pass ${j.pass}: ` + (j.parsed ? `score ${j.score}` : "unparseable")
+        : `judge vs reference, order ${j.order}: ` + (j.parsed ? `${j.verdict} (${j.outcome} for ${d})` : "unparseable");
+      card.append(el("p", {cls: "scores judge"}, el("strong", {text: what}), " — ",
+        visible(j.parsed ? j.reason : `${j.problem}; raw answer: ${j.raw}`)));
+    }
     if (c.prompt_token_ids || c.output_token_ids) {
       const det = el("details", {}, el("summary", {text: "token ids" + (c.same_source_as_reference ? " (same source model as the reference: ids should match)" : "")}));
       if (c.prompt_token_ids) det.append(el("div", {text: `${it.suite === "perplexity" ? "scored tokens" : "prompt"} (${c.prompt_token_ids.length})` + (c.prompt_ids_first_difference != null ? `, first differs from the reference at ${c.prompt_ids_first_difference}` : "")}), idsNode(c.prompt_token_ids, c.prompt_ids_first_difference));
