@@ -49,14 +49,15 @@ run: $(STAMP)
 # so each variant is built once per `make test`, by the code under test.
 # `peer`: the llama.cpp tools the KLD/PPL agreement tests compare with (built once, then cached; skipped when
 # LLAMA_CPP_BIN already points at built tools).
-# Between the two: the float-sensitive tests (marker host_sensitive: re-scoring recorded runs, KLD, perplexity
-# against the peer, cache keys) once more on the numeric paths of the other CPU kind, so an AVX-512 machine fails
-# where an AVX2-only one would (tests/avx2_paths.py: numpy without its AVX-512 code, torch at avx2; on an AVX2
-# machine it says so and runs nothing, the first pass having taken those paths).
+# Between the two: the float-sensitive tests (marker host_sensitive: re-scoring recorded runs, KLD, perplexity,
+# cache keys) once more on the numeric paths of the other CPU kind, so an AVX-512 machine fails where an AVX2-only
+# one would (tests/avx2_paths.py: numpy without its AVX-512 code, torch at avx2; on an AVX2 machine it says so and
+# runs nothing, the first pass having taken those paths). Not the `engine` ones: their llama.cpp runs the same
+# kernels under the switches, so only numpy's last bit could move, orders below their tolerances (tests/avx2_paths.py).
 test: $(STAMP) lint system-deps $(PEER_NEEDED)
 	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
 	$(PY) -m pytest -q -m "not vllm and not gpu" --durations=25 && \
-	$(PY) tests/avx2_paths.py -q -m "host_sensitive and not vllm and not gpu" --durations=10 && \
+	$(PY) tests/avx2_paths.py -q -m "host_sensitive and not engine and not vllm and not gpu" --durations=10 && \
 	$(PY) -m pytest -q -m "vllm and not gpu" --durations=25
 
 # The edit-test loop: the static checks, then everything that does not load a model engine.
