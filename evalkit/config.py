@@ -491,6 +491,8 @@ def resolve_data_path(value: str, config_file: Path) -> Path:
 def __getattr__(name: str) -> Any:
     """A suite's settings model by its class name (`from evalkit.config import MmluSettings`, where evalkit once
     defined them all): now in the suite's module, found through the registry (SuiteSpec.settings_model)."""
+    if name.startswith("__"):  # the import system's probes (`__path__` on every `from module import x`): loading
+        raise AttributeError(name)  # every suite for them would import suites that import this module: a cycle
     from evalkit.suites import all_specs
 
     for spec in all_specs():

@@ -279,6 +279,8 @@ _RECORD_TYPES: dict[tuple[tuple[str, str], ...], dict[str, type[Record]]] = {}
 def __getattr__(name: str) -> Any:
     """A suite's record type (or a model it nests) by its class name, where evalkit once defined them all
     (`from evalkit.records import PromptRecord`): now in the suite's module, found through the registry."""
+    if name.startswith("__"):  # the import system's probes (`__path__` on every `from module import x`): loading
+        raise AttributeError(name)  # every suite for them would import suites that import this module: a cycle
     for spec in all_specs():
         module = sys.modules[spec.suite_class.__module__]
         found = getattr(module, name, None)
