@@ -52,9 +52,9 @@ Reason: Both answers are equally good."""
 GOLD = "\n# Gold answer (for reference)\n{gold}\n"
 
 _MARK = r"[*_`]*"  # Markdown emphasis around the label or the value is formatting, not content
-_SCORE = re.compile(rf"^{_MARK}score{_MARK}\s*:\s*{_MARK}([1-5])(?:\s*/\s*5)?{_MARK}\.?$", re.IGNORECASE)
-_VERDICT = re.compile(rf"^{_MARK}verdict{_MARK}\s*:\s*{_MARK}(A|B|tie){_MARK}\.?$", re.IGNORECASE)
-_REASON = re.compile(rf"^{_MARK}reason{_MARK}\s*:\s*(.+)$", re.IGNORECASE)
+_SCORE = re.compile(rf"^{_MARK}score{_MARK}\s*:{_MARK}\s*{_MARK}([1-5])(?:\s*/\s*5)?{_MARK}\.?$", re.IGNORECASE)
+_VERDICT = re.compile(rf"^{_MARK}verdict{_MARK}\s*:{_MARK}\s*{_MARK}(A|B|tie){_MARK}\.?$", re.IGNORECASE)
+_REASON = re.compile(rf"^{_MARK}reason{_MARK}\s*:{_MARK}\s*(.+)$", re.IGNORECASE)
 MAX_REASON_CHARS = 500
 
 

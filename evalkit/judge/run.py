@@ -191,7 +191,8 @@ def run_judge(run_dir: Path, settings: JudgeSettings, config_file: Path | None, 
             "rubrics_dir": str(rubrics), "reference": reference, "resolved": {k: v for k, v in resolved.items() if k != "hardware"},
             "last_judging": cost, "n_calls": len(calls),
             # Each judged deployment's model (its source, or a served model's id): the same-family flag reads it.
-            "judged_sources": {d: e.get("source") or (e.get("endpoint") or d) for d, e in manifest["deployments"].items()}}
+            "judged_sources": {d: e.get("source") or e.get("endpoint") or d
+                               for d, e in (manifest.get("deployments") or {}).items() if isinstance(e, dict)}}
     atomic_write_text(where / JUDGE_JSON, json.dumps(info, indent=2, default=str) + "\n")
     manifest = run.manifest()
     manifest["judge"] = {"identity": identity, "identity_sha256": identity_sha}
