@@ -5,6 +5,10 @@ For each target length L (total prompt tokens, BOS included, cut with the deploy
   seq-rep-2/3/4 and distinct-2 over whitespace words of the continuation (tokenizer-independent).
 - recall ("recall/L<L>/D<depth>"): a 5-digit pass key sentence inserted at each depth of the filler,
   then "What is the pass key? The pass key is"; correct if the continuation contains the number.
+- tasks beyond one needle (`tasks`: multikey, multivalue, vartrack, commonwords; "<task>/L<L>/S<sample>"),
+  after RULER's families (evalkit.suites.longtasks): prompt + answer budget = L tokens exactly; correct when
+  every answer appears in the continuation. Per task: accuracy by length, paired flips against the reference,
+  and the effective length (the longest length whose accuracy is at or above `effective_threshold`).
 Lengths that do not fit the engine's context (n_ctx minus the tokens to generate) are emitted as
 skipped records with the reason, so resume treats them as done and reports can say why they are missing.
 """
@@ -30,6 +34,7 @@ from evalkit.metrics.declarations import MetricSpec
 from evalkit.records import Generation, Record, dump_record, nested_generation, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.engines.spec import Capability
+from evalkit.suites import longtasks
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite, SuiteRecords, paired_with_reference
 from evalkit.suites.spec import ItemCell, SuiteSpec, ViewerSpec
 
@@ -45,13 +50,16 @@ class LongContextSettings(BaseModel):
     continuation_tokens: PositiveInt = 128
     seed: Seed = 0
     filler: str = Field(default="texts/longcontext_filler.txt", min_length=1)
+    tasks: list[Literal["multikey", "multivalue", "vartrack", "commonwords"]] = []  # RULER-style tasks (none: pass key only)
+    task_samples: PositiveInt = 4  # items per task and length
+    effective_threshold: float = Field(default=0.85, gt=0, le=1)  # RULER's: Llama-2-7B's 4K score, 85.6%
 
 
 class LongContextRecord(Record):
     """A repetition or recall item; `skipped` (with the reason) when its length does not fit."""
 
     suite: Literal["longcontext"] = "longcontext"
-    kind: Literal["rep", "recall"]
+    kind: Literal["rep", "recall", "multikey", "multivalue", "vartrack", "commonwords"]
     length_target: int
     depth: float | None = None
     passkey: str | None = None
@@ -63,7 +71,11 @@ class LongContextRecord(Record):
     n_prompt_tokens: int | None = None
     prompt_sha256: str | None = None
     generation: Generation | None = None  # None: skipped
-    correct: bool | None = None  # recall items only
+    correct: bool | None = None  # recall and task items
+    sample: int | None = None  # task items: which of task_samples
+    answers: list[str] | None = None  # task items: what the continuation must hold
+    answers_found: list[bool] | None = None
+    needle_positions: list[int] | None = None  # task items: token index of each needle (commonwords: the list)
 
     @classmethod
     def from_v2(cls, raw: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +92,10 @@ METRICS = (
     *[MetricSpec("longcontext", f"seq_rep_{n}", "share", "lower", "continuous", "pct", "paired_bootstrap", f"repeated word {n}-grams")
       for n in (2, 3, 4)],
     MetricSpec("longcontext", "distinct_2", "share", "higher", "continuous", "pct", "paired_bootstrap", "distinct word 2-grams"),
+    MetricSpec("longcontext", "task_accuracy", "share", "higher", "rate", "pct", "mcnemar",
+               "long-context task answered exactly (every answer in the output)"),
+    MetricSpec("longcontext", "effective_length", "tokens", "higher", "continuous", "num", "none",
+               "longest length whose task accuracy is at or above the threshold (0: none)"),
     MetricSpec("longcontext", "skipped_items", "items", "none", "count", "count", "none", "items that did not fit the context"),
 )
 
@@ -136,6 +152,9 @@ class LongContextSuite(Suite["LongContextSettings"]):
             for d in s.depths:
                 out.append(Item(f"recall/L{L}/D{d:.2f}", f"L{L}",
                                 {"kind": "recall", "length": L, "depth": d, "passkey": passkey(s.seed, L, d)}))
+            for task in s.tasks:
+                for k in range(s.task_samples):
+                    out.append(Item(f"{task}/L{L}/S{k}", f"L{L}", {"kind": task, "length": L, "sample": k}))
         return out
 
     # -- building prompts ----------------------------------------------------------------------------
@@ -195,13 +214,16 @@ class LongContextSuite(Suite["LongContextSettings"]):
 
     def _run_length(self, engine: Engine, items: list[Item], sampling: SamplingParams, n_ctx: int,
                     bos: list[int], filler: list[int], repeats: int) -> list[dict[str, Any]]:
-        records: list[LongContextRecord] = []
+        records: list[LongContextRecord | None] = []
         requests: list[GenRequest] = []
         meta: dict[str, dict[str, Any]] = {}
         # The plain filler first, then needles from the deepest: each prompt shares the longest prefix with
         # the one before it, which engines with a prefix cache (llama.cpp, vLLM) do not evaluate again.
         for item in sorted(items, key=lambda it: (it.data["kind"] != "rep", -it.data.get("depth", 0.0))):
             L, kind = item.data["length"], item.data["kind"]
+            if kind in longtasks.TASKS:
+                records.append(self._task_item(engine, item, n_ctx, bos, filler, repeats, meta, requests))
+                continue
             new = self.settings.continuation_tokens if kind == "rep" else RECALL_TOKENS
             base = {"item_id": item.item_id, "category": item.category, "kind": kind,
                     "length_target": L, "depth": item.data.get("depth"), "passkey": item.data.get("passkey"),
@@ -218,13 +240,32 @@ class LongContextSuite(Suite["LongContextSettings"]):
             requests.append(GenRequest(key=item.item_id, prompt="", chat=False, max_tokens=new, prompt_token_ids=tuple(ids)))
         for res in engine.generate(requests, sampling):
             m = meta[res.key]
-            records.append(LongContextRecord(
-                **m,
-                generation=Generation.of(res),
-                correct=(m["passkey"] in res.output_text) if m["kind"] == "recall" else None,
-                **provenance(res),
-            ))
-        return [dump_record(r) for r in records]
+            outcome: dict[str, Any] = {"correct": (m["passkey"] in res.output_text) if m["kind"] == "recall" else None}
+            if m["kind"] in longtasks.TASKS:
+                hits = longtasks.found(m["answers"], res.output_text)
+                outcome = {"answers_found": hits, "correct": all(hits)}
+            records.append(LongContextRecord(**m, generation=Generation.of(res), **outcome, **provenance(res)))
+        return [dump_record(r) for r in records if r is not None]
+
+    def _task_item(self, engine: Engine, item: Item, n_ctx: int, bos: list[int], filler: list[int], repeats: int,
+                   meta: dict[str, dict[str, Any]], requests: list[GenRequest]) -> LongContextRecord | None:
+        """A RULER-style task item: its prompt queued (None returned), or its skipped record."""
+        L, task, k = item.data["length"], item.data["kind"], item.data["sample"]
+        base = {"item_id": item.item_id, "category": item.category, "kind": task, "length_target": L,
+                "sample": k, "n_ctx": n_ctx, "filler_repeats": repeats}
+        if L > n_ctx:
+            return LongContextRecord(**base, skipped=f"length {L} exceeds the engine's n_ctx {n_ctx}")
+        text = self._filler_text()
+        spec = longtasks.make_item(task, self.settings.seed, L, k, text)
+        built = longtasks.build_prompt(spec, L, self.settings.seed, k, bos, filler,
+                                       lambda s: engine.tokenize(s, add_bos=False), text)
+        if built.skipped:
+            return LongContextRecord(**base, answers=list(built.answers), skipped=built.skipped)
+        meta[item.item_id] = base | {"answers": list(built.answers), "needle_positions": list(built.needle_positions),
+                                     "n_prompt_tokens": len(built.ids), "prompt_sha256": tokens_sha256(built.ids)}
+        requests.append(GenRequest(key=item.item_id, prompt="", chat=False, max_tokens=longtasks.BUDGET[task],
+                                   prompt_token_ids=tuple(built.ids)))
+        return None
 
     # -- scores ---------------------------------------------------------------------------------------
 
@@ -242,6 +283,7 @@ class LongContextSuite(Suite["LongContextSettings"]):
                         rows.append(ScoreRow(dep, self.name, cat, metric, value, n=1))
                 rows.extend(_recall_row(dep, self.name, cat, of_len, ctx.stats))
             rows.extend(_recall_row(dep, self.name, "all", recs, ctx.stats))
+            rows.extend(_task_rows(dep, self.name, recs, ctx.stats, self.settings.effective_threshold))
         return rows
 
     def compare(self, records: Records, ctx: ScoreContext) -> list[ComparisonRow]:
@@ -261,6 +303,10 @@ class LongContextSuite(Suite["LongContextSettings"]):
                 rows.extend(_recall_compare(dep, ref, self.name, cat, [(a, b) for a, b in pairs if b.category == cat],
                                             ctx.stats))
             rows.extend(_recall_compare(dep, ref, self.name, "all", pairs, ctx.stats))
+            for task, cat, _ in _task_groups([b for _, b in pairs]):
+                sel = [(a, b) for a, b in pairs if b.kind == task and (cat.endswith(" all") or b.category == cat.split()[-1])]
+                rows.extend(pass_fail_rows(dep, ref, self.name, cat, "task_accuracy", [bool(b.correct) for _, b in sel],
+                                           [bool(a.correct) for a, _ in sel], ctx.stats, flips=True))
         return rows
 
     def item_rows(self, records: Records, ctx: ScoreContext) -> list[dict[str, Any]]:
@@ -301,6 +347,35 @@ class LongContextSuite(Suite["LongContextSettings"]):
 
 def _lengths(recs: Iterable[LongContextRecord]) -> list[str]:
     return sorted({r.category for r in recs}, key=lambda c: int(c[1:]))
+
+
+def _task_groups(recs: Sequence[LongContextRecord]) -> list[tuple[str, str, list[LongContextRecord]]]:
+    """(task, category, records) for each task's lengths ("<task> L<L>") and the task over all lengths
+    ("<task> all"), run items only."""
+    out = []
+    for task in longtasks.TASKS:
+        done = [r for r in recs if r.kind == task and r.skipped is None]
+        if not done:
+            continue
+        for cat in _lengths(done):
+            out.append((task, f"{task} {cat}", [r for r in done if r.category == cat]))
+        out.append((task, f"{task} all", done))
+    return out
+
+
+def _task_rows(dep: str, suite: str, recs: list[LongContextRecord], settings: StatsSettings, threshold: float) -> list[ScoreRow]:
+    """Task accuracy per (task, length) and over all lengths, and each task's effective length: the longest
+    length whose accuracy is at or above `threshold` (0 when none is)."""
+    rows: list[ScoreRow] = []
+    for task, cat, of in _task_groups(recs):
+        rows.extend(pass_fail_scores(dep, suite, cat, "task_accuracy", [bool(r.correct) for r in of], settings))
+        if cat.endswith(" all"):
+            by_len: dict[int, list[bool]] = {r.length_target: [] for r in of}
+            for r in of:
+                by_len[r.length_target].append(bool(r.correct))
+            ok = [L for L, v in by_len.items() if sum(v) / len(v) >= threshold]
+            rows.append(ScoreRow(dep, suite, task, "effective_length", float(max(ok, default=0)), n=len(by_len)))
+    return rows
 
 
 def _recall_row(dep: str, suite: str, cat: str, recs: list[LongContextRecord], settings: StatsSettings) -> list[ScoreRow]:
