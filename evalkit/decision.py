@@ -72,6 +72,7 @@ class MemoryFit:
     # The limit that binds when it does not fit: "memory" (bytes per device), "context" (the longest context it
     # holds is shorter than the workload's) or "sequences" (it holds fewer sequences at once than requests).
     binding: str = ""
+    kv_cache: str = ""  # the KV-cache precision the plan sized (evalkit.kv_precision)
 
 
 @dataclass(frozen=True)
@@ -343,6 +344,7 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
     `context_tokens` tokens at once. A prediction that cannot be made is "unknown", never "fits".
     """
     from evalkit.engines import engine_spec
+    from evalkit.kv_precision import kv_precision
     from evalkit.ledger import GB, deployment_row, hardware_from_config
 
     out: dict[str, MemoryFit] = {}
@@ -370,7 +372,8 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
         out[dep.name] = MemoryFit(
             fits, row.per_device_bytes / GB if row.per_device_bytes else None,
             row.device_budget_bytes / GB if row.device_budget_bytes else None, row.devices, row.max_context,
-            row.max_concurrency, "; ".join(why + ([row.notes] if row.notes else [])), binding)
+            row.max_concurrency, "; ".join(why + ([row.notes] if row.notes else [])), binding,
+            kv_precision(dep.engine, dep.options))
     return out
 
 

@@ -54,12 +54,13 @@ def _cost_cell(d: DeploymentDecision, key: str) -> Cell:
 
 def decision_table(sc: ScenarioDecision, margins: dict[str, float], key: str = "decision", caption: bool = False) -> Table:
     c = sc.workload.get("concurrency")
-    header = ["deployment", "qualifies", "memory at this load", f"tokens/s at {c} concurrent", "median TTFT (ms)"]
+    header = ["deployment", "KV cache", "qualifies", "memory at this load", f"tokens/s at {c} concurrent", "median TTFT (ms)"]
     header += [f"{k} (margin {v:g})" for k, v in margins.items()]
     rows = []
     for d in sc.deployments:
         status = "recommended ★" if d.deployment == sc.recommended else "yes" if d.qualifies else "no"
-        rows.append([Cell(d.deployment, "(reference)" if d.reference else ""), Cell(status, "; ".join(d.reasons)),
+        kv = d.memory.kv_cache if d.memory and d.memory.kv_cache else "–"
+        rows.append([Cell(d.deployment, "(reference)" if d.reference else ""), Cell(kv), Cell(status, "; ".join(d.reasons)),
                      _memory_cell(d), _cost_cell(d, "tokens_per_s"), _cost_cell(d, "ttft_ms")]
                     + [_margin_cell(m) for m in d.margins])
     return Table(key, f"Workload: {_workload(sc)}", header, rows, caption=sc.summary if caption else "")

@@ -37,12 +37,40 @@ def longcontext_tables(view: RunView) -> list[Table]:
         t = metric_table(view, f"longcontext-{metric}", title, cols)
         if not t.empty:
             out.append(t)
+    out += _task_tables(view, s, lengths)
     skipped = s[s.metric == "skipped_items"]
     if not skipped.empty:
         rows = [[Cell(r.deployment), Cell(f"{str(r.category)[1:]} tokens"), plain(int(r.value))] for r in skipped.itertuples()]
         out.append(Table("longcontext-skipped", "Lengths not run", ["deployment", "length", "items skipped"], rows,
                          "The prompt plus the tokens to generate did not fit the engine's context (n_ctx)."))
     return out
+
+def _task_tables(view: RunView, s: Any, lengths: list[str]) -> list[Table]:
+    """RULER-style tasks: accuracy by task and length (paired flips in the comparison table), and each
+    deployment's effective length per task."""
+    from evalkit.suites.longtasks import TASKS
+
+    out: list[Table] = []
+    tasks = [t for t in TASKS if (s.category.astype(str) == f"{t} all").any()]
+    for task in tasks:
+        cols = [(f"{c[1:]} tokens", SUITE, f"{task} {c}", "task_accuracy") for c in lengths]
+        t = metric_table(view, f"longcontext-task-{task}", f"{task}: exact answers by context length",
+                         [*cols, ("all lengths", SUITE, f"{task} all", "task_accuracy")])
+        if not t.empty:
+            out.append(t)
+    eff = s[s.metric == "effective_length"]
+    if not eff.empty:
+        rows = [[Cell(d), *[plain(_eff(eff, d, t)) for t in tasks]] for d in view.deployments]
+        out.append(Table("longcontext-effective-length", "Effective length by task", ["deployment", *tasks], rows,
+                         "The longest context length whose task accuracy is at or above the threshold "
+                         "(suites.longcontext.effective_threshold); 0: no length reached it."))
+    return out
+
+
+def _eff(eff: Any, dep: str, task: str) -> str:
+    v = eff[(eff.deployment == dep) & (eff.category.astype(str) == task)].value
+    return "–" if v.empty else f"{int(v.iloc[0]):,}"
+
 
 def longcontext_examples(view: RunView) -> list[Example]:
     """The repetition continuation at the longest length each deployment ran, side by side."""
