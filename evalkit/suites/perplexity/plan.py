@@ -5,11 +5,18 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.engines import gives_full_distributions
-from evalkit.suites.perplexity.chunking import BYTES_PER_TOKEN, chunk_count
+from evalkit.suites.perplexity.chunking import BYTES_PER_TOKEN, REQUIRES, chunk_count
 from evalkit.suites.perplexity.reference import kld_reference
 from evalkit.suites.perplexity.scoring import bound_looseness
 from evalkit.suites.perplexity.stores import store_bytes_upper_bound
 from evalkit.suites.perplexity.suite import PerplexitySuite
+
+
+def answers_perplexity(dep: Any) -> bool:
+    """Whether the deployment runs perplexity at all (its suites: list, and its engine's or server's log-probs)."""
+    from evalkit.engines import engine_spec
+
+    return dep.runs("perplexity") and all(c in engine_spec(dep.engine).capabilities_of(dep)[0] for c in REQUIRES)
 
 
 def served_top_k_lines(config: Any, top_k: int) -> list[str]:
@@ -19,7 +26,7 @@ def served_top_k_lines(config: Any, top_k: int) -> list[str]:
 
     out = []
     for dep in config.deployments:
-        if not dep.runs("perplexity"):
+        if not answers_perplexity(dep):
             continue
         limits = engine_spec(dep.engine).limits_of(dep)
         k = limits.get("top_k")
@@ -46,7 +53,7 @@ def plan_store_note(config: Any, config_file: Path) -> str | None:
                           f"distributions, and no suites.perplexity.kld_reference is set); KLD is the top-{s.top_k} + tail "
                           "lower bound", *limited])
     ref = config.deployment(owner)
-    runs = [d for d in config.deployments if d.runs("perplexity") and d.name != owner]
+    runs = [d for d in config.deployments if answers_perplexity(d) and d.name != owner]
     readers = [d.name for d in runs if gives_full_distributions(d.engine)]
     bound = [d.name for d in runs if not gives_full_distributions(d.engine) and d.name != config.reference]
     lines = [f"perplexity: exact KLD against {owner} for {', '.join(readers) or 'no deployment'}"]
