@@ -83,3 +83,23 @@ def test_q8_0_kv_kld_equals_llama_perplexitys(tmp_path: Path, smollm_gguf: Path)
     assert abs(rows[("text", "top1_agreement")].value - theirs["same_top"]) <= 0.002
     buckets = [r for (c, m), r in rows.items() if m == "pos_kld"]
     assert buckets and math.fsum(r.value * r.n for r in buckets) / sum(r.n for r in buckets) == pytest.approx(ours.value, rel=1e-12)
+
+    # kv_reference: the q8_0-KV deployment's twin is found by itself (same engine, same weight files, a 16-bit KV
+    # cache); its KLD against it is the top-20 + tail bound, at most the exact figure, and its top-1 agreement
+    # (the bound keeps each side's argmax) is llama-perplexity's same-top share.
+    from types import SimpleNamespace
+
+    deps = [SimpleNamespace(name=n, engine="llamacpp", options=LlamaCppOptions(n_ctx=N_CTX, flash_attn=True, type_k=kv, type_v=kv))
+            for n, kv in (("f16kv", "f16"), ("q8kv", "q8_0"))]
+    kv_suite = PerplexitySuite(PplSettings(text=str(text), n_ctx=N_CTX, max_chunks=CHUNKS, top_k=20, kv_reference=True), None, tmp_path / "c.yaml")
+    kv_suite.bind(RunBinding(tmp_path / "run", "q8kv", "f16kv"))
+    manifest = {"deployments": {n: {"sha256": "same"} for n in ("f16kv", "q8kv")}}
+    kv_ctx = ScoreContext(deployments=["f16kv", "q8kv"], reference="f16kv", config=SimpleNamespace(deployments=deps),  # type: ignore[arg-type]
+                          config_file=tmp_path / "c.yaml", manifest=manifest)
+    kv = {(r.category, r.metric): r for r in kv_suite.score(records, kv_ctx) if r.metric.startswith("kv_")}
+    assert {r.deployment for r in kv.values()} == {"q8kv"}
+    assert 0 < kv[("text", "kv_kld")].value <= ours.value * 1.000001
+    assert abs(kv[("text", "kv_top1_agreement")].value - theirs["same_top"]) <= 0.002
+    kv_buckets = [r for (c, m), r in kv.items() if m == "kv_pos_top1_agreement"]
+    assert kv_buckets and sum(r.n for r in kv_buckets) == kv[("text", "kv_top1_agreement")].n
+    assert math.fsum(r.value * r.n for r in kv_buckets) / sum(r.n for r in kv_buckets) == pytest.approx(kv[("text", "kv_top1_agreement")].value, rel=1e-12)

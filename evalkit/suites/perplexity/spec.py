@@ -9,7 +9,7 @@ from evalkit.config import resolve_data_path
 from evalkit.engines import gives_full_distributions
 from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.declarations import MetricSpec
-from evalkit.records import PerplexityRecord, token_arrays
+from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
 from evalkit.suites.base import Suite
 from evalkit.suites.perplexity.plan import plan_store_note
 from evalkit.suites.perplexity.suite import PerplexitySettings, PerplexitySuite
@@ -52,6 +52,17 @@ METRICS = (
        "mean NLL(dep) - NLL(ref) in the position bucket"),
     MetricSpec("perplexity", "top1_below_from", "tokens", "none", "continuous", "num", "none",
        "start of the first position bucket where top-1 agreement falls below the threshold (NaN: none)"),
+    # kv_reference: against the same weights with a 16-bit KV cache (the KV cache's own effect).
+    MetricSpec("perplexity", "kv_kld", "nats/token", "lower", "continuous", "kld", "none",
+       "mean KL(16-bit KV||this KV), same weights (top-k + tail bound)"),
+    MetricSpec("perplexity", "kv_top1_agreement", "share", "higher", "rate", "pct", "none",
+       "argmax agrees with the same weights' 16-bit KV cache"),
+    MetricSpec("perplexity", "kv_pos_kld", "nats/token", "lower", "continuous", "kld", "none",
+       "KLD against the same weights' 16-bit KV cache, in the position bucket"),
+    MetricSpec("perplexity", "kv_pos_top1_agreement", "share", "higher", "rate", "pct", "none",
+       "argmax agrees with the same weights' 16-bit KV cache, in the position bucket"),
+    MetricSpec("perplexity", "kv_top1_below_from", "tokens", "none", "continuous", "num", "none",
+       "first position bucket where agreement with the same weights' 16-bit KV cache falls below the threshold"),
 )
 
 

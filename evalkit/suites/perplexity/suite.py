@@ -22,7 +22,8 @@ from evalkit.metrics.likelihood import (
     perplexity_stats,
 )
 from evalkit.metrics.stats import z_value
-from evalkit.records import PerplexityRecord, dump_record
+from evalkit.records import dump_record
+from evalkit.suites.perplexity.records import PerplexityRecord
 from evalkit.store import MANIFEST, SIDE_KEY, ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 from evalkit.suites.perplexity.chunking import CATEGORY, REQUIRES, chunk_count, chunk_id, scored_from
@@ -72,6 +73,9 @@ class PerplexitySettings(BaseModel):
     # Drift by position: the headline is the first position bucket whose top-1 agreement with the reference is
     # below this share.
     top1_threshold: float = Field(default=0.95, gt=0, lt=1)
+    # Also compare each quantized-KV deployment with the run's deployment of the same weights and engine with a
+    # 16-bit KV cache (evalkit.suites.perplexity.kvref): the KV cache's own effect, apart from the weights'.
+    kv_reference: bool = False
 
     def first_scored(self) -> int:
         """Index in each chunk of the first scored token."""
@@ -380,6 +384,10 @@ class PerplexitySuite(Suite["PerplexitySettings"]):
                 extra += same_weights_rows(dep, p.kld.drift, exact, ctx)
             rows += drift_rows(dep, self.name, p.kld.drift, extra, ctx.stats.alpha)
             rows += position_rows(dep, self.name, position_drift(p.kld, ctx.stats.alpha), self.settings.top1_threshold)
+        if self.settings.kv_reference:
+            from evalkit.suites.perplexity.kvref import kv_reference_rows
+
+            rows += kv_reference_rows(self.name, chunks, ctx, self.settings.top1_threshold)
         return rows
 
     def compare(self, records: Mapping[str, list[Any]], ctx: ScoreContext) -> list[ComparisonRow]:
