@@ -9,7 +9,7 @@ from evalkit.config import resolve_data_path
 from evalkit.engines import gives_full_distributions
 from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.declarations import MetricSpec
-from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
+from evalkit.records import PerplexityRecord, token_arrays
 from evalkit.suites.base import Suite
 from evalkit.suites.perplexity.plan import plan_store_note
 from evalkit.suites.perplexity.suite import PerplexitySettings, PerplexitySuite
