@@ -87,7 +87,8 @@ def read_back(worker: Any) -> dict[str, Any]:
 def _stored_format(worker: Any, layer: Any, cache: Any) -> dict[str, Any]:
     """Writes 4 tokens of known keys through the layer's own cache-write kernel into a scratch block (the
     engine's cache is not touched) and decodes the stored bytes as e4m3 and as e5m2: the format whose values
-    come back within its rounding (relative error at most 2^-4 for e4m3, 2^-3 for e5m2) is what it stores.
+    come back within one step of it (relative error at most 2^-3 for e4m3, 2^-2 for e5m2) is what it stores, and
+    whether the kernel rounds to nearest (within half a step) is recorded.
     Compared as sorted magnitudes, so the kernel's layout inside the block does not matter."""
     import torch
     from vllm import _custom_ops as ops
@@ -107,9 +108,15 @@ def _stored_format(worker: Any, layer: Any, cache: Any) -> dict[str, Any]:
     for name, dtype in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
         got = (k_cache.contiguous().view(dtype).float().flatten().abs() * k_scale).sort().values[-want.numel():]
         errors[name] = float(((got - want).abs() / want).max())
-    bounds = {"e4m3": 2.0 ** -4, "e5m2": 2.0 ** -3}
-    fits = [name for name, err in sorted(errors.items(), key=lambda kv: kv[1]) if err <= bounds[name]]
-    return {"format": fits[0] if fits else "unknown", "max_rel_error": errors}
+    # One step of the format (relative): 2^-3 for e4m3's 3 mantissa bits, 2^-2 for e5m2's 2. Rounding to nearest
+    # stays within half a step; a kernel that truncates, within one.
+    step = {"e4m3": 2.0 ** -3, "e5m2": 2.0 ** -2}
+    fits = [name for name, err in sorted(errors.items(), key=lambda kv: kv[1]) if err <= step[name]]
+    if not fits:
+        return {"format": "unknown", "max_rel_error": errors}
+    fmt = fits[0]
+    rounding = "to nearest" if errors[fmt] <= step[fmt] / 2 else "not to nearest (errors beyond half a step)"
+    return {"format": fmt, "rounding": rounding, "max_rel_error": errors}
 
 
 def requested_format(kv_cache_dtype: str) -> str | None:
