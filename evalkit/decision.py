@@ -504,12 +504,25 @@ def rank(qualifying: list[DeploymentDecision], tie: float) -> tuple[list[Deploym
             + sorted(rest, key=lambda d: (-_tps(d), _mem(d), d.deployment)), len(tied))
 
 
-def decide_scenario(name: str, workload: Any, scores: pd.DataFrame, comps: pd.DataFrame, reference: str,  # noqa: PLR0913 (the lead reshapes the decision this round; left as is)
-                    deployments: list[str], margins: dict[str, float], memory: dict[str, MemoryFit],
-                    tie: float = 0.05, lacking: dict[str, dict[str, str]] | None = None) -> ScenarioDecision:
-    lacking = lacking or {}
-    table = [judge_deployment(d, reference, scores, comps, margins, workload, memory.get(d), lacking.get(d))
-             for d in deployments]
+@dataclass(frozen=True)
+class Evidence:
+    """What every workload's decision reads, the same for all of them: the run's scores and comparisons, its
+    reference and deployments, the quality margins, and the suites a deployment lacks (deployment -> {suite: why})."""
+
+    scores: pd.DataFrame
+    comps: pd.DataFrame
+    reference: str
+    deployments: list[str]
+    margins: dict[str, float]
+    lacking: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def decide_scenario(name: str, workload: Any, evidence: Evidence, memory: dict[str, MemoryFit],
+                    tie: float = 0.05) -> ScenarioDecision:
+    margins = evidence.margins
+    table = [judge_deployment(d, evidence.reference, evidence.scores, evidence.comps, margins, workload, memory.get(d),
+                              evidence.lacking.get(d))
+             for d in evidence.deployments]
     ranked, n_tied = rank([d for d in table if d.qualifies], tie)
     load = _workload_text(workload)
     reasons: list[str] = []
@@ -551,8 +564,8 @@ def decide(scores: pd.DataFrame, comps: pd.DataFrame, reference: str, deployment
     workloads = [(PRIMARY, settings.workload)] + [(s.name, s) for s in settings.scenarios]
     margins = dict(settings.margins)
     tie = float(settings.throughput_tie)
-    out = [decide_scenario(name, w, scores, comps, reference, deployments, margins, memory.get(name, {}), tie, lacking)
-           for name, w in workloads]
+    evidence = Evidence(scores, comps, reference, deployments, margins, lacking or {})
+    out = [decide_scenario(name, w, evidence, memory.get(name, {}), tie) for name, w in workloads]
     return Decision(RULE.format(tie=tie), TEST, alpha, margins, out)
 
 
