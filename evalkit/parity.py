@@ -5,6 +5,7 @@ invalidates likelihood comparisons, so it is reported per item.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from evalkit.records import Record
@@ -61,8 +62,37 @@ def token_parity_rows(by_suite: dict[str, dict[str, list[Record]]], ctx: ScoreCo
                 rows.append({"suite": suite, "item_id": "*", "deployment": dep, "reference": ref,
                              "status": f"{compared - mismatched}/{compared} identical"})
             if greedy:
-                rows += _output_rows(suite, dep, ref, recs, {r.item_id: r for r in per_dep.get(ref, [])})
+                rows += _output_rows(suite, dep, ref, recs, {r.item_id: r for r in per_dep.get(ref, [])},
+                                     settings_differ(ctx, dep, ref))
     return rows
+
+
+# The engine settings that change greedy outputs of the same weights and prompt tokens (attention kernel, batch
+# and KV-cache precision), as the engines' info records them (run_dir/engines/<deployment>.json `extra`).
+NUMERIC_SETTINGS = ("flash_attn", "n_batch", "n_ubatch", "type_k", "type_v", "kv_cache_dtype", "attn_implementation", "dtype")
+
+
+def _engine_settings(ctx: ScoreContext, dep: str) -> dict[str, Any] | None:
+    path = ctx.run_dir / "engines" / f"{dep}.json" if ctx.run_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        extra = json.loads(path.read_text(encoding="utf-8")).get("extra") or {}
+    except (OSError, ValueError):
+        return None
+    kv_raw = extra.get("kv_cache")
+    kv: dict[str, Any] = kv_raw if isinstance(kv_raw, dict) else {}
+    flat = {**{k: kv.get(k) for k in ("type_k", "type_v") if k in kv}, **extra}
+    return {k: flat[k] for k in NUMERIC_SETTINGS if k in flat}
+
+
+def settings_differ(ctx: ScoreContext, dep: str, ref: str) -> str:
+    """"flash_attn True vs False; n_batch 512 vs 2048": the settings both engines state and state differently
+    ("" when none do, or either engine's info is missing)."""
+    a, b = _engine_settings(ctx, dep), _engine_settings(ctx, ref)
+    if a is None or b is None:
+        return ""
+    return "; ".join(f"{k} {a[k]} vs {b[k]}" for k in NUMERIC_SETTINGS if k in a and k in b and a[k] != b[k])
 
 
 def _output_ids(rec: Record | None) -> list[int] | None:
@@ -71,7 +101,8 @@ def _output_ids(rec: Record | None) -> list[int] | None:
     return None if gen is None else gen.output_token_ids
 
 
-def _output_rows(suite: str, dep: str, ref: str, recs: list[Record], ref_recs: dict[str, Record]) -> list[dict[str, Any]]:
+def _output_rows(suite: str, dep: str, ref: str, recs: list[Record], ref_recs: dict[str, Record],
+                 differ: str = "") -> list[dict[str, Any]]:
     """Greedy outputs of the same prompt tokens compared token by token (a served deployment against the same
     weights in-process, say): one summary row, and one row per item that differs, where it starts to differ.
     Differences come from numerics (batch shapes, kernels), since the prompt tokens are the same."""
@@ -93,6 +124,8 @@ def _output_rows(suite: str, dep: str, ref: str, recs: list[Record], ref_recs: d
                      "reference_tokens": str(list(ref_out)[max(0, at - 2): at + 3]),
                      "deployment_len": len(mine_out), "reference_len": len(ref_out)})
     if compared:
+        # Where outputs diverge, the engine settings that differ are the first suspects: name them.
+        why = f"; settings that differ: {differ}" if differ and same < compared else ""
         rows.append({"suite": f"{suite} (greedy outputs)", "item_id": "*", "deployment": dep, "reference": ref,
-                     "status": f"{same}/{compared} identical"})
+                     "status": f"{same}/{compared} identical{why}"})
     return rows
