@@ -83,7 +83,8 @@ def measure(args: argparse.Namespace, d: Path) -> dict[str, list[dict[str, Any]]
 
 def write_layouts(recs: dict[str, list[dict[str, Any]]], d: Path) -> dict[str, Path]:
     """Three run directories (manifest-free: scoring is called directly) with each layout's records."""
-    from evalkit.records import PerplexityRecord, dump_record, parse_record, token_arrays, token_dtype
+    from evalkit.records import dump_record, parse_record
+    from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays, token_dtype
     from evalkit.sidefiles import SideFile
     from evalkit.store import SIDE_KEY, RecordWriter
 

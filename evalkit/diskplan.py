@@ -66,7 +66,7 @@ def _vocab(config: Any, config_file: Path, name: str) -> int | None:
 
 
 def disk_plan(config: Any, config_file: Path, use_cache: bool = True) -> DiskPlan:
-    from evalkit.records import token_dtype
+    from evalkit.suites.perplexity.records import token_dtype
     from evalkit.suites import enabled_suites
     from evalkit.suites.perplexity import (PerplexitySuite, bound_deployments, chunk_count, kld_reference,
                                            store_bytes_upper_bound)

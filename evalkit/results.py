@@ -76,9 +76,10 @@ class Run:
 
     def token_arrays(self, deployment: str, item_id: str) -> Any:
         """The per-token arrays of one perplexity chunk (a numpy structured array; fields among
-        `evalkit.records.TOKEN_FIELDS`), from its side file (v2) or its inline lists (v1)."""
+        `evalkit.suites.perplexity.records.TOKEN_FIELDS`), from its side file (v2) or its inline lists (v1)."""
         from evalkit.errors import RunDirError
-        from evalkit.records import PerplexityRecord, parse_record, token_arrays
+        from evalkit.records import parse_record
+        from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
 
         where = str(self.run_dir.records_path(deployment))
         for raw in self.run_dir.records(deployment):

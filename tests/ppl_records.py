@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from evalkit.records import PerplexityRecord, parse_record, token_arrays
+from evalkit.records import parse_record
+from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
 
 
 def inline(rec: dict[str, Any], run_dir: Path | None = None, tokens: Sequence[int] | None = None,

@@ -232,7 +232,8 @@ def test_cut_at_every_byte_of_a_side_file_and_its_record(records_run: Path, tmp_
     side file and no temporary, and the record reads back its arrays."""
     import numpy as np
 
-    from evalkit.records import parse_record, token_arrays
+    from evalkit.records import parse_record
+    from evalkit.suites.perplexity.records import token_arrays
     from evalkit.sidefiles import SideFile, side_path
     from evalkit.store import SIDE_KEY
 

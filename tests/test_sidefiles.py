@@ -17,7 +17,8 @@ from host_tolerance import mismatches, perplexity_figure, replaced_interval_colu
 
 from evalkit.errors import RunDirError
 from evalkit.metrics.likelihood import token_drift, token_drift_arrays
-from evalkit.records import PerplexityRecord, dump_record, parse_record, token_arrays, token_dtype
+from evalkit.records import dump_record, parse_record
+from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays, token_dtype
 from evalkit.sidefiles import SideFile, read_side_file, side_path, write_side_file
 from evalkit.store import SIDE_KEY, RunDir, read_jsonl
 

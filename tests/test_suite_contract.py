@@ -194,8 +194,6 @@ VOCABULARY = {
 # evalkit knows one suite; the scan fails on any other, and on any of these that no longer needs its entry.
 LEFT = {
     ("evalkit/suites/__init__.py", "*"): "the registry: one line per suite (SUITES), which is the point",
-    ("evalkit/records.py", "perplexity"): "PerplexityRecord and its side-file readers (token_arrays) still live here; "
-                                          "they move with the perplexity package (suites/perplexity/)",
     ("evalkit/results.py", "perplexity"): "load_run's per-token arrays of perplexity records (a notebook API)",
     ("evalkit/diskplan.py", "perplexity"): "the disk plan sizes perplexity's side files and KLD stores: to become a "
                                            "SuiteSpec hook (the suite's disk need)",

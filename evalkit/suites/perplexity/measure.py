@@ -19,7 +19,7 @@ from evalkit.metrics.kld import DistributionReader, DistributionWriter, StoreMis
 from evalkit.metrics.likelihood import (
     nll_and_topk,
 )
-from evalkit.records import token_dtype
+from evalkit.suites.perplexity.records import token_dtype
 from evalkit.sidefiles import SideFile
 from evalkit.suites.perplexity.chunking import LOGPROB_DECIMALS
 from evalkit.suites.perplexity.stores import STORE_SUFFIX, file_sha256, kept_stores_dir

@@ -23,7 +23,8 @@ from evalkit.metrics.likelihood import (
     token_drift_arrays,
 )
 from evalkit.metrics.stats import BlockMean, block_clustered_mean, excludes_zero, normal_two_sided_p, z_value
-from evalkit.records import PerplexityRecord, token_arrays, typed
+from evalkit.records import typed
+from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
 from evalkit.store import ComparisonRow, ScoreRow
 from evalkit.suites.base import ScoreContext
 from evalkit.suites.perplexity.chunking import CATEGORY

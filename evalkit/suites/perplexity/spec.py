@@ -9,7 +9,7 @@ from evalkit.config import resolve_data_path
 from evalkit.engines import gives_full_distributions
 from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.declarations import MetricSpec
-from evalkit.records import PerplexityRecord, token_arrays
+from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
 from evalkit.suites.base import Suite
 from evalkit.suites.perplexity.plan import plan_store_note
 from evalkit.suites.perplexity.suite import PerplexitySettings, PerplexitySuite
@@ -112,7 +112,7 @@ def _check_plan(suite: Suite[Any], items: list[Any], config: Any, config_file: P
 def _viewer_cell(rec: PerplexityRecord) -> ItemCell:
     if rec.skipped:
         return ItemCell(f"skipped: {rec.skipped}", None, -1, prompt="(past the end of the text)")
-    # Token ids come from records.token_arrays on the item page (the scored tokens; v2 keeps them in a side file).
+    # Token ids come from token_arrays (suites.perplexity.records) on the item page (the scored tokens; v2 keeps them in a side file).
     return ItemCell("", None, -1, {"n_ctx": rec.n_ctx}, prompt=f"(perplexity chunk {rec.chunk_index}: {rec.n_ctx} tokens of the text)")
 
 

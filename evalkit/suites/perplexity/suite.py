@@ -22,7 +22,8 @@ from evalkit.metrics.likelihood import (
     perplexity_stats,
 )
 from evalkit.metrics.stats import z_value
-from evalkit.records import PerplexityRecord, dump_record
+from evalkit.records import dump_record
+from evalkit.suites.perplexity.records import PerplexityRecord
 from evalkit.store import MANIFEST, SIDE_KEY, ComparisonRow, ScoreRow
 from evalkit.suites.base import Emit, Item, ScoreContext, Suite
 from evalkit.suites.perplexity.chunking import CATEGORY, REQUIRES, chunk_count, chunk_id, scored_from
