@@ -285,6 +285,14 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         else:
             notes.append(emulated.explanation)
         warning = f"{EMULATED_DESCRIPTION}: FP8 numerics only, not FP8 memory or speed"
+    planned = planned_quant_kernel(deployment, use)
+    if planned and precision.mode == "not-requested":  # the checkpoint's quantization_config decides, not an option
+        kernel = planned.get("planned_kernel")
+        precision = Precision(
+            f"{variant} (compressed-tensors)",
+            f"{planned['quant_format']}; vLLM takes the method from the checkpoint's quantization_config (no "
+            f"`quantization:` option) and " + (f"runs it on {kernel}" if kernel else "has no CPU kernel for it"),
+        )
     if is_fp8(requested) and precision.mode != "fp8-native":
         warning = f"FP8 requested but not real here ({precision.mode}): {precision.explanation}"
     return {
@@ -297,7 +305,7 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         "explanation": precision.explanation,
         "warning": warning,
         "notes": notes,
-        **planned_quant_kernel(deployment, use),
+        **planned,
     }
 
 

@@ -64,7 +64,7 @@ eng = load_engine("vllm", sys.argv[1], VllmOptions(dtype="bfloat16", max_model_l
                   enforce_eager=True, kv_cache_gb=0.05), "test-gptq4")
 out = list(eng.generate([GenRequest(key="k", prompt="The capital of France is", chat=False)],
                         SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)))
-print(json.dumps({"text": out[0].text, "extra": eng.info().extra}, default=str))
+print(json.dumps({"text": out[0].output_text, "extra": eng.info().extra}, default=str))
 eng.close()
 """
 
