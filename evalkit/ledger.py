@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -447,31 +447,34 @@ def fits_count(room: float, each: float) -> int:
 @dataclass(frozen=True)
 class Workload:
     """What the enabled suites ask of an engine beyond its options: the most logit rows one decode returns
-    (perplexity scores the second half of each chunk, llama-perplexity's rule; everything else asks for the
-    last row only). None of it is known from a deployment alone, so the plan reads it from the config."""
+    (everything asks for the last row at least), prompt log-probability rows, and the largest batch of requests
+    that arrive together with the tokens each holds (an engine that decodes them as one batch holds their KV
+    cache at once). None of it is known from a deployment alone: each suite's SuiteSpec.workload says it."""
 
     scored_rows: int = 1
     prompt_logprob_rows: int = 0  # rows of prompt log-probabilities one request asks for (vLLM: the whole chunk)
-    # The cost suite's largest batch: requests that arrive together, and tokens each holds (prompt + output);
-    # an engine that decodes them as one batch (hf) holds their KV cache at once.
     batch_sequences: int = 1
     batch_tokens: int = 0
     batch_prompt_tokens: int = 0
 
 
 def workload_of(config: Any) -> Workload:
+    """The Workload of `config`'s enabled suites: each field the largest any of them asks for."""
+    from evalkit.suites import all_specs
+
     suites = getattr(config, "suites", None)
-    ppl, cost = getattr(suites, "perplexity", None), getattr(suites, "cost", None)
-    batch = {"batch_sequences": max(cost.concurrency), "batch_tokens": int(cost.prompt_tokens) + int(cost.output_tokens),
-             "batch_prompt_tokens": int(cost.prompt_tokens)} if cost else {}
-    if ppl is None:
-        return Workload(**batch)
-    n_ctx = int(ppl.n_ctx)
-    return Workload(scored_rows=n_ctx - n_ctx // 2, prompt_logprob_rows=n_ctx, **batch)
+    need = asdict(Workload())
+    for spec in all_specs():
+        settings = getattr(suites, spec.name, None)
+        if settings is None or spec.workload is None:
+            continue
+        for k, v in spec.workload(settings).items():
+            need[k] = max(need[k], int(v))
+    return Workload(**need)
 
 
 def local_model_path(source: str, config_file: Path) -> Path | None:
-    """The plan's local path for a model source (the ledger, the GPU and disk plans, perplexity's store note):
+    """The plan's local path for a model source (the ledger, the GPU and disk plans, a suite's plan note):
     beside the config, a `pkg:` package, a path, or an HF repo id already in the local Hugging Face cache (its
     config.json is enough). Never downloads anything."""
     from evalkit.errors import EvalkitError

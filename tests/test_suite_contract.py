@@ -197,8 +197,6 @@ LEFT = {
     ("evalkit/results.py", "perplexity"): "load_run's per-token arrays of perplexity records (a notebook API)",
     ("evalkit/diskplan.py", "perplexity"): "the disk plan sizes perplexity's side files and KLD stores: to become a "
                                            "SuiteSpec hook (the suite's disk need)",
-    ("evalkit/ledger.py", "cost"): "the ledger sizes the KV cache for the cost suite's concurrency: to become a spec hook",
-    ("evalkit/ledger.py", "perplexity"): "the ledger sizes perplexity's chunk length: to become a spec hook",
     ("evalkit/engines/hf_memory.py", "cost"): "the hf memory model's note names the cost suite's batch",
     ("evalkit/decision.py", "cost"): "the decision reads the cost suite's throughput and latency (COST_SUITE)",
     ("evalkit/decision.py", "perplexity"): "the decision's default margins name perplexity's ratio",

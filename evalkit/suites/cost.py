@@ -517,6 +517,13 @@ class CostSuite(Suite["CostSettings"]):
         }
 
 
+def _workload(settings: CostSettings) -> dict[str, int]:
+    """The largest batch: requests that arrive together, and the tokens each holds (prompt + output); an engine that
+    decodes them as one batch (hf) holds their KV cache at once."""
+    return {"batch_sequences": max(settings.concurrency), "batch_tokens": int(settings.prompt_tokens) + int(settings.output_tokens),
+            "batch_prompt_tokens": int(settings.prompt_tokens)}
+
+
 SPEC = SuiteSpec(
     name="cost",
     settings_model=CostSettings,
@@ -528,4 +535,5 @@ SPEC = SuiteSpec(
     memory="evalkit.suites.report.cost:measured_peak",
     viewer=ViewerSpec(items=False),  # measurements per concurrency level, not items: the report's cost tables show them
     quality=False,  # its metrics are limits under decision.workload, never quality margins
+    workload=_workload,
 )

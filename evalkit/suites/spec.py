@@ -81,6 +81,9 @@ class SuiteSpec:
     - `quality`: False for a suite whose metrics are limits of a workload (cost), never quality margins.
     - `offline_description(settings)`: what the report shows instead of `describe()` when describing the suite would
       reach the network (None: describe() runs offline).
+    - `workload(settings) -> {field: int}`: what the suite asks of an engine beyond its options, as fields of
+      evalkit.ledger.Workload (the memory plan takes each field's largest over the enabled suites); None: nothing
+      beyond one request's last logit row.
     - `metric_settings`: settings that leave the items as they are but can change some metrics, each with the
       metrics it can change (empty: none). Two runs that differ only there are comparable (evalkit.history),
       for every other metric. A setting not named here (and not a size or data-path setting) defines the items.
@@ -103,6 +106,7 @@ class SuiteSpec:
     quality: bool = True
     offline_description: Callable[[Any], dict[str, Any] | None] | None = None
     metric_settings: dict[str, frozenset[str]] = field(default_factory=dict)
+    workload: Callable[[Any], dict[str, int]] | None = None
 
     def __post_init__(self) -> None:
         for m in self.metrics:

@@ -124,6 +124,13 @@ def _token_ids(rec: PerplexityRecord, run_dir: Path) -> Any:
     return arrays["token"] if "token" in (arrays.dtype.names or ()) else None
 
 
+def _workload(settings: PerplexitySettings) -> dict[str, int]:
+    """Logit rows one decode returns: the scored second half of each chunk (llama-perplexity's rule), and vLLM's
+    prompt log-probabilities over the whole chunk."""
+    n_ctx = int(settings.n_ctx)
+    return {"scored_rows": n_ctx - n_ctx // 2, "prompt_logprob_rows": n_ctx}
+
+
 # What the KLD settings can change: the distribution-drift figures, measured against the KLD reference with the
 # reference's top-k ids (where KLD is the top-k bound). NLL, perplexity and their ratios read each side's own
 # log-likelihood of the text, which neither setting touches: runs differing only there stay comparable on those.
@@ -144,6 +151,7 @@ SPEC = SuiteSpec(
     check=_check_plan,
     config_check=_check_kld_reference,
     plan_note=plan_store_note,
+    workload=_workload,
     metric_settings={
         "top_k": _DRIFT,
         "kld_reference": _DRIFT | {"pos_nll_diff"},  # the position curves are drawn against the KLD reference
