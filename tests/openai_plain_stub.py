@@ -22,7 +22,7 @@ class PlainStub:
     def __init__(self, engine: Any, model_id: str = "plain-model") -> None:
         self.engine, self.model_id = engine, model_id
         self.lock = threading.Lock()  # one llama.cpp context: one request at a time
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[tuple[dict[str, Any], int]] = []  # (body, HTTP status answered)
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,8 +48,8 @@ class PlainStub:
                     self._send(404, {"error": {"message": "not found"}})
                     return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                stub.requests.append(body)
                 code, answer = stub.complete(body)
+                stub.requests.append((body, code))
                 self._send(code, answer)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

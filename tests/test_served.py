@@ -59,6 +59,7 @@ LAUNCHED = {"name": "launched", "engine": "openai", "model": MODEL,
             "options": {"launch": "llama-server", "n_ctx": 2048, "parallel": 1}}
 PROMPTS = {"path": str(REPO / "prompts"), "categories": ["code", "reasoning", "translation", "qa"], "limit_per_category": 2}
 COST = {"concurrency": [1, 4], "prompt_tokens": 32, "output_tokens": 16, "repeats": 1}
+MC = {"source": "builtin", "per_subject": 4, "shots": 1}  # 20 questions of evalkit's built-in set
 
 
 def write_config(path: Path, deployments: list[dict[str, Any]], suites: dict[str, Any], reference: str) -> Path:
@@ -110,13 +111,14 @@ def llama_servers() -> set[int]:
 
 @pytest.fixture(scope="module")
 def three_ways(server, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
-    """One GGUF in-process, behind the external llama-server and behind a launched one; prompts, cost, and
-    perplexity (which the served ones skip: llama-server has no prompt log-probs)."""
+    """One GGUF in-process, behind the external llama-server and behind a launched one; prompts, cost, MMLU
+    (llama-server: one-token completions with n_probs) and perplexity (which the served ones skip: llama-server
+    has no prompt log-probs)."""
     tmp = tmp_path_factory.mktemp("three")
     before = llama_servers()
     cfg = write_config(tmp / "run.yaml", [IN_PROCESS, served("external", server.root_url), LAUNCHED],
-                       {"prompts": PROMPTS, "cost": COST, "perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"),
-                                                                          "n_ctx": 128, "max_chunks": 1, "top_k": 8}},
+                       {"prompts": PROMPTS, "cost": COST, "mmlu": MC,
+                        "perplexity": {"text": str(REPO / "texts" / "ppl_default.txt"), "n_ctx": 128, "max_chunks": 1, "top_k": 8}},
                        "inproc")
     proc = evalkit("run", "--config", str(cfg), "--out", str(tmp / "out"), "--no-cache")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -167,9 +169,28 @@ def test_served_skips_log_likelihood_suites_with_the_servers_reason(three_ways: 
     manifest = json.loads((three_ways / "manifest.json").read_text())
     skipped = {(s["deployment"], s["suite"]): s["reason"] for s in manifest["skipped"]}
     for dep in ("external", "launched"):
-        assert "generated tokens" in skipped[(dep, "perplexity")]
+        assert "generated tokens" in skipped[(dep, "perplexity")] and "echo" in skipped[(dep, "perplexity")]
+        assert (dep, "mmlu") not in skipped  # the answer position's distribution is a one-token completion
     assert ("inproc", "perplexity") not in skipped
     assert records(three_ways, "inproc")  # the reference ran perplexity
+
+
+def test_llama_server_mmlu_letters_equal_in_process(three_ways: Path) -> None:
+    """llama-server's n_probs (the pre-sampling softmax of a one-token completion) against in-process llama.cpp's
+    log-softmax at the letters' ids: the same letters, the same log-probs to float32 rounding."""
+    ref = by_item(records(three_ways, "inproc"), "mmlu")
+    assert len(ref) == 20 and all(r["method"] == "one-pass" for r in ref.values())
+    for dep in ("external", "launched"):
+        mine = by_item(records(three_ways, dep), "mmlu")
+        assert set(mine) == set(ref)
+        assert all(r["method"] == "answer-top-k" for r in mine.values())
+        same = sum(mine[i]["pred"] == ref[i]["pred"] for i in ref)
+        worst = max(abs(a - b) for i in ref for a, b in zip(mine[i]["choice_logprobs"], ref[i]["choice_logprobs"]))
+        print(f"{dep}: MMLU letters identical {same}/{len(ref)}, largest log-prob difference {worst:.2e}")
+        assert same >= 0.95 * len(ref), f"{dep}: {same}/{len(ref)} letters identical"
+        assert worst < 1e-3
+    report = (three_ways / "report.md").read_text()
+    assert "How the letters were read" in report and "20 answer-top-k" in report, "the report does not say how"
 
 
 def test_launched_server_is_described_and_logged(three_ways: Path) -> None:
@@ -181,6 +202,57 @@ def test_launched_server_is_described_and_logged(three_ways: Path) -> None:
     assert log.exists() and log.stat().st_size > 0
     assert not psutil.pid_exists(launched["pid"]) or psutil.Process(launched["pid"]).status() == psutil.STATUS_ZOMBIE
     assert_key_nowhere(three_ways)
+
+
+# -- a plain OpenAI-compatible server ------------------------------------------------------------------
+
+
+DOCUMENTED = {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "logprobs", "echo", "stream",
+              "stream_options"}
+
+
+def test_plain_openai_server_runs_mmlu_and_perplexity_within_its_documented_fields(tmp_path: Path, gguf: Path) -> None:
+    """A server with no dialect markers, implementing only the documented completions fields (logprobs <= 5 by
+    token text, echo), backed by the in-process llama.cpp engine: evalkit reads its limit, reads the letters
+    from its top-5 (or scores them as continuations through echo) and PPL through echo, as in-process."""
+    from openai_plain_stub import MAX_LOGPROBS, PlainStub
+
+    from evalkit.engines import engine_spec
+
+    spec = engine_spec("llamacpp")
+    engine = spec.loader(str(gguf), spec.options_model(n_ctx=2048))
+    plain = {"name": "plain", "engine": "openai", "model": MODEL, "options": {"base_url": "", "max_concurrency": 2}}
+    ppl = {"text": str(REPO / "texts" / "ppl_default.txt"), "n_ctx": 128, "max_chunks": 1, "top_k": 8}
+    try:
+        with PlainStub(engine) as stub:
+            plain["options"]["base_url"] = stub.url + "/v1"  # type: ignore[index]
+            cfg = write_config(tmp_path / "run.yaml", [IN_PROCESS, plain], {"mmlu": MC, "perplexity": ppl}, "inproc")
+            plan = evalkit("plan", str(cfg), timeout=300)
+            proc = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-cache")
+    finally:
+        engine.close()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert plan.returncode == 0 and "plain's server gives at most top-0" in plan.stdout, plan.stdout[-2000:]
+    run = run_dir(tmp_path / "out")
+    assert not [s for s in json.loads((run / "manifest.json").read_text())["skipped"] if s["deployment"] == "plain"]
+    assert all(set(b) <= DOCUMENTED for b, _ in stub.requests), [sorted(set(b) - DOCUMENTED) for b, _ in stub.requests]
+    # Only discovery's probe asks more than the limit (and is refused); every request after it stays within it.
+    over = [i for i, (b, _) in enumerate(stub.requests) if (b.get("logprobs") or 0) > MAX_LOGPROBS]
+    assert len(over) == 1 and stub.requests[over[0]][1] == 400 and all(code == 200 for _, code in stub.requests[over[0] + 1:])
+    engine_info = json.loads((run / "engines" / "plain.json").read_text())
+    assert engine_info["extra"]["server"]["dialect"] == "openai" and engine_info["extra"]["server"]["max_logprobs"] == MAX_LOGPROBS
+    ref, mine = by_item(records(run, "inproc"), "mmlu"), by_item(records(run, "plain"), "mmlu")
+    methods = {r["method"] for r in mine.values()}
+    assert "answer-top-k" in methods and methods <= {"answer-top-k", "four-continuations"}, methods
+    assert all(mine[i]["pred"] == ref[i]["pred"] for i in ref)
+    a, b = by_item(records(run, "inproc"), "perplexity"), by_item(records(run, "plain"), "perplexity")
+    assert a.keys() == b.keys() and len(a) == 1
+    import pandas as pd
+
+    s = pd.read_csv(run / "scores.csv")
+    p = s[(s.suite == "perplexity") & (s.metric == "ppl")].set_index("deployment").value
+    print(f"plain server: methods {sorted(methods)}; ppl {p['plain']:.5f} vs in-process {p['inproc']:.5f}")
+    assert abs(p["plain"] / p["inproc"] - 1) < 1e-4
 
 
 # -- faults -----------------------------------------------------------------------------------------
