@@ -19,8 +19,8 @@ MAX_TOP_K = 2000  # what evalkit asks of a server it starts (vLLM --max-logprobs
 
 NO_FULL = "a server sends no full next-token distributions"
 LLAMA_SERVER_NO_PROMPT = ("llama-server gives log-probs only for generated tokens (n_probs) and refuses echo "
-                          "('Only no echo is supported'): the log-prob of each token of a given text, which perplexity "
-                          "scores, is not available from it")
+                          "('Only no echo is supported'): the log-prob of each token of a given text (teacher-forced "
+                          "scoring) is not available from it")
 LLAMA_SERVER_MISSING = {
     Capability.PROMPT_LOGPROBS: LLAMA_SERVER_NO_PROMPT,
     Capability.FULL_DISTRIBUTION: NO_FULL,
