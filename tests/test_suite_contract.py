@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.engines.spec import Capability
-from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
+from evalkit.metrics.compare import Compared, pass_fail_rows, pass_fail_scores
 from evalkit.metrics.declarations import MetricSpec
 from evalkit.records import Generation, Record, dump_record, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
@@ -82,7 +82,7 @@ class EchoSuite(Suite[EchoSettings]):
     def compare(self, records: SuiteRecords[Any], ctx: ScoreContext) -> list[ComparisonRow]:
         rows: list[ComparisonRow] = []
         for dep, pairs in paired_with_reference(typed(records), ctx.reference).items():
-            rows += pass_fail_rows(dep, ctx.reference, self.name, "words", "echo_rate",
+            rows += pass_fail_rows(Compared(dep, ctx.reference, self.name, "words", "echo_rate"),
                                    [self._echoed(b) for _, b in pairs], [self._echoed(a) for a, _ in pairs], ctx.stats)
         return rows
 

@@ -7,6 +7,7 @@ is built here too, beside its comparison.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -26,10 +27,20 @@ def pass_fail_scores(deployment: str, suite: str, category: str, metric: str, ok
     return [ScoreRow(deployment, suite, category, metric, k / n, lo, hi, n)]
 
 
-def pass_fail_rows(deployment: str, reference: str, suite: str, category: str, metric: str,  # noqa: PLR0913 (the lead reshapes the statistics this round; left as is)
-                   deployment_ok: Sequence[bool], reference_ok: Sequence[bool], settings: StatsSettings,
+@dataclass(frozen=True)
+class Compared:
+    """Which rows a comparison makes: a deployment against the reference, in one suite's category and metric."""
+
+    deployment: str
+    reference: str
+    suite: str
+    category: str
+    metric: str
+
+
+def pass_fail_rows(of: Compared, deployment_ok: Sequence[bool], reference_ok: Sequence[bool], settings: StatsSettings,
                    flips: bool = False, unit: str = "items") -> list[ComparisonRow]:
-    """The share-correct difference; with `flips`, also flip_rate and both flip directions (Wilson CIs).
+    """The share-correct difference of `of.metric`; with `flips`, also flip_rate and both flip directions (Wilson CIs).
 
     Flip rows: the reference has none, so value == diff; their `significant` is the paired difference's
     (a flip count on its own is not a difference from the reference, the asymmetry of flips is).
@@ -37,6 +48,7 @@ def pass_fail_rows(deployment: str, reference: str, suite: str, category: str, m
     res = compare_pass_fail(deployment_ok, reference_ok, settings)
     if res.n == 0:
         return []
+    deployment, reference, suite, category, metric = of.deployment, of.reference, of.suite, of.category, of.metric
     rows = [ComparisonRow(deployment, reference, suite, category, metric, res.value, res.reference_value, res.diff,
                           res.ci_low, res.ci_high, res.p_value, res.n, res.method, res.significant)]
     if flips:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evalkit.config import PositiveInt, resolve_data_path
 from evalkit.engines.base import Engine, GenRequest, GenResult, SamplingParams
 from evalkit.errors import DataError
-from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
+from evalkit.metrics.compare import Compared, pass_fail_rows, pass_fail_scores
 from evalkit.metrics.declarations import MetricSpec, flip_metrics
 from evalkit.records import Generation, Record, dump_record, nested_generation, provenance, typed
 from evalkit.sandbox import SandboxResult, extract_code, isolation, run_programs, run_tests, verdict_memo
@@ -203,7 +203,7 @@ class HumanEvalSuite(Suite["HumanEvalSettings"]):
         for dep, pairs in paired.items():
             dep_ok = [results[dep][d.item_id].passed for _, d in pairs]
             ref_ok = [results[ref][a.item_id].passed for a, _ in pairs]
-            rows += pass_fail_rows(dep, ref, self.name, "code", "pass@1", dep_ok, ref_ok, ctx.stats,
+            rows += pass_fail_rows(Compared(dep, ref, self.name, "code", "pass@1"), dep_ok, ref_ok, ctx.stats,
                                    flips=True, unit="tasks")
         return rows
 

@@ -29,7 +29,7 @@ from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.metrics.repetition import distinct_n, seq_rep_n, words
 from evalkit.metrics.stats import StatsSettings
-from evalkit.metrics.compare import continuous_row, pass_fail_rows, pass_fail_scores
+from evalkit.metrics.compare import Compared, continuous_row, pass_fail_rows, pass_fail_scores
 from evalkit.metrics.declarations import MetricSpec
 from evalkit.records import Generation, Record, dump_record, nested_generation, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
@@ -305,7 +305,7 @@ class LongContextSuite(Suite["LongContextSettings"]):
             rows.extend(_recall_compare(dep, ref, self.name, "all", pairs, ctx.stats))
             for task, cat, _ in _task_groups([b for _, b in pairs]):
                 sel = [(a, b) for a, b in pairs if b.kind == task and (cat.endswith(" all") or b.category == cat.split()[-1])]
-                rows.extend(pass_fail_rows(dep, ref, self.name, cat, "task_accuracy", [bool(b.correct) for _, b in sel],
+                rows.extend(pass_fail_rows(Compared(dep, ref, self.name, cat, "task_accuracy"), [bool(b.correct) for _, b in sel],
                                            [bool(a.correct) for a, _ in sel], ctx.stats, flips=True))
         return rows
 
@@ -386,7 +386,7 @@ def _recall_row(dep: str, suite: str, cat: str, recs: list[LongContextRecord], s
 def _recall_compare(dep: str, ref: str, suite: str, cat: str,
                     pairs: list[tuple[LongContextRecord, LongContextRecord]], settings: StatsSettings) -> list[ComparisonRow]:
     pairs = [(a, b) for a, b in pairs if b.kind == "recall"]
-    return pass_fail_rows(dep, ref, suite, cat, "recall_accuracy", [bool(b.correct) for _, b in pairs],
+    return pass_fail_rows(Compared(dep, ref, suite, cat, "recall_accuracy"), [bool(b.correct) for _, b in pairs],
                           [bool(a.correct) for a, _ in pairs], settings)
 
 

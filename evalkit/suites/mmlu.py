@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evalkit.config import PositiveInt, Seed, resolve_data_path
 from evalkit.engines.base import Engine, SamplingParams
 from evalkit.errors import DataError
-from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
+from evalkit.metrics.compare import Compared, pass_fail_rows, pass_fail_scores
 from evalkit.metrics.declarations import MetricSpec, flip_metrics
 from evalkit.records import Record, call_provenance, combined, dump_record, provenance, typed
 from evalkit.resources import resource_path
@@ -442,7 +442,7 @@ class MmluSuite(Suite["MmluSettings"]):
                 sel = [(a, b) for a, b in paired if _in(cat, b)]
                 ref_ok = [a.correct for a, _ in sel]
                 dep_ok = [b.correct for _, b in sel]
-                rows += pass_fail_rows(dep, ref, self.name, cat, "accuracy", dep_ok, ref_ok, ctx.stats,
+                rows += pass_fail_rows(Compared(dep, ref, self.name, cat, "accuracy"), dep_ok, ref_ok, ctx.stats,
                                        flips=True, unit="questions")
         return rows
 

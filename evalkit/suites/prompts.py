@@ -14,7 +14,7 @@ from evalkit.engines.base import Engine, GenRequest, SamplingParams
 from evalkit.errors import DataError
 from evalkit.resources import resource_path
 from evalkit.metrics import bleu
-from evalkit.metrics.compare import pass_fail_rows, pass_fail_scores
+from evalkit.metrics.compare import Compared, pass_fail_rows, pass_fail_scores
 from evalkit.metrics.declarations import MetricSpec
 from evalkit.records import Generation, Record, dump_record, nested_generation, provenance, typed
 from evalkit.store import ComparisonRow, ScoreRow
@@ -316,7 +316,7 @@ class PromptsSuite(Suite["PromptsSettings"]):
                 metric = "pass" if cat == "code" else "contains"
                 ref_ok = [per_item[ref][b.item_id][metric] > 0 for b, _ in pairs]
                 dep_ok = [per_item[dep][d.item_id][metric] > 0 for _, d in pairs]
-                rows += pass_fail_rows(dep, ref, self.name, cat, "pass@1" if metric == "pass" else metric,
+                rows += pass_fail_rows(Compared(dep, ref, self.name, cat, "pass@1" if metric == "pass" else metric),
                                        dep_ok, ref_ok, ctx.stats)
         return rows
 
