@@ -34,7 +34,17 @@ EXIT_OK, EXIT_REGRESSION = 0, 1
 # such as the KLD are not): two records with equal outcome fields are the same result.
 OUTCOME_FIELDS = ("output_token_ids", "choice_logprobs", "pred", "nll_sum", "n_scored", "tokens_sha256", "correct",
                   "skipped", "passkey")
-NO_OUTCOME_SUITES = {"cost"}  # measurements of speed: never the same twice, compared but not counted as outputs
+
+
+def _counts_outputs(suite: str) -> bool:
+    """Whether changed outputs of `suite` are counted: not for a suite whose metrics are limits of a workload
+    (SuiteSpec.quality False: measurements of speed, never the same twice), compared but not counted as outputs."""
+    from evalkit.suites import suite_spec
+
+    try:
+        return bool(suite_spec(suite).quality)
+    except Exception:  # a suite this evalkit does not know: count, as for any other
+        return True
 
 
 class NothingComparable(EvalkitError):
@@ -299,7 +309,7 @@ def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, p
                 any_compared = True
                 unpaired = unpaired_metrics(changes)  # e.g. perplexity's top_k changed: its KLD figures are not compared
                 sd.not_compared = sorted(unpaired)
-                if suite_name not in NO_OUTCOME_SUITES:
+                if _counts_outputs(suite_name):
                     sd.outputs_changed = sum(_outcome(by_id_a[i]) != _outcome(by_id_b[i]) for i in shared)
                 suite = suites.get(suite_name)
                 if suite is None:

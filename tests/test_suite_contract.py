@@ -207,7 +207,6 @@ LEFT = {
                                                      "not the suite",
     ("evalkit/metrics/declarations.py", "cost"): "the name COST_SUITE, answered from the registry (the suite whose "
                                                  "SuiteSpec.quality is False)",
-    ("evalkit/diff.py", "cost"): "run-to-run diff (work in progress beside this): skips the cost suite by name",
     ("evalkit/diff.py", "mmlu"): "an example margin key in a help message",
     ("evalkit/diffcli.py", "mmlu"): "example margin keys in a help message",
     ("evalkit/diffcli.py", "perplexity"): "example margin keys in a help message",
