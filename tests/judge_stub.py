@@ -37,7 +37,7 @@ class StubJudge:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 if self.path == "/v1/models":
                     self._send(200, {"data": [{"id": stub.model_id, "max_model_len": 1 << 20}]})
                 elif self.path == "/version":
@@ -45,7 +45,7 @@ class StubJudge:
                 else:
                     self._send(404, {"error": "not found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 if self.path == "/tokenize":
                     text = body["messages"][-1]["content"] if "messages" in body else body.get("prompt", "")

