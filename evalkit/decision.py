@@ -391,12 +391,14 @@ def _workload_text(w: Any) -> str:
     return s + (f" ({', '.join(limits)})" if limits else "")
 
 
-# What `n` counts in a suite's intervals, where it is not items (perplexity's are over scored tokens).
-N_UNIT = {"perplexity": "scored tokens"}
-
-
 def _unit(key: str) -> str:
-    return N_UNIT.get(key.split("/")[0], "items")
+    """What `n` counts in the intervals of the margin key's suite (SuiteSpec.n_unit; items where not declared)."""
+    from evalkit.suites import suite_spec
+
+    try:
+        return suite_spec(key.split("/")[0]).n_unit
+    except Exception:  # a suite outside the registry (imported ratings): items
+        return "items"
 
 
 def _margin_reason(m: MarginResult) -> tuple[str, str]:

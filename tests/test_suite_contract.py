@@ -199,7 +199,6 @@ LEFT = {
                                            "SuiteSpec hook (the suite's disk need)",
     ("evalkit/engines/hf_memory.py", "cost"): "the hf memory model's note names the cost suite's batch",
     ("evalkit/decision.py", "cost"): "the decision reads the cost suite's throughput and latency (COST_SUITE)",
-    ("evalkit/decision.py", "perplexity"): "the decision's default margins name perplexity's ratio",
     ("evalkit/report/decision_section.py", "cost"): "the decision section's throughput cells (no cost suite: said so)",
     ("evalkit/rating/export.py", "prompts"): "human ratings rate the prompt suite's outputs (PROMPT_SUITE); ratings "
                                              "are to enter scoring as a suite of their own",

@@ -81,6 +81,8 @@ class SuiteSpec:
     - `quality`: False for a suite whose metrics are limits of a workload (cost), never quality margins.
     - `offline_description(settings)`: what the report shows instead of `describe()` when describing the suite would
       reach the network (None: describe() runs offline).
+    - `n_unit`: what `n` counts in its intervals ("items"; perplexity's are over scored tokens), as the decision
+      says it ("about 84 scored tokens would be needed").
     - `workload(settings) -> {field: int}`: what the suite asks of an engine beyond its options, as fields of
       evalkit.ledger.Workload (the memory plan takes each field's largest over the enabled suites); None: nothing
       beyond one request's last logit row.
@@ -107,6 +109,7 @@ class SuiteSpec:
     offline_description: Callable[[Any], dict[str, Any] | None] | None = None
     metric_settings: dict[str, frozenset[str]] = field(default_factory=dict)
     workload: Callable[[Any], dict[str, int]] | None = None
+    n_unit: str = "items"
 
     def __post_init__(self) -> None:
         for m in self.metrics:

@@ -152,6 +152,7 @@ SPEC = SuiteSpec(
     config_check=_check_kld_reference,
     plan_note=plan_store_note,
     workload=_workload,
+    n_unit="scored tokens",
     metric_settings={
         "top_k": _DRIFT,
         "kld_reference": _DRIFT | {"pos_nll_diff"},  # the position curves are drawn against the KLD reference
