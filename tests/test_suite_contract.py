@@ -197,7 +197,6 @@ LEFT = {
     ("evalkit/results.py", "perplexity"): "load_run's per-token arrays of perplexity records (a notebook API)",
     ("evalkit/diskplan.py", "perplexity"): "the disk plan sizes perplexity's side files and KLD stores: to become a "
                                            "SuiteSpec hook (the suite's disk need)",
-    ("evalkit/engines/hf_memory.py", "cost"): "the hf memory model's note names the cost suite's batch",
     ("evalkit/decision.py", "cost"): "the decision reads the cost suite's throughput and latency (COST_SUITE)",
     ("evalkit/report/decision_section.py", "cost"): "the decision section's throughput cells (no cost suite: said so)",
     ("evalkit/rating/export.py", "prompts"): "human ratings rate the prompt suite's outputs (PROMPT_SUITE); ratings "

@@ -17,7 +17,7 @@ ROW_BLOCK = 64  # logit rows per block (the engine turns hidden states into logi
 def predict_hf(
     name: str, arch: Any, weights_bytes: int, precision: str, weights_from: str, options: Any, hw: Any, workload: Any = None
 ) -> Any:
-    """Weights in `dtype`; the KV cache of the larger of one sequence at max_length and the cost suite's largest
+    """Weights in `dtype`; the KV cache of the larger of one sequence at max_length and the largest
     batch (up to max_batch_size sequences in one static cache of prompt + output tokens, rounded up to 128 as
     the engine allocates it); one block of logits (rows become logits ROW_BLOCK at a time) and a batched
     prefill's attention scores (eager: float32 softmax of batch x heads x prompt x slots)."""
@@ -53,5 +53,5 @@ def predict_hf(
         overhead_bytes=int(overhead), need_bytes=int(weights_bytes + kv + overhead), per_device_bytes=int(fixed + kv),
         device_budget_bytes=budget, fits=fixed + kv <= budget, max_context=max_ctx, memory_context=mem_ctx,
         max_concurrency=max(1, batch), notes=(f"transformers, batches of up to {options.max_batch_size} requests in a static KV cache"
-                                              + (f"; {batch} x {slots} tokens for the cost suite" if batch > 1 and slots else "")),
+                                              + (f"; {batch} x {slots} tokens for the largest batch a suite sends at once" if batch > 1 and slots else "")),
     )
