@@ -205,6 +205,9 @@ class Sampling(_Strict):
     seed: int = Field(default=0, ge=0, le=2**32 - 2)
 
 
+VERSION_PATTERN = r"^\d+\.\d+(\.\d+)*([.+-]\w+)*$"  # a release: 0.6.3, 0.22, 1.2.3.post1
+
+
 class Hardware(_Strict):
     """Devices the deployments must fit on (`evalkit plan`); omitted: this machine (NVML GPUs, else RAM)."""
 
@@ -215,14 +218,40 @@ class Hardware(_Strict):
     gpu_memory_gb: float | None = Field(default=None, gt=0)  # per GPU, 10^9 bytes (overrides the table's)
     compute_capability: str | None = None  # "7.0", for a GPU the table lacks (with gpu_memory_gb)
     ram_gb: float | None = Field(default=None, gt=0)
-    # The vLLM release the target machine runs ("0.6.3"): the plan applies that release's rules for the named
-    # GPU (evalkit/engines/vllm_rules.py) instead of the installed vLLM's.
-    vllm_version: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)*([.+-]\w+)*$")
+    # Engine -> the release the target machine runs ({<engine>: "0.6.3"}): the plan applies that release's rules for
+    # the named GPU (the engine's EngineSpec.plan_precision) instead of the installed release's.
+    engine_versions: dict[str, Annotated[str, Field(pattern=VERSION_PATTERN)]] = Field(default_factory=dict)
 
-    @field_validator("compute_capability", "vllm_version", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _old_version_field(cls, data: Any) -> Any:
+        """`<engine>_version: X` (the form before engine_versions) is refused with the new form spelled out."""
+        if isinstance(data, dict):
+            from evalkit.engines import ENGINES
+
+            for key, value in data.items():
+                engine = str(key).removesuffix("_version")
+                if str(key).endswith("_version") and engine in ENGINES:
+                    raise ValueError(f"{key} is now engine_versions: {{{engine}: {value}}}")
+        return data
+
+    @field_validator("compute_capability", mode="before")
     @classmethod
     def _capability_text(cls, v: Any) -> Any:
-        return None if v is None else str(v)  # YAML reads 8.9 (or vllm_version 0.22) as a float
+        return None if v is None else str(v)  # YAML reads 8.9 as a float
+
+    @field_validator("engine_versions", mode="before")
+    @classmethod
+    def _known_engines(cls, v: Any) -> Any:
+        """Keys are registered engines; values are text (YAML reads 0.22 as a float)."""
+        if not isinstance(v, dict):
+            return v
+        from evalkit.engines import ENGINES, unknown_engine_message
+
+        for engine in v:
+            if engine not in ENGINES:
+                raise ValueError(unknown_engine_message(engine))
+        return {k: None if x is None else str(x) for k, x in v.items()}
 
     @model_validator(mode="after")
     def _known_gpu(self) -> "Hardware":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -72,7 +72,7 @@ class MemoryFit:
     # The limit that binds when it does not fit: "memory" (bytes per device), "context" (the longest context it
     # holds is shorter than the workload's) or "sequences" (it holds fewer sequences at once than requests).
     binding: str = ""
-    kv_cache: str = ""  # the KV-cache precision the plan sized (evalkit.kv_precision)
+    kv_precision: str = ""  # the KV cache's precision the plan sized (EngineSpec.kv_precision)
 
 
 @dataclass(frozen=True)
@@ -168,12 +168,19 @@ class Decision:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Decision":
         def dep(d: dict[str, Any]) -> DeploymentDecision:
-            return DeploymentDecision(**{**d, "memory": MemoryFit(**d["memory"]) if d.get("memory") else None,
+            return DeploymentDecision(**{**d, "memory": _memory_fit(d["memory"]) if d.get("memory") else None,
                                          "cost": CostAt(**d["cost"]) if d.get("cost") else None,
                                          "margins": [MarginResult(**m) for m in d["margins"]]})
 
         scenarios = [ScenarioDecision(**{**s, "deployments": [dep(d) for d in s["deployments"]]}) for s in data["scenarios"]]
         return cls(data["rule"], data["test"], data["alpha"], data["margins"], scenarios)
+
+
+def _memory_fit(data: dict[str, Any]) -> MemoryFit:
+    """A MemoryFit from decision.json, leaving out fields this version does not have (a decision.json written
+    before the KV column was renamed: re-scoring the run writes it again)."""
+    known = {f.name for f in fields(MemoryFit)}
+    return MemoryFit(**{k: v for k, v in data.items() if k in known})
 
 
 # -- quality: the tested quantity and its interval ------------------------------------------------------
@@ -344,7 +351,6 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
     `context_tokens` tokens at once. A prediction that cannot be made is "unknown", never "fits".
     """
     from evalkit.engines import engine_spec
-    from evalkit.kv_precision import kv_precision
     from evalkit.ledger import GB, deployment_row, hardware_from_config
 
     out: dict[str, MemoryFit] = {}
@@ -373,7 +379,7 @@ def memory_plan(config: Any, config_file: Path, workload: Any) -> dict[str, Memo
             fits, row.per_device_bytes / GB if row.per_device_bytes else None,
             row.device_budget_bytes / GB if row.device_budget_bytes else None, row.devices, row.max_context,
             row.max_concurrency, "; ".join(why + ([row.notes] if row.notes else [])), binding,
-            kv_precision(dep.engine, dep.options))
+            engine_spec(dep.engine).kv_precision_of(dep.options))
     return out
 
 

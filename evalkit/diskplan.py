@@ -55,7 +55,7 @@ def size(n: float) -> str:
 
 def _vocab(config: Any, config_file: Path, name: str) -> int | None:
     """The deployment's vocabulary from its model's header or config.json, without loading it (None: unknown)."""
-    from evalkit.ledger import local_model_path, gguf_weights, hf_weights
+    from evalkit.weights import gguf_weights, hf_weights, local_model_path
 
     dep = config.deployment(name)
     try:

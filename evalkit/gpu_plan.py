@@ -7,47 +7,12 @@ GPU is a one-line plan error (exit 2), with the others still shown.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from evalkit.errors import ConfigError
-from evalkit.gpus import GpuModel, GpuVerdict, ModelFacts
-
-_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}
-
-
-def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -> ModelFacts:
-    """Model type, checkpoint dtype and architecture, from the files present (config.json alone is enough; a
-    GGUF's header). Unknown parts are None: the rules then say what they cannot know."""
-    from evalkit.ledger import local_model_path, gguf_weights, hf_weights  # the plan's own resolution: never downloads
-    from evalkit.variants import HF_VARIANTS
-
-    if dep.model is None:  # a served model whose weights are not named
-        return ModelFacts(None, None, None, weights_bytes)
-    path = local_model_path(dep.model.source, Path(config_file))
-    if path is None:
-        return ModelFacts(None, None, None, weights_bytes)
-    model_type = dtype = arch = quant = None
-    try:
-        if path.is_dir():
-            from evalkit.quant_formats import from_hf_config
-
-            config = json.loads((path / "config.json").read_text())
-            model_type = config.get("model_type")
-            dtype = _DTYPES.get(str(config.get("torch_dtype") or config.get("dtype") or ""))
-            quant = from_hf_config(config)
-            arch = hf_weights(path).arch
-        else:
-            from evalkit.models import read_gguf_header
-
-            model_type = str(read_gguf_header(path).meta.get("general.architecture"))
-            arch = gguf_weights(path).arch
-    except (OSError, ValueError, KeyError, TypeError) as e:  # the memory plan reports unreadable files
-        del e
-    if dep.model.variant in HF_VARIANTS and not path.is_dir():
-        dtype = "bfloat16"  # evalkit's hf variants of a GGUF are written in bfloat16 (evalkit/variants.py)
-    return ModelFacts(model_type, dtype, arch, weights_bytes, quant)
+from evalkit.gpus import GpuModel, GpuVerdict
+from evalkit.weights import model_facts
 
 
 def verdicts(config: Any, config_file: Path, rows: list[Any] | None = None) -> tuple[GpuModel | None, list[GpuVerdict]]:
@@ -72,7 +37,7 @@ def verdicts_on(config: Any, config_file: Path, gpu: GpuModel, hw: Any, rows: li
         if rules is None:
             out.append(GpuVerdict(dep.name, dep.engine, gpu.name, "no GPU rules declared for this engine", None, "unknown"))
             continue
-        # The engine release the target runs (`hardware: {vllm_version: ...}`), else the rules' own default (installed).
+        # The engine release the target runs (`hardware: {engine_versions: {<engine>: ...}}`), else the rules' own default (installed).
         version = (getattr(hw, "versions", None) or {}).get(dep.engine)
         verdict = rules(dep, model_facts(dep, config_file, weights.get(dep.name)), gpu, hw, version=version)
         row = next((r for r in rows or [] if r.deployment == dep.name), None)

@@ -153,7 +153,7 @@ class ModelFacts:
 
     model_type: str | None  # config.json `model_type` or a GGUF's general.architecture ("qwen2", "gemma3", ...)
     checkpoint_dtype: str | None  # config.json torch_dtype ("bfloat16", "float16", "float32"); None: unknown
-    arch: Any = None  # evalkit.ledger.ArchSpec when known (layers, sizes)
+    arch: Any = None  # evalkit.weights.ArchSpec when known (layers, sizes)
     weights_bytes: int | None = None  # the memory plan's weights
     quant_format: Any = None  # evalkit.quant_formats.QuantFormat of a pre-quantized checkpoint (its quantization_config)
 

@@ -8,7 +8,7 @@ import platform
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from evalkit.versions import package_version
@@ -264,6 +264,9 @@ class HardwareUse:
     requested: str | None  # the quantization / GGUF type asked for
     precision: Precision
     notes: tuple[str, ...] = ()
+    # More of the manifest's hardware entry, as the engine states it (vLLM: the plan's linear kernel for a
+    # GPTQ/AWQ/INT8 variant on its CPU backend, which the report shows beside the kernel that ran).
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 def deployment_hardware(deployment: Any) -> dict[str, Any]:
@@ -285,14 +288,6 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         else:
             notes.append(emulated.explanation)
         warning = f"{EMULATED_DESCRIPTION}: FP8 numerics only, not FP8 memory or speed"
-    planned = planned_quant_kernel(deployment, use)
-    if planned and precision.mode == "not-requested":  # the checkpoint's quantization_config decides, not an option
-        kernel = planned.get("planned_kernel")
-        precision = Precision(
-            f"{variant} (compressed-tensors)",
-            f"{planned['quant_format']}; vLLM takes the method from the checkpoint's quantization_config (no "
-            f"`quantization:` option) and " + (f"runs it on {kernel}" if kernel else "has no CPU kernel for it"),
-        )
     if is_fp8(requested) and precision.mode != "fp8-native":
         warning = f"FP8 requested but not real here ({precision.mode}): {precision.explanation}"
     return {
@@ -305,27 +300,8 @@ def deployment_hardware(deployment: Any) -> dict[str, Any]:
         "explanation": precision.explanation,
         "warning": warning,
         "notes": notes,
-        **planned,
+        **use.extra,
     }
-
-
-def planned_quant_kernel(deployment: Any, use: HardwareUse) -> dict[str, Any]:
-    """The plan's prediction for a GPTQ/AWQ/INT8 variant on vLLM's CPU backend: the format, the linear kernel
-    (evalkit.engines.vllm_kernels), or why no kernel takes it. The engine's own answer is recorded when it loads
-    (engines/<deployment>.json: linear_kernel) and the report puts the two side by side."""
-    from evalkit.quant_formats import looks_like_format, parse
-
-    variant = deployment.model.variant if deployment.model is not None else None
-    if not variant or not looks_like_format(variant) or deployment.engine != "vllm" or use.capability is not None:
-        return {}
-    fmt = parse(variant)
-    if fmt is None:
-        return {}
-    from evalkit.engines.vllm_kernels import cpu_outcome
-
-    kernel, refused = cpu_outcome(fmt)
-    return {"quant_format": fmt.describe().replace(f"{fmt.checkpoint} checkpoint", "compressed-tensors checkpoint"),
-            "planned_kernel": kernel, "planned_kernel_refused": refused}
 
 
 def describe_devices(accs: list[Accelerator]) -> str:

@@ -67,12 +67,12 @@ def token_parity_rows(by_suite: dict[str, dict[str, list[Record]]], ctx: ScoreCo
     return rows
 
 
-# The engine settings that change greedy outputs of the same weights and prompt tokens (attention kernel, batch
-# and KV-cache precision), as the engines' info records them (run_dir/engines/<deployment>.json `extra`).
-NUMERIC_SETTINGS = ("flash_attn", "n_batch", "n_ubatch", "type_k", "type_v", "kv_cache_dtype", "attn_implementation", "dtype")
-
-
 def _engine_settings(ctx: ScoreContext, dep: str) -> dict[str, Any] | None:
+    """The settings that change greedy outputs of the same weights and prompt tokens (attention kernel, batch and
+    KV-cache precision) that the deployment's engine info states (run_dir/engines/<deployment>.json `extra`; which
+    ones: each engine's EngineSpec.info_numerics)."""
+    from evalkit.engines import numeric_settings
+
     path = ctx.run_dir / "engines" / f"{dep}.json" if ctx.run_dir is not None else None
     if path is None or not path.is_file():
         return None
@@ -80,10 +80,7 @@ def _engine_settings(ctx: ScoreContext, dep: str) -> dict[str, Any] | None:
         extra = json.loads(path.read_text(encoding="utf-8")).get("extra") or {}
     except (OSError, ValueError):
         return None
-    kv_raw = extra.get("kv_cache")
-    kv: dict[str, Any] = kv_raw if isinstance(kv_raw, dict) else {}
-    flat = {**{k: kv.get(k) for k in ("type_k", "type_v") if k in kv}, **extra}
-    return {k: flat[k] for k in NUMERIC_SETTINGS if k in flat}
+    return numeric_settings(extra)
 
 
 def settings_differ(ctx: ScoreContext, dep: str, ref: str) -> str:
@@ -92,7 +89,7 @@ def settings_differ(ctx: ScoreContext, dep: str, ref: str) -> str:
     a, b = _engine_settings(ctx, dep), _engine_settings(ctx, ref)
     if a is None or b is None:
         return ""
-    return "; ".join(f"{k} {a[k]} vs {b[k]}" for k in NUMERIC_SETTINGS if k in a and k in b and a[k] != b[k])
+    return "; ".join(f"{k} {a[k]} vs {b[k]}" for k in a if k in b and a[k] != b[k])
 
 
 def _output_ids(rec: Record | None) -> list[int] | None:

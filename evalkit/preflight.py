@@ -34,14 +34,13 @@ def preflight(config: Config, config_file: Path) -> dict[str, dict[str, Any]]:
 
 
 def check_formats(config: Config, config_file: Path) -> None:
-    """A GPTQ/AWQ/INT8 format no vLLM kernel takes (an unknown format, an unsupported group size or bit width, a
-    group size that does not divide the model's layers): one line (evalkit.quant_formats.deployment_problem)."""
-    from evalkit.quant_formats import deployment_problem
-
-    from evalkit.engines.vllm_kernels import deployment_refusal
+    """Each engine's plan-time check of a deployment's local files (`EngineSpec.plan_check`: a quantization format
+    its kernels do not take, a group size that does not divide the model's layers, ...): the first problem, one line."""
+    from evalkit.engines import engine_spec
 
     for dep in config.deployments:
-        problem = deployment_problem(dep, config_file) or deployment_refusal(dep)
+        check = engine_spec(dep.engine).plan_check
+        problem = check(dep, config_file) if check is not None else None
         if problem:
             raise ConfigError(str(config_file), problem)
 

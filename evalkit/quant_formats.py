@@ -4,28 +4,22 @@ and how many bytes each weight takes with its scales and zero points.
 
 Names (variants and plan): `gptq-w<bits>[g<group>]` (no group: one scale per output channel), `awq-w4g<group>`,
 `w8a8-int8`. A checkpoint's config.json says the same in its `quantization_config` (`quant_method` gptq, awq or
-compressed-tensors). Engine-agnostic: what vLLM does with each format on each GPU is evalkit/engines/vllm_quant_rules.py.
+compressed-tensors). Engine-agnostic: which bits and group sizes an engine's kernels take is the engine's
+(`EngineSpec.format_problem`, asked through the registry), and what it does with each format on each GPU is its
+plan rules (evalkit/engines/).
 
-Bytes per weight, as the checkpoint stores them and vLLM loads them (its create_weights allocate the same
-tensors): GPTQ and AWQ pack `bits` per weight into int32 (`qweight`), keep one 16-bit scale per group and output
-column (`scales`) and one packed `bits`-wide zero point per group and column (`qzeros`, symmetric GPTQ too);
-compressed-tensors W4A16/W8A16 (`weight_packed`, `weight_scale`) store zero points only when asymmetric;
-INT8 W8A8 is one byte per weight plus one scale per output channel. Embeddings, the output head, norms and
-biases stay in the checkpoint's 16-bit dtype (vLLM quantizes linear layers only).
+Bytes per weight, as the checkpoint stores them (an engine's loader allocates the same tensors): GPTQ and AWQ
+pack `bits` per weight into int32 (`qweight`), keep one 16-bit scale per group and output column (`scales`) and
+one packed `bits`-wide zero point per group and column (`qzeros`, symmetric GPTQ too); compressed-tensors
+W4A16/W8A16 (`weight_packed`, `weight_scale`) store zero points only when asymmetric; INT8 W8A8 is one byte per
+weight plus one scale per output channel. Embeddings, the output head, norms and biases stay in the
+checkpoint's 16-bit dtype (linear layers only are quantized).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Any
-
-# Group sizes vLLM's GPU kernels take for GPTQ in every release since 0.22 (AutoGPTQ verifies Marlin support
-# first: vllm/model_executor/layers/quantization/auto_gptq.py:317 in 0.32.0), and Marlin's for AWQ:
-# vllm/model_executor/layers/quantization/utils/marlin_utils.py:37 (0.32.0), the same list since 0.6.3 (line 17).
-MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
-GPTQ_BITS = (2, 3, 4, 8)  # legacy gptq.py (exllama kernels, vLLM <= 0.21): "only 2/3/4/8-bit" (gptq.py:92, 0.21.0)
-MARLIN_GPTQ_BITS = (4, 8)  # uint4b8, uint8b128 (auto_gptq.py:99-102, 0.32.0)
-AWQ_BITS = (4,)  # auto_awq.py:182-184 (0.32.0); awq.py "only 4-bit" in every older release
 
 
 @dataclass(frozen=True)
@@ -65,7 +59,7 @@ class QuantFormat:
 
 def linear_shapes(arch: Any) -> list[tuple[int, int, int]]:
     """(in_features, out_features, count) of a gated-MLP decoder's linear layers: q, k, v, o and gate, up, down
-    in each of arch.n_layers layers (the layers vLLM quantizes)."""
+    in each of arch.n_layers layers (the layers these formats quantize)."""
     q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
     n = arch.n_layers
     return [(arch.hidden, q, n), (arch.hidden, kv, 2 * n), (q, arch.hidden, n),
@@ -83,9 +77,9 @@ def weight_bytes(arch: Any, fmt: QuantFormat, other_bytes: int = 2) -> int:
     return int(linear + (arch.n_params - linear_params) * other_bytes)
 
 
-def group_problem(fmt: QuantFormat, arch: Any, tp: int = 1) -> str | None:
-    """Why the model's layers cannot be split into `fmt`'s groups (each rank's input slice of a row-parallel
-    layer must hold whole groups: vLLM's create_weights check), or None."""
+def group_problem(fmt: QuantFormat, arch: Any, parts: int = 1, per: str = "") -> str | None:
+    """Why the model's layers cannot be split into `fmt`'s groups, or None. `parts` > 1: each of `parts` slices of
+    a row-parallel layer's inputs must hold whole groups too (`per`: what a slice is, for the message)."""
     if fmt.group_size == -1 or arch is None:
         return None
     q = arch.n_heads * arch.head_dim
@@ -93,8 +87,8 @@ def group_problem(fmt: QuantFormat, arch: Any, tp: int = 1) -> str | None:
         if k and k % fmt.group_size:
             return f"group size {fmt.group_size} does not divide the model's {what} {k}"
     for what, k in (("attention output width", q), ("intermediate size", arch.intermediate)):  # row-parallel inputs
-        if tp > 1 and k and (k // tp) % fmt.group_size:
-            return f"group size {fmt.group_size} does not divide the {what} per GPU ({k} / tensor_parallel_size {tp})"
+        if parts > 1 and k and (k // parts) % fmt.group_size:
+            return f"group size {fmt.group_size} does not divide the {what} per GPU ({k} / {per or parts})"
     return None
 
 
@@ -102,7 +96,7 @@ _GPTQ = re.compile(r"gptq-w(\d+)(?:g(\d+))?")
 _AWQ = re.compile(r"awq-w(\d+)(?:g(\d+))?")
 W8A8_INT8 = "w8a8-int8"
 # How evalkit's own variants of each method are written: llm-compressor writes compressed-tensors for all three
-# (evalkit/quantize.py), so vLLM loads them through its compressed-tensors schemes, not its gptq/awq methods.
+# (evalkit/quantize.py), so an engine loads them through its compressed-tensors schemes, not its gptq/awq methods.
 VARIANT_CHECKPOINT = {"gptq": "compressed-tensors", "awq": "compressed-tensors", "w8a8-int8": "compressed-tensors"}
 
 
@@ -111,38 +105,27 @@ def looks_like_format(name: str | None) -> bool:
     return bool(name) and str(name).lower().startswith(("gptq-", "awq-", "w8a8-", "w4a16", "w8a16"))
 
 
-def name_problem(name: str) -> str | None:
-    """What is wrong with a format name, in one clause (unknown format, unsupported bits or group size); None when
-    it names a format vLLM's kernels take."""
+def name_parts(name: str) -> tuple[str, int, int] | None:
+    """(method, weight bits, group size; -1: per output channel) of a well-formed format name, else None."""
     text = name.lower()
     if text == W8A8_INT8:
-        return None
+        return W8A8_INT8, 8, -1
     m = _GPTQ.fullmatch(text) or _AWQ.fullmatch(text)
     if m is None:
+        return None
+    return ("gptq" if text.startswith("gptq") else "awq"), int(m.group(1)), int(m.group(2)) if m.group(2) else -1
+
+
+def name_problem(name: str) -> str | None:
+    """What is wrong with a format name, in one clause: an unknown format, or bits or a group size that no
+    registered engine's kernels take (each engine's `EngineSpec.format_problem`, through the registry); None when
+    it names a format some engine runs."""
+    if name_parts(name) is None:
         return (f"unknown quantization format {name!r} (expected gptq-w<bits>[g<group>], awq-w4g<group> or w8a8-int8, "
                 "e.g. gptq-w4g128, gptq-w8, awq-w4g128)")
-    bits, group = int(m.group(1)), int(m.group(2)) if m.group(2) else -1
-    method = "gptq" if text.startswith("gptq") else "awq"
-    allowed_bits = MARLIN_GPTQ_BITS if method == "gptq" else AWQ_BITS
-    if bits not in allowed_bits:
-        return (f"{name!r}: {method.upper()} with {bits}-bit weights has no vLLM GPU kernel (Marlin, Machete: "
-                f"{', '.join(map(str, allowed_bits))}-bit; auto_gptq.py:99-102, auto_awq.py:182-184 in vLLM 0.32.0)")
-    return group_size_problem(method, group, name)
+    from evalkit.engines import format_problem
 
-
-def group_size_problem(method: str, group: int, name: str) -> str | None:
-    """A group size no kernel of the installed vLLM (0.32) takes on any device: GPTQ goes through Marlin's check on
-    every platform (auto_gptq.py:317 -> marlin_utils.py:143-149: -1, 32, 64, 128); AWQ outside Marlin's list runs
-    AWQ's GEMM on a GPU (any group dividing the layer) and the CPU WNA16 kernel (even sizes: cpu.py:38)."""
-    if method == "gptq" and group not in MARLIN_GROUP_SIZES:
-        return (f"{name!r}: group size {group} is not one vLLM's GPTQ kernels take "
-                f"({', '.join(str(g) for g in MARLIN_GROUP_SIZES[1:])}, or none for one scale per output channel; "
-                "vllm/model_executor/layers/quantization/utils/marlin_utils.py:37, checked for every GPTQ layer at "
-                "auto_gptq.py:317 in vLLM 0.32.0)")
-    if method == "awq" and group != -1 and (group <= 0 or group % 2):
-        return (f"{name!r}: group size {group} is not one vLLM's AWQ kernels take (-1 or a positive even size: "
-                "vllm/model_executor/kernels/linear/mixed_precision/cpu.py:38; Marlin -1, 32, 64, 128 on a GPU)")
-    return None
+    return format_problem(name)
 
 
 def parse(name: str | None, checkpoint: str | None = None) -> QuantFormat | None:
@@ -151,14 +134,13 @@ def parse(name: str | None, checkpoint: str | None = None) -> QuantFormat | None
     checkpoint such as the published ones)."""
     if not name or name_problem(name) is not None:
         return None
+    parts = name_parts(name)
+    assert parts is not None
+    method, bits, group = parts
     text = name.lower()
-    if text == W8A8_INT8:
-        return QuantFormat(text, "w8a8-int8", 8, -1, False, VARIANT_CHECKPOINT["w8a8-int8"], act_bits=8)
-    m = _GPTQ.fullmatch(text) or _AWQ.fullmatch(text)
-    assert m is not None
-    method = "gptq" if text.startswith("gptq") else "awq"
-    group = int(m.group(2)) if m.group(2) else -1
-    return QuantFormat(text, method, int(m.group(1)), group, method == "awq", checkpoint or VARIANT_CHECKPOINT[method])
+    if method == W8A8_INT8:
+        return QuantFormat(text, W8A8_INT8, 8, -1, False, VARIANT_CHECKPOINT[W8A8_INT8], act_bits=8)
+    return QuantFormat(text, method, bits, group, method == "awq", checkpoint or VARIANT_CHECKPOINT[method])
 
 
 def from_hf_config(config: dict[str, Any]) -> QuantFormat | None:
@@ -197,62 +179,3 @@ def _from_compressed_tensors(q: dict[str, Any]) -> QuantFormat | None:
             name = f"w{bits}a16" + (f"g{size}" if size != -1 else "")  # GPTQ or AWQ written by llm-compressor
             return QuantFormat(name, "wna16", bits, size, not sym, "compressed-tensors")
     return None
-
-
-# The methods vLLM 0.32.0 knows (vllm/model_executor/layers/quantization/__init__.py:15-49, QuantizationMethods).
-VLLM_METHODS = frozenset({
-    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed",
-    "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors", "experts_int8", "quark",
-    "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor",
-    "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8"})
-
-
-def checkpoint_problem(config: dict[str, Any], arch: Any = None, tp: int = 1) -> str | None:
-    """What is wrong with a pre-quantized checkpoint's quantization_config, in one clause: a method vLLM does not
-    know, bits or a group size no kernel takes, a group size that does not divide the model's layers."""
-    q = config.get("quantization_config")
-    if not isinstance(q, dict):
-        return None
-    method = str(q.get("quant_method", "")).lower()
-    if method not in VLLM_METHODS:
-        return (f"quantization_config.quant_method {method or '(missing)'!r} is not a format vLLM loads (gptq, awq, "
-                "compressed-tensors, fp8, ...: vllm/model_executor/layers/quantization/__init__.py:15-49, vLLM 0.32.0)")
-    fmt = from_hf_config(config)
-    if fmt is None or fmt.checkpoint == "compressed-tensors":
-        return group_problem(fmt, arch, tp) if fmt is not None else None
-    bits_ok = GPTQ_BITS if fmt.method == "gptq" else AWQ_BITS
-    if fmt.bits not in bits_ok:
-        return f"quantization_config: {fmt.method.upper()} with {fmt.bits}-bit weights has no vLLM kernel ({', '.join(map(str, bits_ok))}-bit)"
-    problem = group_size_problem(fmt.method, fmt.group_size, "quantization_config")
-    return problem or group_problem(fmt, arch, tp)
-
-
-def deployment_problem(dep: Any, config_file: Any) -> str | None:
-    """The one-line problem with a deployment's quantization format, before anything is written: an unknown or
-    unsupported format name (its variant), or a checkpoint whose quantization_config no vLLM kernel takes. Reads
-    local files only (a model not on disk is not checked)."""
-    import json
-    from pathlib import Path
-
-    model = getattr(dep, "model", None)
-    if model is None:
-        return None
-    tp = int(getattr(getattr(dep, "options", None), "tensor_parallel_size", 1) or 1)
-    if model.variant is not None and looks_like_format(model.variant):
-        problem = name_problem(model.variant)
-        return f"deployment {dep.name}: {problem}" if problem else None
-    from evalkit.ledger import arch_from_hf_config, local_model_path
-
-    path = local_model_path(model.source, Path(config_file))
-    if path is None or not path.is_dir() or not (path / "config.json").is_file():
-        return None
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # the memory plan reports an unreadable config
-    try:
-        arch = arch_from_hf_config(config, path.name)
-    except ValueError:
-        arch = None
-    problem = checkpoint_problem(config, arch, tp)
-    return f"deployment {dep.name}: {path / 'config.json'}: {problem}" if problem else None

@@ -13,7 +13,7 @@ Recipes (llm-compressor's standard ones, decoder nn.Linear layers only, lm_head 
 - w8a8-int8: SmoothQuantModifier (strength 0.8) then GPTQModifier with the W8A8 preset (INT8 weights per output
   channel, INT8 activations per token, dynamic).
 Calibration: `samples` windows of `seq_len` tokens cut in order from a named text file (its sha256 in the manifest);
-never an evaluation text (the default is the long-context filler, which no suite scores token by token).
+never an evaluation text (the default, texts/calibration.txt, is one no suite scores token by token).
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ from evalkit.quant_formats import QuantFormat, name_problem, parse
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUANT_VENV = REPO_ROOT / ".venv-quant"
 QUANTIZER = "llmcompressor"
-# The default calibration text: shipped with evalkit (so a fresh clone has it), original, and not scored by the
-# perplexity or MMLU suites (texts/README.md).
-DEFAULT_CALIBRATION = REPO_ROOT / "texts" / "longcontext_filler.txt"
+# The default calibration text: shipped with evalkit (so a fresh clone has it), original, and scored token by token
+# by no suite (texts/README.md says which text it is; its bytes, hashed into a variant's cache key, are what count).
+DEFAULT_CALIBRATION = REPO_ROOT / "texts" / "calibration.txt"
 DEFAULT_SAMPLES = 32
 DEFAULT_SEQ_LEN = 256
 

@@ -25,9 +25,7 @@ import functools
 import json
 import os
 import shutil
-import signal
 import struct
-import subprocess
 import sys
 import time
 import uuid
@@ -42,6 +40,7 @@ from evalkit.engines import ENGINES, engine_spec
 from evalkit.engines.fp8_rounding import fp8_roundtrip
 from evalkit.errors import EvalkitError, VariantError
 from evalkit.fileio import pid_alive
+from evalkit.gguf_ladder import build_gguf, gguf_metadata, llama_tokenize
 from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, read_gguf_header, resolve_source
 from evalkit.quant_formats import looks_like_format, parse
 from evalkit.quantize import Calibration, calibration_from, check_request
@@ -67,7 +66,6 @@ PARITY_STRINGS = (
     "def f(x):\n    return x**2\n",
     "1234567890 3.14159",
 )
-_16BIT_GGUF_TYPES = {"F32", "F16", "BF16"}
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -257,7 +255,7 @@ def _build(variant: str, source: str, path: Path, kind: str, out: Path, *, progr
     if variant == NATIVE_FP8_VARIANT:
         hf_dir = path if kind == HF_KIND else prepare_variant(source, HF_VARIANT, progress=progress)
         return _build_native_fp8(hf_dir, out)
-    return _build_gguf(source, path, variant, out)
+    return build_gguf(source, path, variant, out)
 
 
 # ---------------------------------------------------------------------------------------------- hf
@@ -407,42 +405,6 @@ def _check_token_parity(source: str, gguf: Path, hf_dir: Path, meta: dict[str, A
     return {"checked": True, "strings": len(PARITY_STRINGS), "equal": len(PARITY_STRINGS) - len(mismatches), "mismatches": mismatches}
 
 
-def gguf_metadata(path: Path) -> dict[str, Any]:
-    """The GGUF facts variants need: tokenizer flags, chat template, file type, tensor types."""
-    try:
-        import gguf
-    except ImportError:
-        raise VariantError(str(path), "the gguf package is not installed (pip install 'evalkit[prepare]')") from None
-    try:
-        head = read_gguf_header(path)
-    except (OSError, ValueError, struct.error) as e:
-        raise VariantError(str(path), f"cannot read GGUF metadata: {_first_line(e)}") from None
-    kv, tensor_types = head.meta, [t for _, _, t, _ in head.tensors]
-    file_type = kv.get("general.file_type")
-    try:
-        file_type_name = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except ValueError:
-        file_type_name = str(file_type)
-    types: dict[str, int] = {}
-    for t in tensor_types:
-        try:
-            name = gguf.GGMLQuantizationType(t).name
-        except ValueError:
-            name = str(t)
-        types[name] = types.get(name, 0) + 1
-    return {
-        "architecture": kv.get("general.architecture"),
-        "add_bos": bool(kv.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos": bool(kv.get("tokenizer.ggml.add_eos_token", False)),
-        "bos_token_id": kv.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": kv.get("tokenizer.ggml.eos_token_id"),
-        "chat_template": kv.get("tokenizer.chat_template"),
-        "file_type": file_type_name,
-        "tensor_types": types,
-        "is_16bit": set(types) <= _16BIT_GGUF_TYPES,
-    }
-
-
 def _require_transformers(source: str) -> tuple[Any, Any]:
     try:
         import torch
@@ -569,103 +531,6 @@ def linear_weight_names(hf_dir: Path) -> set[str]:
 # ---------------------------------------------------------------------------------------------- GGUF ladder
 
 
-def _build_gguf(source: str, gguf: Path, qtype: str, out: Path) -> dict[str, Any]:
-    meta = gguf_metadata(gguf)
-    dst = out / f"model-{qtype}.gguf"
-    requantize = not meta["is_16bit"]
-    result = _run_llama_helper(source, ["quantize", str(gguf), str(dst), qtype, "1" if requantize else "0"])
-    out_meta = gguf_metadata(dst)
-    src_type = meta.get("file_type") or "quantized"
-    return {
-        "model_file": dst.name,
-        "quantizer": "llama.cpp llama_model_quantize (in a subprocess)",
-        "llama_cpp_python": package_version("llama-cpp-python"),
-        "source_file_type": meta.get("file_type"),
-        "requantized": requantize,
-        "path_taken": (
-            f"requantized from {src_type}: llama.cpp dequantizes each tensor to F32 and quantizes it to "
-            f"{qtype}. Chosen over converting the hf variant back to an F16 GGUF because it is the same "
-            "arithmetic without an extra bf16 rounding and keeps the GGUF's own tokenizer metadata. Rungs "
-            f"finer than {src_type} cannot recover what {src_type} lost: they measure the {src_type} model "
-            "re-encoded, not the original model at that precision."
-            if requantize
-            else f"quantized from the {src_type} source"
-        ),
-        "file_type": out_meta.get("file_type"),
-        "tensor_types": out_meta["tensor_types"],
-        "verified": result,
-    }
-
-
-def _run_llama_helper(source: str, args: list[str], *, stdin: str | None = None) -> Any:
-    """Run a llama.cpp job in a child process: a crash there cannot take the caller (or its vLLM) down."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "evalkit.variants", "_llama", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-    )
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        if proc.returncode == 3:
-            raise VariantError(source, "llama-cpp-python is not installed (pip install 'evalkit[llamacpp]')")
-        raise VariantError(source, f"llama.cpp {args[0]} failed (exit {proc.returncode}): {tail}")
-    return json.loads(lines[-1])
-
-
-def _die_with_parent() -> None:
-    # A killed prepare must not leave its quantizer running (and writing) as an orphan.
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def llama_tokenize(gguf: Path, texts: list[str], *, add_bos: bool) -> list[list[int]]:
-    """llama.cpp's token ids for `texts` (special tokens parsed, as HF tokenizers do), from a child process."""
-    return _run_llama_helper(
-        str(gguf), ["tokenize", str(gguf), "1" if add_bos else "0"], stdin=json.dumps(texts)
-    )
-
-
-def _llama_child(argv: list[str]) -> int:
-    """The child side of `_run_llama_helper`. Prints one JSON line on success."""
-    import ctypes
-
-    from evalkit.engines.llamacpp_lib import load_llama_cpp
-
-    try:
-        llama_cpp = load_llama_cpp()
-    except ImportError:
-        return 3
-    if argv[0] == "quantize":
-        src, dst, qtype, requant = argv[1], argv[2], argv[3], argv[4] == "1"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype}")
-        params.allow_requantize = requant
-        params.nthread = len(os.sched_getaffinity(0))
-        if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)) != 0:
-            print(f"llama_model_quantize returned an error for {qtype}", file=sys.stderr)
-            return 1
-        # Verify: the file loads and decodes a few tokens greedily.
-        llm = llama_cpp.Llama(dst, n_ctx=64, n_threads=params.nthread, verbose=False)
-        out = llm("The capital of France is", max_tokens=4, temperature=0.0)
-        print(json.dumps({"loads": True, "n_vocab": llm.n_vocab(), "sample": out["choices"][0]["text"]}))
-        llm.close()
-        return 0
-    if argv[0] == "tokenize":
-        llm = llama_cpp.Llama(argv[1], vocab_only=True, verbose=False)
-        texts = json.loads(sys.stdin.read())
-        ids = [llm.tokenize(t.encode("utf-8"), add_bos=argv[2] == "1", special=True) for t in texts]
-        print(json.dumps(ids))
-        llm.close()
-        return 0
-    print(f"unknown llama job {argv[0]!r}", file=sys.stderr)
-    return 2
-
-
 # ---------------------------------------------------------------------------------------------- helpers
 
 
@@ -689,8 +554,6 @@ def _first_line(e: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m evalkit.variants prepare SOURCE [VARIANT] [--force] [--quiet]`: prints the prepared path."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["_llama"]:
-        return _llama_child(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m evalkit.variants")
     sub = parser.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("prepare", help="make one variant of a model source")

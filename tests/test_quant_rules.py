@@ -38,7 +38,8 @@ import yaml
 
 from evalkit.engines import vllm_rules
 from evalkit.gpus import lookup
-from evalkit.quant_formats import QuantFormat, checkpoint_problem, from_hf_config, name_problem, parse, weight_bytes
+from evalkit.engines.vllm_formats import checkpoint_problem
+from evalkit.quant_formats import QuantFormat, from_hf_config, name_problem, parse, weight_bytes
 
 R = None  # refused: no kernel
 CT_W4 = QuantFormat("w4a16g128", "wna16", 4, 128, False, "compressed-tensors")  # llm-compressor's W4A16 (GPTQ)
@@ -176,7 +177,7 @@ def test_qwen_7b_weights_by_hand() -> None:
     GPTQ/AWQ 4-bit g128: 6,525,288,448 x 133/256 = 3,390,091,264 -> 5,570,747,392 bytes.
     GPTQ 8-bit g128: x 262/256 = 6,678,224,896 -> 8,858,881,024. W8A8: 6,525,288,448 + 4 bytes x 28 x (3584 + 2 x 512
     + 3584 + 2 x 18944 + 3584) output rows = 6,530,850,816 -> 8,711,506,944."""
-    from evalkit.ledger import arch_from_hf_config
+    from evalkit.weights import arch_from_hf_config
 
     arch = arch_from_hf_config(json.loads((Path(__file__).parent / "data" / "qwen2.5-7b-instruct" / "config.json").read_text()), "q")
     assert arch.n_params == 7_615_616_512
@@ -218,7 +219,7 @@ def test_checkpoint_problems() -> None:
     assert "not a format vLLM loads" in checkpoint_problem({**base, "quantization_config": {**q, "quant_method": "gptqq"}})
     assert "group size 256" in checkpoint_problem({**base, "quantization_config": {**q, "group_size": 256}})
     awq = {**base, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 100, "zero_point": True}}
-    from evalkit.ledger import arch_from_hf_config
+    from evalkit.weights import arch_from_hf_config
 
     assert "group size 100 does not divide the model's hidden size 3584" in checkpoint_problem(awq, arch_from_hf_config(base, "q"))
 

@@ -16,7 +16,8 @@ from evalkit.errors import EngineUnavailableError
 if TYPE_CHECKING:
     from evalkit.engines.base import Engine
 
-__all__ = ["ENGINES", "SERVED_KIND", "Capability", "DoctorRow", "EngineSpec", "UnitResources", "engine_spec", "engine_names", "load_engine", "unknown_engine_message"]
+__all__ = ["ENGINES", "SERVED_KIND", "Capability", "DoctorRow", "EngineSpec", "UnitResources", "engine_spec", "engine_names", "load_engine", "unknown_engine_message",
+           "format_problem", "numeric_settings"]
 
 ENGINES: dict[str, str] = {
     "llamacpp": "evalkit.engines.llamacpp:SPEC",
@@ -70,3 +71,25 @@ def load_engine(engine: str, model_path: str | None, options: Any, deployment: s
         raise EngineUnavailableError(
             f"deployment {deployment}", f"engine {engine!r} is not installed ({e.name}); {spec.install_hint}"
         ) from None
+
+
+def format_problem(name: str) -> str | None:
+    """Why no registered engine runs a weight-quantization format name (each engine's `EngineSpec.format_problem`;
+    the first refusal), or None when one that declares formats takes it (or none declares any)."""
+    problems = [spec.format_problem(name) for spec in (engine_spec(n) for n in ENGINES) if spec.format_problem is not None]
+    return None if not problems or None in problems else problems[0]
+
+
+def numeric_settings(extra: dict[str, Any]) -> dict[str, Any]:
+    """The settings an engine info's `extra` states that change greedy outputs (every registered engine's
+    `EngineSpec.info_numerics`, in registry order), name -> value. "a.b" is read as key b of the dict at key a
+    and named b; a top-level b wins."""
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(k for n in ENGINES for k in engine_spec(n).info_numerics):
+        head, _, key = name.rpartition(".")
+        inner = extra.get(head) if head else None
+        if key in extra:
+            out[key] = extra[key]
+        elif isinstance(inner, dict) and key in inner:
+            out[key] = inner[key]
+    return out

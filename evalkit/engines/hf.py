@@ -45,7 +45,7 @@ from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, Samp
 from evalkit.engines import hf_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.hf_decode import BatchStepper, DecodeForward, first_line, pick
-from evalkit.engines.hf_memory import ROW_BLOCK, predict_hf
+from evalkit.engines.hf_memory import ROW_BLOCK, kv_precision, predict_hf
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.errors import EngineUnavailableError, ModelFileError
 from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators
@@ -588,4 +588,6 @@ SPEC = EngineSpec(
     label="transformers",
     doctor=_doctor,
     warm_imports=("torch", "transformers", "transformers.modeling_utils"),
+    kv_precision=kv_precision,
+    info_numerics=("attn_implementation", "dtype"),
 )

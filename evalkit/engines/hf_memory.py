@@ -55,3 +55,9 @@ def predict_hf(
         max_concurrency=max(1, batch), notes=(f"transformers, batches of up to {options.max_batch_size} requests in a static KV cache"
                                               + (f"; {batch} x {slots} tokens for the largest batch a suite sends at once" if batch > 1 and slots else "")),
     )
+
+
+def kv_precision(options: Any) -> str:
+    """EngineSpec.kv_precision: `kv_cache` ("full": the model's `dtype`, else the quantized cache's name)."""
+    kv = str(getattr(options, "kv_cache", "full"))
+    return str(getattr(options, "dtype", "float32")) if kv == "full" else kv

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores, generate_in_turn
 from evalkit.engines import llamacpp_rules
 from evalkit.engines.llamacpp_lib import load_llama_cpp
-from evalkit.engines.llamacpp_memory import predict_llamacpp
+from evalkit.engines.llamacpp_memory import kv_precision, predict_llamacpp
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import TokenizerOnly
 from evalkit.errors import ModelFileError
@@ -610,3 +610,6 @@ SPEC = EngineSpec(
     effective_numerics=_effective_numerics,
     warm_imports=("llama_cpp",),
 )
+    kv_precision=kv_precision,
+    # the info's settings that change greedy outputs (flash_attn, batch shapes, the KV cache it allocated)
+    info_numerics=("flash_attn", "n_batch", "n_ubatch", "kv_cache.type_k", "kv_cache.type_v"),

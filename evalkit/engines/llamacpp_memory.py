@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from evalkit.ledger import GB, ArchSpec, Hardware, LedgerRow, Workload, fits_count
+from evalkit.ledger import GB, Hardware, LedgerRow, Workload, fits_count
+from evalkit.weights import ArchSpec
 
 # What llama.cpp holds on each GPU beyond weights, KV cache and its compute buffer: the CUDA context with the
 # ggml-cuda kernels loaded and cuBLAS. Calibrated on an H200 (driver 580, CUDA 13, llama.cpp of llama-cpp-python
@@ -112,3 +113,10 @@ def predict_llamacpp(name: str, arch: ArchSpec, weights_bytes: int, precision: s
         per_device_bytes=per_device, device_budget_bytes=budget, fits=per_device <= budget,
         max_context=max_ctx, memory_context=mem_ctx, max_concurrency=fits_count(room, kv_dev), notes="; ".join(notes),
     )
+
+
+def kv_precision(options: Any) -> str:
+    """EngineSpec.kv_precision: type_k / type_v (default f16): "f16", or "K q8_0 / V f16" when they differ. What
+    the engine really allocated is its info's `kv_cache`."""
+    k, v = getattr(options, "type_k", "f16"), getattr(options, "type_v", "f16")
+    return str(k) if k == v else f"K {k} / V {v}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel
@@ -84,6 +85,15 @@ class EngineSpec:
       before anything else looks at the deployment; `deployment_capabilities(deployment)`: capabilities that
       depend on the deployment (a server's), with reasons for the missing ones (`capabilities_of`).
     - `endpoint(options)` -> dict: where a served model is (for the manifest); never an API key.
+    - `format_problem(name)`: why the engine's kernels cannot run a weight-quantization format name
+      (evalkit.quant_formats: gptq-w4g128, ...) in one clause, or None; a format no declaring engine runs is
+      refused in config. `plan_check(deployment, config_file)`: the one-line problem `evalkit plan` and `run`
+      find before anything is written, from local files only (a checkpoint's quantization_config), or None.
+    - `kv_precision(options)` -> a short label of the KV cache's precision the options set ("f16", "fp8 (e4m3)",
+      ...; read through `kv_precision_of`); None: the engine has no such setting (a served model's server decides).
+    - `info_numerics`: keys of the engine's `EngineInfo.extra` that change greedy outputs of the same weights and
+      prompt tokens (attention kernel, batch, KV precision); "a.b" reads key b of the dict at key a. The parity
+      table names those that differ between two deployments (`evalkit.engines.numeric_settings`).
     - `label`: the engine's name in sentences ("vLLM"); defaults to `name`.
     - `warm_imports`: modules whose import is the part of the engine's start-up that no model or option
       changes (vLLM: about 12 s of a 2-core CPU); a worker started before its run directory exists imports
@@ -131,6 +141,10 @@ class EngineSpec:
     # A served deployment's limits, read from its server at plan time: {"top_k": the most log-probs per position
     # by token id, "n_ctx": its context per sequence, "top_k_from"/"n_ctx_from": where each was read}.
     served_limits: Callable[[Any], dict[str, Any]] | None = None
+    format_problem: Callable[[str], str | None] | None = None
+    plan_check: Callable[[Any, Path], str | None] | None = None
+    kv_precision: Callable[[Any], str] | None = None
+    info_numerics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         fields = getattr(self.options_model, "model_fields", {})
@@ -152,6 +166,10 @@ class EngineSpec:
         """The context window (tokens) the options fix; None when they leave it to the model (or have none)."""
         value = getattr(options, self.context_option, None) if self.context_option else None
         return value if isinstance(value, int) and value > 0 else None
+
+    def kv_precision_of(self, options: Any) -> str:
+        """The KV cache's precision the options set, as a short label; "" where the engine has no such setting."""
+        return self.kv_precision(options) if self.kv_precision is not None else ""
 
     def dtype_of(self, options: Any) -> str | None:
         return getattr(options, self.dtype_option, None) if self.dtype_option else None

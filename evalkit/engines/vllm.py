@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
-from evalkit.engines import vllm_rules
+from evalkit.engines import vllm_formats, vllm_kv, vllm_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.engines.vllm_memory import KvCacheSize, arch_of_model, predict_vllm, vllm_cpu_in_one_process, vllm_kv_cache_size
@@ -597,7 +597,11 @@ def _hardware(deployment: Any) -> HardwareUse:
             "vLLM's online 'fp8' uses one scale per weight matrix (per tensor; vLLM 0.32 maps it to "
             "fp8_per_tensor); 'fp8_per_channel' matches evalkit's fp8-weight variant (one scale per output channel)"
         )
-    return HardwareUse(describe_devices(used), capability, requested, vllm_rules.precision(requested, capability), tuple(notes))
+    precision = vllm_rules.precision(requested, capability)
+    planned = vllm_formats.planned_kernel(deployment, capability)  # a GPTQ/AWQ/INT8 variant on the CPU backend
+    if planned and precision.mode == "not-requested":  # the checkpoint's quantization_config decides, not an option
+        precision = vllm_formats.planned_precision(planned, deployment.model.variant)
+    return HardwareUse(describe_devices(used), capability, requested, precision, tuple(notes), planned)
 
 
 def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
@@ -662,4 +666,8 @@ SPEC = EngineSpec(
     doctor=_doctor,
     doctor_quantizations=("fp8",),
     warm_imports=("vllm.platforms", "vllm.entrypoints.llm"),  # torch, inductor, transformers with them
+    format_problem=vllm_formats.format_problem,
+    plan_check=vllm_formats.plan_check,
+    kv_precision=vllm_kv.kv_precision,
+    info_numerics=("kv_cache_dtype", "dtype"),
 )

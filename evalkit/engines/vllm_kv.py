@@ -133,3 +133,12 @@ def summary(requested: str, ran: dict[str, Any]) -> dict[str, Any]:
     if want is not None and fmt is not None:
         ran = {**ran, "silent_cast": None if fmt == want else f"{requested} asked ({want}), {fmt} stored"}
     return ran
+
+
+def kv_precision(options: Any) -> str:
+    """EngineSpec.kv_precision: `kv_cache_dtype` ("auto": the model's compute dtype; fp8 is e4m3). What the engine
+    really stored is its info's `kv_cache_ran`."""
+    kv = str(getattr(options, "kv_cache_dtype", "auto"))
+    if kv == "auto":
+        return f"{getattr(options, 'dtype', 'auto')} (auto)"
+    return {"fp8": "fp8 (e4m3)"}.get(kv, kv)

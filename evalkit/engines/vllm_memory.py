@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.ledger import (
-    CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, ArchSpec, Hardware, LedgerRow, Workload, MOE_KEYS, fits_count,
-    arch_from_hf_config, arch_weight_bytes, gguf_weights,
-)
+from evalkit.ledger import CUDA_CONTEXT_BYTES, GB, GIB, ONLINE_FP8, Hardware, LedgerRow, Workload, fits_count, arch_weight_bytes
+from evalkit.weights import MOE_KEYS, ArchSpec, arch_from_hf_config, gguf_weights
 
 VLLM_BATCH_TOKENS = 8192  # vLLM's chunked-prefill token budget, which its profile run fills
 # vLLM on CPU runs three processes: the front end (evalkit's worker: evalkit, vLLM, torch, the tokenizer and

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evalkit.quant_formats import MARLIN_GROUP_SIZES, QuantFormat, group_problem
+from evalkit.engines.vllm_formats import MARLIN_GROUP_SIZES, group_problem
+from evalkit.quant_formats import QuantFormat
 
 FP16, BF16, FP32 = "float16", "bfloat16", "float32"
 

@@ -59,7 +59,7 @@ def decision_table(sc: ScenarioDecision, margins: dict[str, float], key: str = "
     rows = []
     for d in sc.deployments:
         status = "recommended ★" if d.deployment == sc.recommended else "yes" if d.qualifies else "no"
-        kv = d.memory.kv_cache if d.memory and d.memory.kv_cache else "–"
+        kv = d.memory.kv_precision if d.memory and d.memory.kv_precision else "–"
         rows.append([Cell(d.deployment, "(reference)" if d.reference else ""), Cell(kv), Cell(status, "; ".join(d.reasons)),
                      _memory_cell(d), _cost_cell(d, "tokens_per_s"), _cost_cell(d, "ttft_ms")]
                     + [_margin_cell(m) for m in d.margins])

@@ -155,7 +155,7 @@ def hardware_table(view: RunView) -> Table:
                      Cell(_kernel_cell(hw, ran.get(name) or {})), Cell(notes.strip("; "))])
     return Table("hardware", "", ["deployment", "engine", "model", "variant", "requested",
                                   "effective precision", "device", "linear kernel: planned / ran", "explanation"], rows,
-                 "Linear kernel: the plan's prediction (from vLLM's code) beside the kernel classes the loaded engine's "
+                 "Linear kernel: the plan's prediction (from the engine's code, as its rules cite it) beside the kernel classes the loaded engine's "
                  "layers really ran (read from the model, engines/<deployment>.json); 'differs' when they disagree.")
 
 

@@ -1,7 +1,7 @@
 """`suites.perplexity.kv_reference: true`: each deployment with a quantized KV cache is also compared with the
 deployment of the same run that holds the same weights (same files, by the manifest's sha256) on the same engine
 with a 16-bit KV cache, so the KV cache's effect is separated from the weights'. No config naming is needed: the
-twin is found from the deployments' options (evalkit.kv_precision) and fingerprints.
+twin is found from the deployments' options (EngineSpec.kv_precision) and fingerprints.
 
 Rows (score rows of the quantized-KV deployment, against its twin): `kv_kld` and `kv_top1_agreement` over every
 scored token, the same by position bucket (`kv_pos_kld`, `kv_pos_top1_agreement`, category "pos <bucket>"), and
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from evalkit.kv_precision import kv_precision
+from evalkit.engines import engine_spec
 from evalkit.store import ScoreRow
 from evalkit.suites.base import ScoreContext
 from evalkit.suites.perplexity.chunking import CATEGORY
@@ -33,7 +33,7 @@ def kv_twins(ctx: ScoreContext, names: list[str]) -> dict[str, str]:
     left out."""
     config = ctx.config
     deps = {d.name: d for d in getattr(config, "deployments", []) or []}
-    labels = {n: kv_precision(deps[n].engine, deps[n].options) for n in names if n in deps}
+    labels = {n: engine_spec(deps[n].engine).kv_precision_of(deps[n].options) for n in names if n in deps}
     out: dict[str, str] = {}
     for n, label in labels.items():
         if not label or is_full_kv(label):

@@ -40,7 +40,7 @@ def served_top_k_lines(config: Any, top_k: int) -> list[str]:
 def plan_store_note(config: Any, config_file: Path) -> str | None:
     """The plan's lines on exact KLD, before anything runs: which deployments get it, against whose stored
     distributions and how large that store can get; which keep the top-k bound. None: perplexity is off."""
-    from evalkit.ledger import gguf_weights, hf_weights, local_model_path
+    from evalkit.weights import gguf_weights, hf_weights, local_model_path
 
     s = config.suites.perplexity
     if s is None:
