@@ -609,7 +609,7 @@ SPEC = EngineSpec(
     doctor=_doctor,
     effective_numerics=_effective_numerics,
     warm_imports=("llama_cpp",),
-)
     kv_precision=kv_precision,
     # the info's settings that change greedy outputs (flash_attn, batch shapes, the KV cache it allocated)
     info_numerics=("flash_attn", "n_batch", "n_ubatch", "kv_cache.type_k", "kv_cache.type_v"),
+)
