@@ -54,7 +54,8 @@ def served(name: str, url: str, **options: Any) -> dict[str, Any]:
             "options": {"base_url": url + "/v1", "api_key_env": KEY_ENV, **options}}
 
 
-IN_PROCESS = {"name": "inproc", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048}}
+# Flash attention off, as evalkit's launcher starts llama-server (and as the external server below is started).
+IN_PROCESS = {"name": "inproc", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048, "flash_attn": False}}
 LAUNCHED = {"name": "launched", "engine": "openai", "model": MODEL,
             "options": {"launch": "llama-server", "n_ctx": 2048, "parallel": 1}}
 PROMPTS = {"path": str(REPO / "prompts"), "categories": ["code", "reasoning", "translation", "qa"], "limit_per_category": 2}
@@ -204,6 +205,60 @@ def test_launched_server_is_described_and_logged(three_ways: Path) -> None:
     assert_key_nowhere(three_ways)
 
 
+# -- llama-server as a user starts it --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default_server(gguf: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """`llama-server -m <gguf> --host 127.0.0.1 --port N` and nothing else: llama-server's defaults stand (flash
+    attention auto, which is on for a CPU; -b 2048 -ub 512; its own slots, context and threads). The launcher's
+    process handling only (a LaunchPlan written here, not plan_launch's command line, which sets evalkit's)."""
+    from evalkit.engines.launcher import LaunchPlan, llama_server_path, program_version, start_server
+
+    path = llama_server_path()
+    if path is None:
+        unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(path.parent), os.environ.get("LD_LIBRARY_PATH")]))}
+    plan = LaunchPlan("llama-server", (str(path), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}"),
+                      program_version("llama-server"), env)
+    srv = start_server(plan, "defaults", 120, log_dir=tmp_path_factory.mktemp("default-server"))
+    yield srv
+    srv.stop()
+
+
+def test_llama_server_with_its_defaults_runs_mmlu_as_in_process_llama_cpp_with_flash_attention(  # type: ignore[no-untyped-def]
+        default_server, tmp_path: Path) -> None:
+    """Letters from the default server's n_probs equal in-process llama.cpp's with the matching setting (flash
+    attention on); perplexity, which needs prompt log-probs llama-server lacks, is refused in one plan-time line
+    that says why (and, under --strict, the run is refused: test_bad_served_input_...)."""
+    inproc_fa = {**IN_PROCESS, "options": {"n_ctx": 2048, "flash_attn": True}}
+    ppl = {"text": str(REPO / "texts" / "ppl_default.txt"), "n_ctx": 128, "max_chunks": 1}
+    dep = {"name": "defaults", "engine": "openai", "model": MODEL, "options": {"base_url": default_server.root_url + "/v1"}}
+    cfg = write_config(tmp_path / "run.yaml", [inproc_fa, dep], {"mmlu": MC, "perplexity": ppl}, "inproc")
+    proc = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "defaults skips" in ln]
+    assert len(said) == 1 and "perplexity" in said[0] and "generated tokens" in said[0] and "echo" in said[0], said
+    run = run_dir(tmp_path / "out")
+    server = json.loads((run / "engines" / "defaults.json").read_text())["extra"]["server"]
+    assert server["dialect"] == "llama.cpp" and server["probed_at"] == "plan"
+    assert json.loads((run / "engines" / "inproc.json").read_text())["extra"]["flash_attn"] is True
+    server_log = next(default_server.log_path.parent.glob("*.log")).read_text(errors="replace")
+    assert "flash_attn = auto" in server_log or "Flash Attention enabled" in server_log  # its default, on for a CPU
+    ref, mine = by_item(records(run, "inproc"), "mmlu"), by_item(records(run, "defaults"), "mmlu")
+    assert set(mine) == set(ref) and len(ref) == 20
+    methods = sorted({r["method"] for r in mine.values()})
+    same = sum(mine[i]["pred"] == ref[i]["pred"] for i in ref)
+    worst = max(abs(a - b) for i in ref for a, b in zip(mine[i]["choice_logprobs"], ref[i]["choice_logprobs"]))
+    print(f"llama-server defaults: MMLU letters identical {same}/{len(ref)} to in-process llama.cpp (flash attention on); "
+          f"methods {methods}; largest log-prob difference {worst:.2e}; skip line: {said[0]}")
+    assert methods == ["answer-top-k"]
+    assert same >= 0.95 * len(ref), f"{same}/{len(ref)} letters identical"
+    report = (run / "report.md").read_text()
+    assert "How the letters were read" in report and "defaults: 20 answer-top-k" in report
+
+
 # -- a plain OpenAI-compatible server ------------------------------------------------------------------
 
 
@@ -228,6 +283,7 @@ def test_plain_openai_server_runs_mmlu_and_perplexity_within_its_documented_fiel
             plain["options"]["base_url"] = stub.url + "/v1"  # type: ignore[index]
             cfg = write_config(tmp_path / "run.yaml", [IN_PROCESS, plain], {"mmlu": MC, "perplexity": ppl}, "inproc")
             plan = evalkit("plan", str(cfg), timeout=300)
+            planned = len(stub.requests)  # what `evalkit plan` asked; the run's requests follow
             proc = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-cache")
     finally:
         engine.close()
@@ -236,11 +292,17 @@ def test_plain_openai_server_runs_mmlu_and_perplexity_within_its_documented_fiel
     run = run_dir(tmp_path / "out")
     assert not [s for s in json.loads((run / "manifest.json").read_text())["skipped"] if s["deployment"] == "plain"]
     assert all(set(b) <= DOCUMENTED for b, _ in stub.requests), [sorted(set(b) - DOCUMENTED) for b, _ in stub.requests]
-    # Only discovery's probe asks more than the limit (and is refused); every request after it stays within it.
-    over = [i for i, (b, _) in enumerate(stub.requests) if (b.get("logprobs") or 0) > MAX_LOGPROBS]
-    assert len(over) == 1 and stub.requests[over[0]][1] == 400 and all(code == 200 for _, code in stub.requests[over[0] + 1:])
+    # The server's limit is read once per invocation (`evalkit plan`, then the run, whose worker reuses its
+    # plan-time discovery): only discovery's probe asks more than the limit (and is refused), once each; every
+    # request after it stays within the limit and is answered.
+    for name, asked in (("plan", stub.requests[:planned]), ("run", stub.requests[planned:])):
+        over = [i for i, (b, _) in enumerate(asked) if (b.get("logprobs") or 0) > MAX_LOGPROBS]
+        assert len(over) == 1 and asked[over[0]][1] == 400, (name, over, [(b.get("logprobs"), c) for b, c in asked])
+        assert all(code == 200 for _, code in asked[over[0] + 1:]), name
     engine_info = json.loads((run / "engines" / "plain.json").read_text())
-    assert engine_info["extra"]["server"]["dialect"] == "openai" and engine_info["extra"]["server"]["max_logprobs"] == MAX_LOGPROBS
+    server_facts = engine_info["extra"]["server"]
+    assert server_facts["dialect"] == "openai" and server_facts["max_logprobs"] == MAX_LOGPROBS
+    assert server_facts["probed_at"] == "plan"  # the worker read the run's plan-time discovery, not the server
     ref, mine = by_item(records(run, "inproc"), "mmlu"), by_item(records(run, "plain"), "mmlu")
     methods = {r["method"] for r in mine.values()}
     assert "answer-top-k" in methods and methods <= {"answer-top-k", "four-continuations"}, methods
@@ -253,6 +315,27 @@ def test_plain_openai_server_runs_mmlu_and_perplexity_within_its_documented_fiel
     p = s[(s.suite == "perplexity") & (s.metric == "ppl")].set_index("deployment").value
     print(f"plain server: methods {sorted(methods)}; ppl {p['plain']:.5f} vs in-process {p['inproc']:.5f}")
     assert abs(p["plain"] / p["inproc"] - 1) < 1e-4
+
+
+def test_plan_time_server_facts_reach_the_runs_workers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's plan-time discovery, handed on in the environment, reads back whole in its child (the
+    worker) and is ignored by a process it did not start (a later run from a shell that inherited it)."""
+    from evalkit.engines import openai as served_engine
+    from evalkit.engines.openai_discovery import ServerFacts
+    from evalkit.engines.spec import Capability
+
+    facts = ServerFacts("openai", "m", ["m"], None, frozenset({Capability.GENERATE, Capability.PROMPT_LOGPROBS}),
+                        {Capability.TOKENIZER: "no /tokenize"}, {"model": {}}, max_logprobs=5, n_ctx=2048,
+                        vocab_size=49152, chat_template="{{x}}", methods={"next_token": "logprobs"}, probed_at="plan")
+    assert ServerFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
+    options = served_engine.OpenAIOptions(base_url="http://127.0.0.1:9/v1")
+    key = served_engine._server_key(options)
+    monkeypatch.setattr(served_engine, "_PLANNED", {})
+    monkeypatch.setenv(served_engine.PLANNED_ENV, json.dumps({"pid": os.getppid(), "servers": {key: facts.to_json()}}))
+    assert served_engine.planned_facts(options) == facts  # this process's parent discovered it: a worker
+    monkeypatch.setattr(served_engine, "_PLANNED", {})
+    monkeypatch.setenv(served_engine.PLANNED_ENV, json.dumps({"pid": os.getppid() + 1, "servers": {key: facts.to_json()}}))
+    assert served_engine.planned_facts(options) is None  # another process's: discovered afresh
 
 
 # -- faults -----------------------------------------------------------------------------------------
@@ -405,7 +488,6 @@ def test_ctrl_c_in_the_worker_stops_its_launched_server(tmp_path: Path, gguf: Pa
     if llama_server_path() is None:
         unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
     cfg = write_config(tmp_path / "run.yaml", [LAUNCHED], {"prompts": {**PROMPTS, "limit_per_category": 6}}, "launched")
-    before = llama_servers()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(tmp_path / "out"),
                              "--no-cache"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -460,7 +542,7 @@ def test_a_served_judge_grades_through_the_openai_engine_as_the_in_process_one(t
     answers = {}
     for name, dep in (("served", {"name": "judge", "engine": "openai", "model": MODEL,
                                   "options": {"base_url": server.root_url + "/v1", "api_key_env": KEY_ENV}}),
-                      ("inproc", {"name": "judge", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048}})):
+                      ("inproc", {"name": "judge", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048, "flash_attn": False}})):
         run = tmp_path / name
         shutil.copytree(three_ways, run)
         cfg = tmp_path / f"{name}.yaml"

@@ -20,6 +20,7 @@ engine description. Without weights the server tokenizes (and the cache key is w
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import queue
@@ -59,7 +60,7 @@ class OpenAIOptions(BaseModel):
     n_ctx: int = Field(default=4096, ge=16)  # context per sequence of a launched server
     parallel: int = Field(default=1, ge=1)  # llama-server --parallel (slots); vLLM batches continuously
     launch_threads: int | None = Field(default=None, ge=1)  # llama-server --threads (None: the free cores)
-    flash_attn: bool = False  # llama-server -fa (off, as the in-process llama.cpp engine's default)
+    flash_attn: bool | Literal["auto"] = "auto"  # llama-server -fa (auto: its default and the in-process engine's)
     n_batch: int = Field(default=512, ge=1)  # llama-server -b and -ub (the in-process engine's n_batch)
     launch_timeout_s: float = Field(default=600.0, gt=0)
     cache_prompt: bool = False  # llama-server's prompt-prefix reuse (can change results: off, as in-process)
@@ -129,8 +130,11 @@ class OpenAIEngine(Engine):
         self._retry = RetryPolicy(attempts=options.retries + 1)
         self.client = ServerClient(base_url, key, options.timeout_s, self._retry, options.max_concurrency)
         try:
-            self.facts = discover(self.client, options.served_model or (deployment if self.server else None),
-                                  f"deployment {deployment}")
+            # A running server's limits are probed once per run: the run's plan-time discovery (handed to its
+            # workers), else asked here (a launched server, a worker the plan's facts did not reach).
+            planned = None if self.server is not None else planned_facts(options)
+            self.facts = planned or discover(self.client, options.served_model or (deployment if self.server else None),
+                                             f"deployment {deployment}")
             self._tok = local_tokenizer(self.model_path, options)
         except BaseException:
             self.close()
@@ -451,21 +455,65 @@ def _tokenizer(model_path: str | None, options: OpenAIOptions) -> Engine:
     return tok
 
 
-_PLANNED: dict[tuple[Any, ...], ServerFacts] = {}  # plan-time discovery, once per server and process
+_PLANNED: dict[str, ServerFacts] = {}  # plan-time discovery, once per server and process
+# The plan's discovery, handed to the run's workers (the driver's child processes inherit it): JSON
+# {"pid": the driver's, "servers": {server key: facts}}. A server's limits are read once per run (discovery's
+# probe of more than a server allows is refused once, not once per process). Only a direct child of the
+# process that discovered reads it (this run's workers; a run started from a shell that inherited the variable
+# plans afresh); a worker it does not reach (another node) asks the server itself.
+PLANNED_ENV = "EVALKIT_SERVED_FACTS"
+_ENV_MAX = 100_000  # Linux refuses to start a process with one environment string over 128 KiB: not handed on
+
+
+def _server_key(options: OpenAIOptions) -> str:
+    return json.dumps([options.base_url, options.served_model, options.api_key_env])
+
+
+def _handed() -> dict[str, Any]:
+    try:
+        got = json.loads(os.environ.get(PLANNED_ENV) or "{}")
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) and isinstance(got.get("servers"), dict) else {}
+
+
+def planned_facts(options: OpenAIOptions) -> ServerFacts | None:
+    """What this run's plan-time discovery learned about the server `options` name: in this process, or handed
+    to this worker by the run's driver (its parent). None: not discovered (the engine asks the server)."""
+    key = _server_key(options)
+    if key in _PLANNED:
+        return _PLANNED[key]
+    handed = _handed()
+    if handed.get("pid") != os.getppid() or key not in handed["servers"]:
+        return None
+    try:
+        facts = ServerFacts.from_json(handed["servers"][key])
+    except (KeyError, TypeError, ValueError):  # unreadable: the engine asks the server
+        return None
+    _PLANNED[key] = facts
+    return facts
 
 
 def _plan_facts(deployment: Any) -> ServerFacts:
+    """Plan-time discovery: once per server and run (a worker reads its driver's)."""
     options: OpenAIOptions = deployment.options
     where = f"deployment {deployment.name}"
-    key = (options.base_url, options.served_model, options.api_key_env)
-    if key not in _PLANNED:
+    key = _server_key(options)
+    if planned_facts(options) is None:
         # A few quick attempts: a 429 or a dropped connection at plan time is no reason to refuse the run.
         client = ServerClient(options.base_url or "", api_key(options, where), min(options.timeout_s, 30.0),
                               RetryPolicy(attempts=min(options.retries + 1, 3), max_s=1.0))
         try:
-            _PLANNED[key] = discover(client, options.served_model, where)
+            facts = discover(client, options.served_model, where)
         finally:
             client.close()
+        facts.probed_at = "plan"
+        _PLANNED[key] = facts
+        handed = _handed()
+        servers = handed.get("servers", {}) if handed.get("pid") == os.getpid() else {}
+        value = json.dumps({"pid": os.getpid(), "servers": {**servers, key: facts.to_json()}})
+        if len(value) < _ENV_MAX:
+            os.environ[PLANNED_ENV] = value
     return _PLANNED[key]
 
 

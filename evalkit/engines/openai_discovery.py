@@ -51,11 +51,29 @@ class ServerFacts:
     # for the engine description and the report: e.g. "prompt_logprobs (top-k <= 20)".
     methods: dict[str, str] = field(default_factory=dict)
 
+    # Where these facts were read: "plan" (the run's plan-time discovery, handed to its workers) or "engine"
+    # (the engine asked the server itself: a server it launched, or a worker the plan's facts did not reach).
+    probed_at: str = "engine"
+
     def describe(self) -> dict[str, Any]:
         return {"dialect": self.dialect, "model_id": self.model_id, "models": self.models, "version": self.version,
                 "capabilities": sorted(c.value for c in self.capabilities),
                 "missing": {c.value: r for c, r in self.reasons.items()}, "max_logprobs": self.max_logprobs,
-                "n_ctx": self.n_ctx, "total_slots": self.total_slots, "methods": self.methods, "identity": self.identity}
+                "n_ctx": self.n_ctx, "total_slots": self.total_slots, "methods": self.methods, "identity": self.identity,
+                "probed_at": self.probed_at}
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, as JSON (`from_json` reads it back): how a run's plan-time discovery reaches its workers."""
+        return {**self.describe(), "vocab_size": self.vocab_size, "chat_template": self.chat_template}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ServerFacts":
+        return cls(d["dialect"], d["model_id"], list(d["models"]), d.get("version"),
+                   frozenset(Capability(c) for c in d["capabilities"]),
+                   {Capability(c): str(r) for c, r in (d.get("missing") or {}).items()}, dict(d.get("identity") or {}),
+                   max_logprobs=d.get("max_logprobs"), n_ctx=d.get("n_ctx"), vocab_size=d.get("vocab_size"),
+                   chat_template=d.get("chat_template"), total_slots=d.get("total_slots"),
+                   methods=dict(d.get("methods") or {}), probed_at=str(d.get("probed_at") or "engine"))
 
 
 
