@@ -205,16 +205,18 @@ def _draw_perplexity(spec: dict[str, Any]) -> bytes:
 POS = "pos "  # the position buckets' score-row category prefix (suites.perplexity.scoring.POSITION_PREFIX)
 
 
-def position_buckets(view: RunView, dep: str) -> list[tuple[str, dict[str, Any]]]:
-    """(bucket label, {metric: score row}) for each position bucket of `dep`, in position order."""
+def position_buckets(view: RunView, dep: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """(bucket label, {metric: score row}) for each position bucket of `dep`, in position order. `prefix` "kv_":
+    the kv_reference rows (against the same weights with a 16-bit KV cache), keyed by the unprefixed names."""
     s = view.scores
     if s.empty:
         return []
     rows = s[(s.deployment == dep) & (s.suite == SUITE) & s.category.astype(str).str.startswith(POS)]
     out: dict[str, dict[str, Any]] = {}
     for _, r in rows.iterrows():
-        if r["metric"] in ("pos_kld", "pos_top1_agreement", "pos_nll_diff"):
-            out.setdefault(str(r["category"])[len(POS):], {})[str(r["metric"])] = r
+        metric = str(r["metric"])
+        if metric.startswith(prefix) and metric[len(prefix):] in ("pos_kld", "pos_top1_agreement", "pos_nll_diff"):
+            out.setdefault(str(r["category"])[len(POS):], {})[metric[len(prefix):]] = r
     return sorted(out.items(), key=lambda kv: _bucket_start(kv[0]))
 
 
@@ -223,31 +225,32 @@ def _bucket_start(label: str) -> int:
     return int(lo[:-1]) * 1024 if lo.endswith("K") else int(lo)
 
 
-def _headline(view: RunView, dep: str) -> Cell:
+def _headline(view: RunView, dep: str, prefix: str = "") -> Cell:
     """The first bucket where top-1 agreement falls below the threshold, with that bucket's agreement and interval."""
     s = view.scores
-    rows = s[(s.deployment == dep) & (s.suite == SUITE) & (s.metric == "top1_below_from")] if not s.empty else s
+    rows = s[(s.deployment == dep) & (s.suite == SUITE) & (s.metric == prefix + "top1_below_from")] if not s.empty else s
     if rows.empty:
         return Cell("–")
     r = rows.iloc[0]
     if not isnum(r["value"]):
         return Cell("none")
     label = str(r["category"])[len(POS):]
-    top = view.score(dep, SUITE, str(r["category"]), "pos_top1_agreement")
+    top = view.score(dep, SUITE, str(r["category"]), prefix + "pos_top1_agreement")
     if top is None:
         return Cell(label)
     return Cell(label, "", "", f"top-1 {fmt(top['value'], 'pct')} {fmt_interval(top['ci_low'], top['ci_high'], 'pct')}".strip())
 
 
-def position_table(view: RunView) -> Table:
-    deps = [d for d in view.deployments if position_buckets(view, d)]
+def position_table(view: RunView, prefix: str = "") -> Table:
+    """Drift by position against the reference; `prefix` "kv_": against each quantized-KV deployment's twin."""
+    deps = [d for d in view.deployments if position_buckets(view, d, prefix)]
     labels: list[str] = []
     for d in deps:
-        labels += [b for b, _ in position_buckets(view, d) if b not in labels]
+        labels += [b for b, _ in position_buckets(view, d, prefix) if b not in labels]
     labels.sort(key=_bucket_start)
     rows = []
     for d in deps:
-        got = dict(position_buckets(view, d))
+        got = dict(position_buckets(view, d, prefix))
         cells = [Cell(d)]
         for b in labels:
             m = got.get(b, {})
@@ -257,8 +260,15 @@ def position_table(view: RunView) -> Table:
                 continue
             cells.append(Cell(f"{fmt(kld['value'], 'kld')} / {fmt(top['value'], 'pct')}",
                               fmt_interval(top["ci_low"], top["ci_high"], "pct"), note=f"{int(kld['n'])} tokens"))
-        rows.append(cells + [_headline(view, d)])
+        rows.append(cells + [_headline(view, d, prefix)])
     threshold = view.suite_info.get(SUITE, {}).get("top1_threshold", 0.95)
+    if prefix:
+        return Table("perplexity-kv-positions", "The KV cache's own drift by position (same weights, 16-bit KV cache)",
+                     ["deployment"] + [f"{b} tokens" for b in labels] + [f"first bucket below {100 * float(threshold):.0f}% top-1"],
+                     rows, "suites.perplexity.kv_reference: each deployment with a quantized KV cache against the run's "
+                     "deployment of the same weight files on the same engine with a 16-bit KV cache (its KV precision "
+                     "alone): KLD (nats/token, top-k + tail lower bound) / top-1 agreement by position bucket; "
+                     "intervals as above.", numeric=True)
     return Table("perplexity-positions", "Drift by position in the context", ["deployment"] + [f"{b} tokens" for b in labels]
                  + [f"first bucket below {100 * float(threshold):.0f}% top-1"], rows,
                  "KLD (nats/token) / top-1 agreement with the reference over the scored tokens whose position in their "
@@ -318,6 +328,9 @@ def section(view: RunView) -> Section:
     positions = position_table(view)
     if not positions.empty:
         tables.append(positions)
+    kv_positions = position_table(view, "kv_")
+    if not kv_positions.empty:
+        tables.append(kv_positions)
     return Section(SUITE, "Perplexity and distribution drift", "", tables, some(perplexity_plot(view), position_plot(view)))
 
 
