@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import json
 import threading
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from typing import Any, AsyncIterator, Callable, Coroutine, TypeVar
 
 import httpx
 from tenacity import AsyncRetrying, RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+# tenacity 9.2 renamed the first wait's `initial` to `multiplier` and warns on every retrying object built with it.
+_FIRST_WAIT = "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter).parameters else "initial"
 
 T = TypeVar("T")
 
@@ -77,7 +81,7 @@ class RetryPolicy:
         def count(_: Any) -> None:
             self.retried += 1
 
-        return dict(stop=stop_after_attempt(self.attempts), wait=wait_exponential_jitter(self.initial_s, self.max_s),
+        return dict(stop=stop_after_attempt(self.attempts), wait=wait_exponential_jitter(max=self.max_s, **{_FIRST_WAIT: self.initial_s}),
                     retry=retry_if_exception(_retryable), reraise=False, before_sleep=count)
 
 
