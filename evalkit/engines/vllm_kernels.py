@@ -48,10 +48,34 @@ def loaded_kernels(model: Any) -> list[dict[str, Any]]:
         scheme = getattr(module, "scheme", None)
         kernel = getattr(scheme, "kernel", None) or getattr(method, "kernel", None)
         path = getattr(getattr(kernel, "linear_method", None), "__name__", None)
+        name = type(kernel).__name__ if kernel is not None else None
+        if kernel is None and type(method).__name__ == "UnquantizedLinearMethod":
+            path = cpu_gemm_path(module)
+            name = "UnquantizedLinearMethod" if path else None
         seen[(type(module).__name__, type(method).__name__, type(scheme).__name__ if scheme is not None else None,
-              type(kernel).__name__ if kernel is not None else None, path)] += 1
+              name, path)] += 1
     return [{"layer": k[0], "quant_method": k[1], "scheme": k[2], "kernel": k[3], "kernel_path": k[4], "layers": n}
             for k, n in sorted(seen.items(), key=lambda kv: -kv[1])]
+
+
+# The functions vLLM 0.32's CPU backend binds to an unquantized linear layer's `cpu_linear`
+# (dispatch_cpu_unquantized_gemm, vllm/model_executor/layers/utils.py:470-608): AMD's zentorch, SGLang's AMX
+# weight-packed GEMM for small bf16/fp16 weights on a CPU with AMX tiles (check_cpu_sgl_kernel, :439-468), oneDNN,
+# else torch's own linear.
+_CPU_GEMMS = ("zentorch_linear_unary", "weight_packed_linear_cpu", "onednn_mm")
+
+
+def cpu_gemm_path(module: Any) -> str | None:
+    """Which GEMM an unquantized linear layer runs on vLLM's CPU backend, read from the function its `cpu_linear`
+    closure calls; None where there is none (a GPU: vLLM's plain linear method)."""
+    fn = getattr(module, "cpu_linear", None)
+    if fn is None:
+        return None
+    names = getattr(getattr(fn, "__code__", None), "co_names", ())
+    found = [n for n in _CPU_GEMMS if n in names]
+    if found:
+        return found[0]
+    return "torch.nn.functional.linear" if "linear" in names or getattr(fn, "__name__", "") == "linear" else None
 
 
 def kernel_summary(rows: list[dict[str, Any]]) -> str | None:
