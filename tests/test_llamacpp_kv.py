@@ -1,6 +1,6 @@
 """llama.cpp's KV-cache precision as a deployment option (issue 34, item 1): type_k / type_v.
 
-- A quantized V cache without flash attention, or a KV type llama.cpp does not have: one line, exit 2, nothing
+- A quantized V cache with flash attention off, or a KV type llama.cpp does not have: one line, exit 2, nothing
   written (llama.cpp itself refuses the context: "quantized V cache requires flash_attn to be enabled").
 - The plan's KV size for each type equals what llama.cpp says it allocated (its load log), within 5%.
 - The result cache's key includes the KV types (f16, the old default, keeps the key it had).
@@ -29,7 +29,7 @@ sampling: {{temperature: 0.0, max_tokens: 8}}
 
 
 @pytest.mark.parametrize(("opts", "expected"), [
-    (", type_k: q8_0, type_v: q8_0", "type_v q8_0 (a quantized V cache) needs flash_attn: true"),
+    (", type_k: q8_0, type_v: q8_0, flash_attn: false", "type_v q8_0 (a quantized V cache) needs flash_attn: true or auto"),
     (", type_v: q4_0, flash_attn: false", "type_v q4_0 (a quantized V cache) needs flash_attn: true"),
     (", type_k: q3_k", "deployments[0].options.type_k: Input should be 'f32', 'f16'"),
 ])
@@ -50,6 +50,8 @@ def test_a_quantized_k_cache_alone_needs_no_flash_attention() -> None:
 
     assert LlamaCppOptions(type_k="q8_0").type_v == "f16"  # llama.cpp accepts it (only V needs flash attention)
     assert LlamaCppOptions(type_k="q4_0", type_v="q4_0", flash_attn=True).type_v == "q4_0"
+    # The default, llama.cpp's own "auto": llama.cpp turns flash attention on for a quantized V cache.
+    assert LlamaCppOptions(type_k="q8_0", type_v="q8_0").flash_attn == "auto"
 
 
 def test_cache_key_includes_the_kv_types() -> None:
@@ -112,3 +114,45 @@ def test_a_q8_0_kv_cache_differs_from_f16_but_little_at_512_tokens(smollm_gguf: 
     print(f"\nq8_0 KV vs f16 KV over {len(kld)} positions: mean KLD {kld.mean():.3g}, same top {100 * same_top:.2f}%")
     assert kld.mean() > 0  # a different cache: different numbers
     assert kld.mean() < 0.01 and same_top > 0.97
+
+
+def test_flash_attn_auto_keys_as_on_for_the_cpu() -> None:
+    """llama.cpp's own default, "auto", is on for the CPU (its CPU backend runs FLASH_ATTN_EXT): the same key as
+    flash_attn: true there, another than flash_attn: false."""
+    from evalkit.cache import numerics_options
+    from evalkit.engines.llamacpp import LlamaCppOptions
+
+    auto, on, off = (numerics_options("llamacpp", LlamaCppOptions(n_gpu_layers=0, flash_attn=fa)) for fa in ("auto", True, False))
+    assert auto == on != off and auto["flash_attn"] is True
+    assert numerics_options("llamacpp", LlamaCppOptions(n_gpu_layers=-1))["flash_attn"] == "auto"  # the device decides
+
+
+def test_flash_attn_read_from_llama_cpps_log() -> None:
+    from evalkit.engines.llamacpp import parse_flash_attn
+
+    # llama.cpp's own lines (src/llama-context.cpp: the context's parameters, resolve_fused_ops)
+    auto_on = "llama_context: flash_attn            = auto\n...\nresolve_fused_ops: Flash Attention enabled\n"
+    auto_off = "llama_context: flash_attn            = auto\nresolve_fused_ops: Flash Attention not supported, set to disabled\n"
+    assert parse_flash_attn(auto_on) is True and parse_flash_attn(auto_off) is False
+    assert parse_flash_attn("llama_context: flash_attn            = disabled\n") is False
+    assert parse_flash_attn("llama_context: flash_attn            = enabled\n") is True
+    assert parse_flash_attn("llama_context: flash_attn            = auto\n") is None
+    assert parse_flash_attn("") is None
+
+
+@pytest.mark.engine
+def test_the_manifest_states_flash_attention_as_llama_cpp_ran_it(smollm_gguf: Path) -> None:
+    """Asked "auto" (the default), llama.cpp resolves it (on, on this CPU) and the engine info says so beside what
+    was asked; forced off and on are stated as such."""
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+
+    seen = {}
+    for fa in ("auto", False, True):
+        engine = LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=256, n_gpu_layers=0, n_threads=2, flash_attn=fa))
+        try:
+            extra = engine.info().extra
+            seen[fa] = (extra["flash_attn_asked"], extra["flash_attn"])
+        finally:
+            engine.close()
+    print(f"\nflash attention asked -> ran: {seen}")
+    assert seen == {"auto": ("auto", True), False: (False, False), True: (True, True)}

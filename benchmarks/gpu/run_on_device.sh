@@ -53,7 +53,8 @@ build_llama() {
     say "unpacking the carried CUDA build"; mkdir -p "$BIN" && cat "$PACK"/llama-cuda.tar.xz.part-* | tar -xJ -C "$BIN" && return 0
   fi
   # Flash-attention kernels are not compiled (GGML_CUDA_FA=OFF: ~100 of the ~120 template files): evalkit's
-  # llama.cpp deployments run with flash_attn off (its default, llama-cpp-python's too) and llama-bench with -fa 0.
+  # llama.cpp deployments run with flash_attn off (its default "auto" resolves to off where the CUDA backend lacks
+  # FLASH_ATTN_EXT; the engine info's flash_attn says so) and llama-bench with -fa 0.
   say "building llama.cpp with CUDA (sm_90) on $NPROC cores"
   cmake -S "$W/src/vendor/llama.cpp" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=on \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \

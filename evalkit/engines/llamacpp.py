@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Iterator, Literal, Sequence
 
@@ -38,7 +39,10 @@ class LlamaCppOptions(BaseModel):
     tensor_split: list[Annotated[float, Field(ge=0)]] | None = Field(default=None, min_length=1)
     n_threads: int | None = Field(default=None, ge=1)  # None: every core this process may use (sched_getaffinity)
     n_batch: int = Field(default=512, ge=1)
-    flash_attn: bool = False  # llama-perplexity defaults to on for CPU; it changes the numbers slightly
+    # Flash attention: "auto" (llama.cpp's own default in llama-cli, llama-server and llama-perplexity, `-fa auto`)
+    # lets llama.cpp decide per device (on for CPU); true/false force it. What ran is read back from llama.cpp's
+    # load log into the manifest's engine info (flash_attn, flash_attn_asked). It changes the numbers slightly.
+    flash_attn: bool | Literal["auto"] = "auto"
     chat_template: Literal["auto", "none"] = "auto"
     # KV-cache precision (llama.cpp's -ctk / -ctv): the types llama.cpp's tools accept for the cache. A quantized V
     # cache needs flash attention (llama.cpp refuses the context otherwise: checked here, at plan time).
@@ -47,8 +51,10 @@ class LlamaCppOptions(BaseModel):
 
     @model_validator(mode="after")
     def _quantized_v_needs_flash_attn(self) -> LlamaCppOptions:
-        if self.type_v not in UNQUANTIZED_KV and not self.flash_attn:
-            raise ValueError(f"type_v {self.type_v} (a quantized V cache) needs flash_attn: true (llama.cpp refuses it without)")
+        # "auto" is allowed: llama.cpp turns flash attention on for a quantized V cache (llama_init_from_model).
+        if self.type_v not in UNQUANTIZED_KV and self.flash_attn is False:
+            raise ValueError(f"type_v {self.type_v} (a quantized V cache) needs flash_attn: true or auto "
+                             "(llama.cpp refuses it with flash attention off)")
         return self
 
     @field_validator("tensor_split")
@@ -114,6 +120,43 @@ class _LoadLog:
     def kv_cache(self) -> dict[str, Any] | None:
         return parse_kv_cache("".join(self.lines))
 
+    def flash_attn(self) -> bool | None:
+        return parse_flash_attn("".join(self.lines))
+
+
+_FA_RESOLVED = re.compile(r"Flash Attention (enabled|not supported, set to disabled)")
+_FA_ASKED = re.compile(r"flash_attn\s*=\s*(enabled|disabled|auto)")
+
+
+def parse_flash_attn(log_text: str) -> bool | None:
+    """Whether llama.cpp ran flash attention, from its load log: an "auto" context says how it resolved it
+    ("resolve_fused_ops: Flash Attention enabled" / "... not supported, set to disabled"); a forced one prints
+    "flash_attn = enabled|disabled". None when the log says neither."""
+    resolved = _FA_RESOLVED.findall(log_text)
+    if resolved:
+        return resolved[-1] == "enabled"
+    asked = _FA_ASKED.findall(log_text)
+    if asked and asked[-1] != "auto":
+        return asked[-1] == "enabled"
+    return None
+
+
+@contextmanager
+def _flash_attn_type(llama_cpp: Any, asked: bool | str) -> Iterator[bool]:
+    """llama-cpp-python's Llama takes flash_attn as a bool (enabled/disabled); "auto" (llama.cpp's own default)
+    reaches llama.cpp by mapping its `enabled` to LLAMA_FLASH_ATTN_TYPE_AUTO while the context is made. Yields
+    the bool to pass."""
+    if asked != "auto":
+        yield bool(asked)
+        return
+    lib = llama_cpp.llama_cpp
+    enabled = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    lib.LLAMA_FLASH_ATTN_TYPE_ENABLED = lib.LLAMA_FLASH_ATTN_TYPE_AUTO
+    try:
+        yield True
+    finally:
+        lib.LLAMA_FLASH_ATTN_TYPE_ENABLED = enabled
+
 
 # What a seeded request can promise on this engine (manifest and report quote it).
 REPRODUCIBILITY = (
@@ -135,7 +178,7 @@ class LlamaCppEngine(Engine):
         start = time.perf_counter()
         log = _LoadLog(llama_cpp)
         try:
-            with log:
+            with log, _flash_attn_type(llama_cpp, options.flash_attn) as flash_attn:
                 self._llm = llama_cpp.Llama(
                     model_path=self.model_path,
                     n_ctx=options.n_ctx,
@@ -146,7 +189,7 @@ class LlamaCppEngine(Engine):
                     n_threads_batch=threads,
                     n_batch=options.n_batch,
                     n_ubatch=options.n_batch,
-                    flash_attn=options.flash_attn,
+                    flash_attn=flash_attn,
                     type_k=KV_TYPES[options.type_k],
                     type_v=KV_TYPES[options.type_v],
                     logits_all=False,  # scoring reads logits per batch itself; logits_all would cost n_ctx x vocab floats
@@ -156,6 +199,9 @@ class LlamaCppEngine(Engine):
             raise ModelFileError(self.model_path, f"llama.cpp could not load the model ({e})") from None
         self._load_s = time.perf_counter() - start
         self._kv_cache = log.kv_cache()  # what llama.cpp says it allocated for the KV cache (info()'s kv_cache)
+        # What llama.cpp ran (an "auto" resolved by llama.cpp itself); the option when the log says nothing.
+        ran = log.flash_attn()
+        self._flash_attn = ran if ran is not None else (options.flash_attn if options.flash_attn != "auto" else None)
         self._exact_rows = 0  # leading context rows evaluated in batches of >= 2 rows (`_prefill`)
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._init_tokenizer()
@@ -448,7 +494,9 @@ class LlamaCppEngine(Engine):
                 "tensor_split": self.options.tensor_split,
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
                 "weights_bytes": int(llama_cpp.llama_model_size(self._llm.model)),  # every tensor, as loaded
-                "flash_attn": self.options.flash_attn,
+                # Flash attention as llama.cpp ran it (read from its load log), and as the options asked.
+                "flash_attn": self._flash_attn,
+                "flash_attn_asked": self.options.flash_attn,
                 # The KV cache as llama.cpp allocated it (types, cells, bytes), from its own load log.
                 "kv_cache": self._kv_cache,
             },
@@ -565,11 +613,16 @@ def gpu_layers(options: Any) -> int:
 
 
 def _effective_numerics(values: dict[str, Any]) -> dict[str, Any]:
-    """The cache keys on the layers really offloaded: "auto" on a GPU machine is not "auto" on a CPU one. An f16
-    K or V cache (llama.cpp's default, all there was before type_k/type_v) is left out: earlier entries still hit."""
+    """The cache keys on the layers really offloaded: "auto" on a GPU machine is not "auto" on a CPU one (nor is
+    flash_attn "auto", which is on for the CPU). An f16 K or V cache (llama.cpp's default, all there was before
+    type_k/type_v) is left out: earlier entries still hit."""
     values = {k: v for k, v in values.items() if not (k in ("type_k", "type_v") and v == "f16")}
     if values.get("n_gpu_layers") == "auto":
-        return {**values, "n_gpu_layers": gpu_layers(LlamaCppOptions(n_gpu_layers="auto"))}
+        values = {**values, "n_gpu_layers": gpu_layers(LlamaCppOptions(n_gpu_layers="auto"))}
+    if values.get("flash_attn") == "auto" and values.get("n_gpu_layers") == 0:
+        # On the CPU llama.cpp's "auto" turns flash attention on (its CPU backend runs FLASH_ATTN_EXT in every
+        # layer): the same numbers, and key, as flash_attn: true. On a GPU the device decides: "auto" stays.
+        values = {**values, "flash_attn": True}
     return values
 
 
