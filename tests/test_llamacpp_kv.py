@@ -29,7 +29,7 @@ sampling: {{temperature: 0.0, max_tokens: 8}}
 
 
 @pytest.mark.parametrize(("opts", "expected"), [
-    (", type_k: q8_0, type_v: q8_0, flash_attn: false", "type_v q8_0 (a quantized V cache) needs flash_attn: true or auto"),
+    (", type_k: q8_0, type_v: q8_0", "type_v q8_0 (a quantized V cache) needs flash_attn: true or auto"),  # the default: off
     (", type_v: q4_0, flash_attn: false", "type_v q4_0 (a quantized V cache) needs flash_attn: true"),
     (", type_k: q3_k", "deployments[0].options.type_k: Input should be 'f32', 'f16'"),
 ])
@@ -50,8 +50,8 @@ def test_a_quantized_k_cache_alone_needs_no_flash_attention() -> None:
 
     assert LlamaCppOptions(type_k="q8_0").type_v == "f16"  # llama.cpp accepts it (only V needs flash attention)
     assert LlamaCppOptions(type_k="q4_0", type_v="q4_0", flash_attn=True).type_v == "q4_0"
-    # The default, llama.cpp's own "auto": llama.cpp turns flash attention on for a quantized V cache.
-    assert LlamaCppOptions(type_k="q8_0", type_v="q8_0").flash_attn == "auto"
+    # llama.cpp's own default, "auto": llama.cpp turns flash attention on for a quantized V cache.
+    assert LlamaCppOptions(type_k="q8_0", type_v="q8_0", flash_attn="auto").flash_attn == "auto"
 
 
 def test_cache_key_includes_the_kv_types() -> None:
@@ -117,14 +117,14 @@ def test_a_q8_0_kv_cache_differs_from_f16_but_little_at_512_tokens(smollm_gguf: 
 
 
 def test_flash_attn_auto_keys_as_on_for_the_cpu() -> None:
-    """llama.cpp's own default, "auto", is on for the CPU (its CPU backend runs FLASH_ATTN_EXT): the same key as
+    """llama.cpp's own tools' default, "auto", is on for the CPU (its CPU backend runs FLASH_ATTN_EXT): the same key as
     flash_attn: true there, another than flash_attn: false."""
     from evalkit.cache import numerics_options
     from evalkit.engines.llamacpp import LlamaCppOptions
 
     auto, on, off = (numerics_options("llamacpp", LlamaCppOptions(n_gpu_layers=0, flash_attn=fa)) for fa in ("auto", True, False))
     assert auto == on != off and auto["flash_attn"] is True
-    assert numerics_options("llamacpp", LlamaCppOptions(n_gpu_layers=-1))["flash_attn"] == "auto"  # the device decides
+    assert numerics_options("llamacpp", LlamaCppOptions(n_gpu_layers=-1, flash_attn="auto"))["flash_attn"] == "auto"  # the device decides
 
 
 def test_flash_attn_read_from_llama_cpps_log() -> None:
@@ -142,7 +142,7 @@ def test_flash_attn_read_from_llama_cpps_log() -> None:
 
 @pytest.mark.engine
 def test_the_manifest_states_flash_attention_as_llama_cpp_ran_it(smollm_gguf: Path) -> None:
-    """Asked "auto" (the default), llama.cpp resolves it (on, on this CPU) and the engine info says so beside what
+    """Asked "auto" (llama.cpp's own default), llama.cpp resolves it (on, on this CPU) and the engine info says so beside what
     was asked; forced off and on are stated as such."""
     from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
 

@@ -55,7 +55,7 @@ def served(name: str, url: str, **options: Any) -> dict[str, Any]:
 
 
 # Flash attention off, as evalkit's launcher starts llama-server (and as the external server below is started).
-IN_PROCESS = {"name": "inproc", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048, "flash_attn": "auto"}}  # as the servers
+IN_PROCESS = {"name": "inproc", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048, "flash_attn": False}}
 LAUNCHED = {"name": "launched", "engine": "openai", "model": MODEL,
             "options": {"launch": "llama-server", "n_ctx": 2048, "parallel": 1}}
 PROMPTS = {"path": str(REPO / "prompts"), "categories": ["code", "reasoning", "translation", "qa"], "limit_per_category": 2}
@@ -542,7 +542,7 @@ def test_a_served_judge_grades_through_the_openai_engine_as_the_in_process_one(t
     answers = {}
     for name, dep in (("served", {"name": "judge", "engine": "openai", "model": MODEL,
                                   "options": {"base_url": server.root_url + "/v1", "api_key_env": KEY_ENV}}),
-                      ("inproc", {"name": "judge", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048, "flash_attn": "auto"}})):
+                      ("inproc", {"name": "judge", "engine": "llamacpp", "model": MODEL, "options": {"n_ctx": 2048, "flash_attn": False}})):
         run = tmp_path / name
         shutil.copytree(three_ways, run)
         cfg = tmp_path / f"{name}.yaml"

@@ -116,7 +116,7 @@ class ServerSettings:
     n_ctx: int  # context per sequence
     parallel: int = 1  # llama-server slots (vLLM batches continuously)
     threads: int | None = None  # None: the cores other work leaves free
-    flash_attn: bool | str = "auto"  # llama-server -fa: "auto" (its default and the in-process engine's: on for CPU)
+    flash_attn: bool | str = False  # llama-server -fa: off, as the in-process llama.cpp engine's default ("auto": its own)
     n_batch: int = 512  # llama-server -b and -ub
 
 
@@ -130,8 +130,8 @@ def plan_launch(program: Program, model_path: str, settings: ServerSettings, *, 
                 "--alias", served_model,
                 # -c is the context of all slots together: each of `parallel` slots gets n_ctx.
                 "-c", str(n_ctx * parallel), "--parallel", str(parallel),
-                # The in-process llama.cpp engine's numerics: the same flash attention setting (both default to
-                # llama.cpp's `auto`, on for CPU), one batch size for logical and physical batches.
+                # The in-process llama.cpp engine's numerics: the same flash attention setting (both default to off;
+                # llama-server's own default, auto, turns it on for CPU), one batch size for logical and physical batches.
                 "-fa", flash_attn if flash_attn == "auto" else "on" if flash_attn else "off", "-b", str(n_batch), "-ub", str(n_batch),
                 "--no-webui", "--metrics", "--slots"]
         if threads is None:

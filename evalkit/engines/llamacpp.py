@@ -39,10 +39,11 @@ class LlamaCppOptions(BaseModel):
     tensor_split: list[Annotated[float, Field(ge=0)]] | None = Field(default=None, min_length=1)
     n_threads: int | None = Field(default=None, ge=1)  # None: every core this process may use (sched_getaffinity)
     n_batch: int = Field(default=512, ge=1)
-    # Flash attention: "auto" (llama.cpp's own default in llama-cli, llama-server and llama-perplexity, `-fa auto`)
-    # lets llama.cpp decide per device (on for CPU); true/false force it. What ran is read back from llama.cpp's
-    # load log into the manifest's engine info (flash_attn, flash_attn_asked). It changes the numbers slightly.
-    flash_attn: bool | Literal["auto"] = "auto"
+    # Flash attention: false (llama-cpp-python's default), true, or "auto" (llama.cpp's own tools' default, `-fa
+    # auto`: llama.cpp decides per device, on for CPU). What ran is read back from llama.cpp's load log into the
+    # manifest's engine info (flash_attn, flash_attn_asked). Not "auto" by default: on this build's CPU path it
+    # moves Gemma 3 270M's log-probs by up to 0.43 nats and makes them depend on the batch shape (README).
+    flash_attn: bool | Literal["auto"] = False
     chat_template: Literal["auto", "none"] = "auto"
     # KV-cache precision (llama.cpp's -ctk / -ctv): the types llama.cpp's tools accept for the cache. A quantized V
     # cache needs flash attention (llama.cpp refuses the context otherwise: checked here, at plan time).

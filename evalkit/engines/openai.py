@@ -60,7 +60,7 @@ class OpenAIOptions(BaseModel):
     n_ctx: int = Field(default=4096, ge=16)  # context per sequence of a launched server
     parallel: int = Field(default=1, ge=1)  # llama-server --parallel (slots); vLLM batches continuously
     launch_threads: int | None = Field(default=None, ge=1)  # llama-server --threads (None: the free cores)
-    flash_attn: bool | Literal["auto"] = "auto"  # llama-server -fa (auto: its default and the in-process engine's)
+    flash_attn: bool | Literal["auto"] = False  # llama-server -fa (off, as the in-process llama.cpp engine's default)
     n_batch: int = Field(default=512, ge=1)  # llama-server -b and -ub (the in-process engine's n_batch)
     launch_timeout_s: float = Field(default=600.0, gt=0)
     cache_prompt: bool = False  # llama-server's prompt-prefix reuse (can change results: off, as in-process)
