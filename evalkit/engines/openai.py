@@ -52,6 +52,10 @@ class OpenAIOptions(BaseModel):
     served_model: str | None = None  # None: the server's first (llama-server, vLLM: only) model
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # the variable's NAME
     max_concurrency: int = Field(default=16, ge=1)  # requests in flight at once
+    # Log-prob requests (perplexity's prompt log-probs, MMLU's answer position) in flight at once. None: the
+    # dialect's (llama-server: 1, as in-process llama.cpp scores one sequence at a time: its slots batch
+    # concurrent requests together, which changes the numbers; vLLM and others: max_concurrency).
+    scoring_concurrency: int | None = Field(default=None, ge=1)
     timeout_s: float = Field(default=600.0, gt=0)  # one request (a whole streamed generation)
     retries: int = Field(default=4, ge=0)  # further attempts after a transient failure (429, 5xx, dropped)
     # The launcher (with base_url null): which program serves the deployment's weights, and how.
@@ -306,10 +310,15 @@ class OpenAIEngine(Engine):
 
     # -- likelihoods (as each dialect gives them) -----------------------------------------------------------------
 
+    def scoring_concurrency(self) -> int:
+        """Log-prob requests in flight at once (options.scoring_concurrency, else the dialect's, else
+        max_concurrency)."""
+        return self.options.scoring_concurrency or self.dialect.scoring_concurrency or self.options.max_concurrency
+
     def _post_many(self, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-        """POST every (path, body), at most max_concurrency at once; answers in order."""
+        """POST every log-prob request (path, body), at most scoring_concurrency() at once; answers in order."""
         async def run() -> list[Any]:
-            sem = asyncio.Semaphore(self.options.max_concurrency)
+            sem = asyncio.Semaphore(self.scoring_concurrency())
 
             async def one(path: str, body: dict[str, Any]) -> Any:
                 async with sem:
@@ -407,6 +416,7 @@ class OpenAIEngine(Engine):
             "sampling_reproducibility": "served: depends on the server's batching (llama-server --parallel > 1 and "
             "vLLM batch requests together; a request's numbers can change with what runs beside it)",
             "token_check": dict(self._token_check),
+            "scoring_concurrency": self.scoring_concurrency(),  # log-prob requests in flight at once
             # What the cache key says the model is when no weights are named (cache.model_identity hashes it).
             "model_identity": {"model": self.facts.model_id, "server": self.facts.identity, "version": self.facts.version},
         }
@@ -634,7 +644,8 @@ SPEC = EngineSpec(
     also_loads=("gguf", "hf"),  # the weights a server serves, when the deployment names them
     loader=_load,
     tokenizer_loader=_tokenizer,
-    numerics_options=("launch", "launch_args", "n_ctx", "parallel", "cache_prompt", "served_model", "flash_attn", "n_batch"),
+    numerics_options=("launch", "launch_args", "n_ctx", "parallel", "cache_prompt", "served_model", "flash_attn", "n_batch",
+                      "scoring_concurrency"),
     memory_model=_memory,
     describe_hardware=_hardware,
     precision=_precision,
