@@ -117,6 +117,9 @@ def test_vllm_serve_perplexity_within_0_2_percent_at_the_servers_top_k(served_vs
     assert "vllm-stock's server gives at most top-20 log-probs per token (vLLM max_logprobs)" in plan, plan[-3000:]
     stock = json.loads((served_vs_inprocess / "engines" / "vllm-stock.json").read_text())["extra"]["server"]
     assert stock["probed_at"] == "plan"
+    # The report says the bound the servers' limit allowed (top-20), not the top_k the config asked (2000).
+    report = (served_vs_inprocess / "report.md").read_text()
+    assert "top-20 log-probabilities plus one tail bucket" in report and "top-2000 log-probabilities" not in report
 
 
 def test_vllm_serve_mmlu_letters_match(served_vs_inprocess: Path) -> None:

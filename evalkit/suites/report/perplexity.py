@@ -5,6 +5,7 @@ Drawn by the report from the suite's `SuiteSpec` (`report`, `verdict`): the repo
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -33,11 +34,13 @@ def kld_caption(view: RunView) -> str:
     both exist."""
     exact: dict[str, list[str]] = {}  # "exact against X" -> deployments
     bound, bias = [], []
+    ks: dict[str, str] = {}  # bounded deployment -> the top-k its bound used (a server may allow less than asked)
     for d in view.deployments:
         kind = kld_kind(view, d)
         if kind.startswith("exact"):
             exact.setdefault(kind, []).append(d)
         elif kind:
+            ks[d] = _bound_k(view, d) or str(view.suite_info.get("perplexity", {}).get("top_k", "k"))
             bound.append(f"{d} ({kind.removeprefix('lower bound').lstrip(', ')})")
         b = view.score(d, "perplexity", "text", "kld_bound_bias")
         if b is not None and isnum(b["value"]):
@@ -47,7 +50,7 @@ def kld_caption(view: RunView) -> str:
         parts.append(f"Exact over the full vocabulary for {', '.join(deps)} ({kind}: its distributions stored once, "
                      "each deployment compared token by token).")
     if bound:
-        k = view.suite_info.get("perplexity", {}).get("top_k", "k")
+        k = next(iter(ks.values())) if len(set(ks.values())) == 1 else "k (" + ", ".join(f"{d}: {v}" for d, v in ks.items()) + ")"
         text = (f"A lower bound for {', '.join(bound)}: top-{k} log-probabilities plus one tail bucket, where a pair "
                 "cannot give exact KLD (an engine without full distributions, or the KLD reference itself against "
                 "the reference)")
@@ -101,6 +104,15 @@ def llama_block_table(view: RunView) -> Table:
                  base + "PPL ratios are against it; KLD, Δp and same top p against the deployment the KLD row names. "
                  "Intervals are the run's (1 − alpha) normal intervals (llama.cpp prints ± one SE). "
                  "Percentiles interpolate linearly, as llama.cpp.", numeric=True)
+
+def _bound_k(view: RunView, dep: str) -> str | None:
+    """The top-k a deployment's KLD bound used, as its comparison row states it ("top-20+tail ...")."""
+    if view.comps.empty:
+        return None
+    comp = view.comps[(view.comps.deployment == dep) & (view.comps.suite == "perplexity") & (view.comps.metric == "kld")]
+    found = re.search(r"top-(\d+)\+tail", str(comp.iloc[0]["method"])) if not comp.empty and "method" in comp else None
+    return found.group(1) if found else None
+
 
 def kld_kind(view: RunView, dep: str) -> str:
     """How a deployment's KLD was measured, in words: exact against whom, or a lower bound and how far it reads
