@@ -5,6 +5,7 @@ Sizes are tiny (8 prompts, 16-token cost levels): these tests check behaviour, t
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -271,6 +272,35 @@ def test_llama_server_with_its_defaults_runs_mmlu_as_in_process_llama_cpp_with_f
         if dep == "defaults":  # the Done-when of issue 37: >= 95% (one at a time: all, to float32 rounding)
             assert same >= 0.95 * len(ref), f"{dep}: {same}/{len(ref)} letters identical"
             assert diffs[-1] < 1e-3, diffs[-5:]
+
+
+def test_parity_names_flash_attention_against_a_llama_server_with_its_defaults(  # type: ignore[no-untyped-def]
+        default_server, tmp_path: Path) -> None:
+    """Issue 34's served parity case: the same GGUF in-process (flash attention off, evalkit's default) and in a
+    llama-server started with its defaults (-fa auto: on for a CPU, which neither /props nor /slots states), 16
+    prompts greedy. Where outputs diverge the parity summary names flash attention as the suspect, saying the
+    server does not state it and what its default is."""
+    url = default_server.root_url + "/v1"
+    deps = [{**IN_PROCESS, "options": {"n_ctx": 2048}},
+            {"name": "defaults", "engine": "openai", "model": MODEL, "options": {"base_url": url}}]
+    prompts = {"path": str(REPO / "prompts"), "categories": ["code", "reasoning", "translation", "qa"], "limit_per_category": 4}
+    cfg = write_config(tmp_path / "run.yaml", deps, {"prompts": prompts}, "inproc")
+    data = yaml.safe_load(cfg.read_text())
+    data["sampling"]["max_tokens"] = 64
+    cfg.write_text(yaml.safe_dump(data))
+    proc = evalkit("run", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = run_dir(tmp_path / "out")
+    assert json.loads((run / "engines" / "inproc.json").read_text())["extra"]["flash_attn"] is False
+    stated = json.loads((run / "engines" / "defaults.json").read_text())["extra"]["flash_attn"]
+    assert stated.startswith("not stated by llama-server") and "auto" in stated
+    with (run / "parity.csv").open(newline="", encoding="utf-8-sig") as f:  # Excel-friendly: written with a BOM
+        (summary,) = [r for r in csv.DictReader(f) if r["suite"] == "prompts (greedy outputs)" and r["item_id"] == "*"]
+    same, compared = map(int, summary["status"].split(" ")[0].split("/"))
+    print(f"llama-server defaults vs in-process (flash attention off), greedy: {summary['status']}")
+    assert compared == 16
+    if same < compared:
+        assert "settings that differ: flash_attn not stated by llama-server" in summary["status"], summary["status"]
 
 
 # -- a plain OpenAI-compatible server ------------------------------------------------------------------

@@ -420,6 +420,7 @@ class OpenAIEngine(Engine):
             # What the cache key says the model is when no weights are named (cache.model_identity hashes it).
             "model_identity": {"model": self.facts.model_id, "server": self.facts.identity, "version": self.facts.version},
         }
+        extra.update(self._numerics_stated())
         if self.server is not None:
             extra["launched"] = self.server.describe()
         return EngineInfo(engine=self.name, engine_version=self.facts.version or "unknown",
@@ -427,6 +428,19 @@ class OpenAIEngine(Engine):
                           chat_template=template, vocab_size=int(vocab or 0),
                           n_ctx=int(self.facts.n_ctx or self.options.n_ctx), load_s=self._load_s, extra=extra,
                           top_k_limit=self.top_k_limit(), next_token_method=self.next_token_method())
+
+    def _numerics_stated(self) -> dict[str, Any]:
+        """The settings that change greedy outputs, as far as they are known: for a llama-server evalkit launched, the
+        flash attention its load log says ran (else the -fa it was given); for any other, what the server does
+        not expose, named with its default (ServerDialect.unstated_numerics)."""
+        stated: dict[str, Any] = dict(self.dialect.unstated_numerics)
+        if self.server is not None and "flash_attn" in stated:
+            from evalkit.engines.llamacpp import parse_flash_attn
+
+            log = self.server.log_path
+            ran = parse_flash_attn(log.read_text(errors="replace")) if log is not None and log.is_file() else None
+            stated["flash_attn"] = ran if ran is not None else self.options.flash_attn
+        return stated
 
     def run_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = {"requests": self._requests, "failed_requests": self._failed,

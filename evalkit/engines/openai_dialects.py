@@ -85,6 +85,9 @@ class ServerDialect:
     top_k_by_id = True
     # Log-prob requests in flight at once unless the options say (None: max_concurrency).
     scoring_concurrency: int | None = None
+    # Settings that change the server's numbers but that it does not expose, with its documented default: what the
+    # engine info states for a server evalkit did not launch, so a parity table can name them as suspects.
+    unstated_numerics: dict[str, str] = {}
 
     def __init__(self, client: ServerClient, facts: ServerFacts, cache_prompt: bool = False) -> None:
         self.client, self.facts, self.cache_prompt = client, facts, cache_prompt
@@ -227,6 +230,8 @@ class LlamaServer(ServerDialect):
     # with its defaults: 16 in flight: 55/60 letters as in-process, log-probs up to 0.2 apart (median 0.05);
     # one at a time: 60/60, within 1.2e-4.
     scoring_concurrency = 1
+    # Neither /props nor /slots says whether flash attention runs; `llama-server --help`: -fa defaults to auto.
+    unstated_numerics = {"flash_attn": "not stated by llama-server (its default -fa auto: on for a CPU)"}
 
     def tokenize(self, text: str, add_bos: bool) -> list[int]:
         out = self.client.call("POST", "/tokenize", {"content": text, "add_special": add_bos, "parse_special": False})
