@@ -134,6 +134,8 @@ def test_vllm_serve_mmlu_letters_match(served_vs_inprocess: Path) -> None:
         print(f"{dep}: MMLU letters identical {same}/{len(a)}; methods {methods}; largest log-prob difference {worst:.2e}")
         assert same >= 0.95 * len(a), f"{dep}: {same}/{len(a)} MMLU letters identical"
         assert methods == ["one-pass"]  # logprob_token_ids: the whole vocabulary's log-softmax read at the letters
+        # The report names the method each server got, even where every deployment read the letters the same way.
+        assert f"{dep}: {len(a)} one-pass" in (served_vs_inprocess / "report.md").read_text()
 
 
 def test_vllm_serve_gets_the_same_prompt_tokens(served_vs_inprocess: Path) -> None:

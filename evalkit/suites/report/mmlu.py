@@ -66,8 +66,9 @@ METHODS = {"answer_top_k_items": "answer-top-k (letters read from the top-k the 
 
 
 def methods_note(view: RunView) -> str:
-    """How each deployment's letters were read (the records' per-item method, counted in the scores): said
-    where any deployment read some otherwise than one pass over the answer position's whole distribution."""
+    """How each deployment's letters were read (the records' per-item method, counted in the scores), for every
+    deployment: a served one may read them otherwise than one pass over the answer position's whole distribution,
+    and the report says which way each did even where all did it the same way."""
     s = view.suite_scores(SUITE)
     if s.empty:
         return ""
@@ -82,8 +83,7 @@ def methods_note(view: RunView) -> str:
         if rest:
             said.insert(0, f"{rest} one-pass (whole distribution at the letters' ids)")
         parts.append(f"{d}: {', '.join(said) or 'one-pass'}")
-    shown = any(s.metric.isin(list(METHODS)))
-    return ("How the letters were read: " + "; ".join(parts) + ".") if shown else ""
+    return "How the letters were read: " + "; ".join(parts) + "."
 
 
 def section(view: RunView) -> Section:
