@@ -86,7 +86,9 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
     if calib is not None:  # every check that needs no quantizer, before anything is written
         check_request(source, variant, calib, path if kind == HF_KIND else None)
         if kind == GGUF_KIND:
-            _check_gguf_groups(source, path, variant)
+            problem = gguf_group_problem(path, variant)
+            if problem:
+                raise VariantError(source, problem)
     if variant == HF_VARIANT and kind == HF_KIND:
         return path  # already a Hugging Face checkpoint
     if variant in LADDER and kind != GGUF_KIND:
@@ -137,21 +139,23 @@ def _dir_name(variant: str, calibration: Calibration | None) -> str:
     return variant if calibration is None else f"{variant}-{calibration.key()}"
 
 
-def _check_gguf_groups(source: str, gguf: Path, variant: str) -> None:
-    """A group size that does not divide the model's layer widths, read from the GGUF header (no hf variant yet)."""
+def gguf_group_problem(gguf: Path, variant: str) -> str | None:
+    """A group size that does not divide the model's layer widths, read from the GGUF header (no hf variant yet):
+    what `prepare` refuses, and what `evalkit plan` says before it (engines' plan_check)."""
     fmt = parse(variant)
     if fmt is None or fmt.group_size == -1:
-        return
+        return None
     try:
         kv = read_gguf_header(gguf).meta
     except (OSError, ValueError, struct.error):
-        return  # the hf conversion reports an unreadable GGUF
+        return None  # the hf conversion reports an unreadable GGUF
     arch = kv.get("general.architecture")
     for what, key in (("hidden size", "embedding_length"), ("intermediate size", "feed_forward_length")):
         k = kv.get(f"{arch}.{key}")
         if isinstance(k, int) and k % fmt.group_size:
-            raise VariantError(source, f"group size {fmt.group_size} does not divide the model's {what} {k} "
-                                       "(each group must be whole; try a group size that divides it, e.g. 64 or 32)")
+            return (f"group size {fmt.group_size} does not divide the model's {what} {k} "
+                    "(each group must be whole; try a group size that divides it, e.g. 64 or 32)")
+    return None
 
 
 def prepare_all(config: "Config", *, force: bool = False, progress: bool = True) -> list[tuple[str, Path]]:

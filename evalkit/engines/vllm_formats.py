@@ -99,7 +99,7 @@ def plan_check(dep: Any, config_file: Path) -> str | None:
     if model is None:
         return None
     if model.variant is not None and looks_like_format(model.variant):
-        problem = name_problem(model.variant)
+        problem = name_problem(model.variant) or _source_group_problem(dep, config_file)
         return f"deployment {dep.name}: {problem}" if problem else deployment_refusal(dep)
     from evalkit.weights import arch_from_hf_config, local_model_path
 
@@ -116,6 +116,28 @@ def plan_check(dep: Any, config_file: Path) -> str | None:
         arch = None
     problem = checkpoint_problem(config, arch, int(dep.options.tensor_parallel_size or 1))
     return f"deployment {dep.name}: {path / 'config.json'}: {problem}" if problem else None
+
+
+def _source_group_problem(dep: Any, config_file: Path) -> str | None:
+    """A variant's group size that does not divide the source model's layers (per GPU under tensor parallelism),
+    read from the source's GGUF header or config.json: `prepare` would refuse it; the plan says so first."""
+    from evalkit.weights import arch_from_hf_config, gguf_weights, local_model_path
+
+    fmt = parse(dep.model.variant)
+    path = local_model_path(dep.model.source, Path(config_file))
+    if fmt is None or path is None:
+        return None
+    try:
+        if path.is_file():
+            arch = gguf_weights(path).arch
+        elif (path / "config.json").is_file():
+            arch = arch_from_hf_config(json.loads((path / "config.json").read_text()), path.name)
+        else:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an unreadable model is reported by the memory plan and by prepare
+    tp = int(dep.options.tensor_parallel_size or 1)
+    return layer_group_problem(fmt, arch, tp, f"{tp} GPUs")
 
 
 def planned_kernel(deployment: Any, capability: tuple[int, int] | None) -> dict[str, Any]:
