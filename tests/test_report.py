@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import string
 import subprocess
@@ -344,6 +345,22 @@ def test_cost_ledger_and_decision_sections(rated: Path) -> None:
     assert row(table, DEP)["qualifies"].value == "no" and row(table, DEP)["perplexity/ppl_ratio (margin 1.05)"].value == "inferior ✗"
     decision = json.loads((rated / "decision.json").read_text(encoding="utf-8"))
     assert decision["recommended"] == REF and decision["summary"] in (rated / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.engine
+def test_a_peak_measured_while_suites_came_from_the_cache_says_it_is_partial(rated: Path, tmp_path: Path) -> None:
+    """The plan sizes every enabled suite's workload; a run whose perplexity records came from the engine-result
+    cache never allocated perplexity's logit rows, so its measured peak is partial and the ratio says so. The
+    real run's records are marked as a cached re-run's would be (record.cached), for one deployment only."""
+    run = tmp_path / "run"
+    shutil.copytree(rated, run)
+    path = run / "records" / f"{DEP}.jsonl"
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    assert any(r["suite"] == "perplexity" for r in lines) and not any(r.get("cached") for r in lines)
+    path.write_text("".join(json.dumps({**r, "cached": r["suite"] == "perplexity"}) + "\n" for r in lines), encoding="utf-8")
+    ledger = tables(run)["ledger"]
+    assert "(partial: perplexity answered from the cache, not in this peak)" in row(ledger, DEP)["measured / predicted"].value
+    assert all("partial" not in row(ledger, d)["measured / predicted"].value for d in DEPS if d != DEP)
 
 
 @pytest.mark.engine

@@ -78,8 +78,19 @@ def _gb(n: int | None, estimate: bool | None = False) -> str:
     return "unknown" if n is None else ("~" if estimate else "") + f"{n / 1e9:.2f} GB"
 
 
+def cached_suites(view: RunView, dep: str) -> list[str]:
+    """The suites whose every record of `dep` came from the engine-result cache: their work did not run in this
+    run, so a memory peak measured here does not cover it (the plan sizes every enabled suite's workload)."""
+    all_cached: dict[str, bool] = {}
+    for rec in view.run.run_dir.records(dep):
+        suite = str(rec.get("suite"))
+        all_cached[suite] = all_cached.get(suite, True) and bool(rec.get("cached"))
+    return sorted(s for s, cached in all_cached.items() if cached)
+
+
 def ledger_table(view: RunView) -> Table:
-    """The memory ledger's prediction beside the measured peak (when both exist: `view.measured_peak`)."""
+    """The memory ledger's prediction beside the measured peak (when both exist: `view.measured_peak`). A peak
+    measured while some suites were answered from the cache covers only what ran: the ratio says so."""
     ledger = view.run.manifest.get("ledger") or []
     rows = []
     gb = 1e9
@@ -87,6 +98,9 @@ def ledger_table(view: RunView) -> Table:
         peak = measured_peak(view, r["deployment"])
         predicted = r.get("per_device_bytes")
         ratio = f"{peak[0] / predicted:.2f}" if peak and predicted else "–"  # bytes / bytes
+        skipped = cached_suites(view, r["deployment"]) if peak else []
+        if skipped:
+            ratio += f" (partial: {', '.join(skipped)} answered from the cache, not in this peak)"
         rows.append([Cell(r["deployment"]), Cell(str(r.get("precision", "–"))), Cell(str(r.get("devices", "–"))),
                      Cell(_gb(r.get("weights_bytes"), r.get("estimate"))), Cell(_gb(r.get("kv_bytes"))),
                      Cell(_gb(predicted, r.get("estimate"))), Cell({True: "yes", False: "NO", None: "unknown"}[r.get("fits")]),
