@@ -71,9 +71,9 @@ class Deployment(_Strict):
     @field_validator("suites")
     @classmethod
     def _known_suites(cls, v: list[str] | None) -> list[str] | None:
-        from evalkit.suites import SUITES
+        from evalkit.suites import run_suite_names
 
-        names = list(SUITES)
+        names = run_suite_names()
         for name in v or []:
             if name not in names:
                 raise ValueError(f"unknown suite {name!r}{_did_you_mean(name, names)} "
@@ -139,16 +139,19 @@ class Suites(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _through_the_registry(cls, data: Any) -> Any:
-        from evalkit.suites import SUITES, suite_spec
+        from evalkit.suites import run_suite_names, suite_spec
 
         if data is None or isinstance(data, Suites):
             return {} if data is None else data
         if not isinstance(data, dict):
             raise PydanticCustomError(_SUITES_ERROR, "{message}", {"message": f"suites: expected a mapping (got {data!r})"})
         out: dict[str, Any] = {}
+        # a suite scored from the run directory's files (SuiteSpec.runs False) has no block (asked only when there
+        # are blocks: the empty default is built while this module loads, before any suite can)
+        names = run_suite_names() if data else []
         for name, block in data.items():
-            if name not in SUITES:
-                message = f"unknown field 'suites.{name}'{_did_you_mean(str(name), list(SUITES))}"
+            if name not in names:
+                message = f"unknown field 'suites.{name}'{_did_you_mean(str(name), names)}"
                 raise PydanticCustomError(_SUITES_ERROR, "{message}", {"message": message})
             if block is None:
                 continue
@@ -165,13 +168,13 @@ class Suites(BaseModel):
 
     @model_serializer(mode="wrap")
     def _every_registered_suite(self, handler: Any, info: Any) -> dict[str, Any]:
-        """Every registered suite in registry order, null when off (the layout manifests have always had)."""
-        from evalkit.suites import SUITES
+        """Every registered suite that runs, in registry order, null when off (the layout manifests have always had)."""
+        from evalkit.suites import run_suite_names
 
         data = handler(self)
         if info.exclude_none:
-            return {n: data[n] for n in SUITES if n in data}
-        return {n: data.get(n) for n in SUITES}
+            return {n: data[n] for n in run_suite_names() if n in data}
+        return {n: data.get(n) for n in run_suite_names()}
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -367,11 +370,11 @@ class Config(_Strict):
         suites = info.data.get("suites")
         if v is None or suites is None:
             return v
-        from evalkit.suites import SUITES
+        from evalkit.suites import run_suite_names
 
         for key in v.margins:
             suite = key.split("/")[0]
-            if suite in SUITES and suites.get(suite) is None:
+            if suite in run_suite_names() and suites.get(suite) is None:
                 raise ValueError(f"margin {key!r}: suite {suite!r} is not enabled under suites:")
         return v
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from evalkit.config import Config
 from evalkit.errors import ConfigError, DataError
-from evalkit.suites import SUITES, enabled_suites, suite_spec
+from evalkit.suites import enabled_suites, run_suite_names, suite_spec
 from evalkit.suites.base import Suite
 
 
@@ -23,7 +23,7 @@ def preflight(config: Config, config_file: Path) -> dict[str, dict[str, Any]]:
     check_formats(config, config_file)
     suites = enabled_suites(config, config_file)
     if not suites:
-        raise ConfigError(str(config_file), f"no suite is enabled; enable at least one under 'suites:' ({', '.join(SUITES)})")
+        raise ConfigError(str(config_file), f"no suite is enabled; enable at least one under 'suites:' ({', '.join(run_suite_names())})")
     described: dict[str, dict[str, Any]] = {}
     for suite in suites:
         items = suite.items()  # parses the data files: prompt lines, MMLU csv/jsonl, HumanEval tasks, ...

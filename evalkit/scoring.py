@@ -16,7 +16,7 @@ from evalkit.store import (  # the file names: re-exported for callers of evalki
     COMPARISON_COLUMNS, COMPARISONS_CSV, ITEMS_DIR, SCORE_COLUMNS, SCORES_CSV, RunDir, atomic_write_text, rows_to_csv,
 )
 from evalkit.store import json_line, line_head, record_key
-from evalkit.suites import enabled_suites
+from evalkit.suites import scored_suites, suite_spec
 from evalkit.suites.base import ScoreContext
 
 
@@ -103,28 +103,20 @@ def _score(run: RunDir, ctx: ScoreContext) -> None:
     by_suite = records_by_suite(run, ctx.deployments)
     scores, comparisons = [], []
     (run.path / ITEMS_DIR).mkdir(exist_ok=True)
-    for suite in enabled_suites(config, ctx.config_file):
+    # Every suite through its spec, in registry order: those the config ran, from their records; those scored from
+    # the run directory's own files (SuiteSpec.runs False: imported human ratings, a model judge's answers), from them.
+    for suite in scored_suites(config, ctx.config_file):
         records = by_suite.get(suite.name, {})
-        if not records:
+        runs = suite_spec(suite.name).runs
+        if runs and not records:
             continue
-        print(f"evalkit: scoring {suite.name}", file=sys.stderr, flush=True)
+        if runs:
+            print(f"evalkit: scoring {suite.name}", file=sys.stderr, flush=True)
         result = suite.scored(records, ctx)
         scores += result.scores
         comparisons += result.comparisons
         if result.items:
             atomic_write_text(run.path / ITEMS_DIR / f"{suite.name}.csv", _items_csv(result.items))
-    # Imported human ratings are a suite like the others in the tidy tables (evalkit.rating.aggregate).
-    from evalkit.rating.aggregate import tidy_rows
-
-    rated_scores, rated_comps = tidy_rows(run.path)
-    scores += rated_scores
-    comparisons += rated_comps
-    # A model judge's answers (evalkit.judge), likewise: certified categories only reach the decision.
-    from evalkit.judge.score import tidy_rows as judge_rows
-
-    judged_scores, judged_comps = judge_rows(run.path, ctx.stats)
-    scores += judged_scores
-    comparisons += judged_comps
     from evalkit.parity import token_parity_rows
 
     parity = token_parity_rows(by_suite, ctx)

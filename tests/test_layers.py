@@ -220,11 +220,13 @@ def test_no_import_circles() -> None:
 
 def test_the_config_sections_are_the_registrys_suites() -> None:
     """config validates `suites.<name>` through the registry (it reaches the registry below it, as it reaches
-    the engines'); a config's `suites:` section lists every registered suite, in registry order."""
+    the engines'); a config's `suites:` section lists every registered suite that runs, in registry order (a
+    suite scored from the run directory's files, SuiteSpec.runs False, has no section)."""
     from evalkit.config import Suites
-    from evalkit.suites import SUITES
+    from evalkit.suites import SUITES, suite_spec
 
-    assert list(Suites().model_dump()) == list(SUITES)
+    assert list(Suites().model_dump()) == [n for n in SUITES if suite_spec(n).runs]
+    assert {n for n in SUITES if not suite_spec(n).runs} == {"ratings", "judge"}
 
 
 # -- the checker itself, on a small package written here ------------------------------------------------

@@ -26,14 +26,13 @@ from evalkit.engines.base import GenRequest, SamplingParams
 from evalkit.judge.prompts import (
     pairwise_prompt, parse_pairwise, parse_pointwise, rubric_text, rubrics_dir_of, template_sha256,
 )
-from evalkit.rating.export import PROMPT_SUITE
 from evalkit.scoring import records_by_suite
 from evalkit.store import RecordWriter, RunDir, atomic_write_text, read_jsonl
+from evalkit.suites import rated_suite
 
 JUDGE_DIR = "judge"
 JUDGEMENTS = "judgements.jsonl"
 JUDGE_JSON = "judge.json"
-SUITE = PROMPT_SUITE  # the suite whose generated answers the judge grades (the one humans rate)
 BATCH = 8  # judge calls per engine call and per fsynced append
 
 
@@ -63,7 +62,8 @@ def judged_outputs(run: RunDir, categories: Sequence[str] | None) -> dict[tuple[
     manifest = run.manifest()
     by_suite = records_by_suite(run, list(manifest["deployment_order"]))
     out: dict[tuple[str, str], Output] = {}
-    for dep, recs in by_suite.get(SUITE, {}).items():
+    # the suite whose generated answers the judge grades: the one humans rate (SuiteSpec.rated_outputs)
+    for dep, recs in by_suite.get(rated_suite() or "", {}).items():
         for r in recs:  # the prompts suite's records (prompt, generation, reference, item)
             r = cast(Any, r)
             if categories is not None and r.category not in categories:

@@ -29,8 +29,8 @@ from typing import Any
 from evalkit.metrics.judge_stats import alpha_by_item, slope_by_item
 from evalkit.metrics.stats import StatsSettings, clustered_mean, excludes_zero, paired_mean_diff
 from evalkit.store import ComparisonRow, ScoreRow, read_jsonl
+from evalkit.suites.judge import NAME as SUITE  # the judge suite's name, from its spec
 
-SUITE = "judge"
 ALL = "all"
 JUDGE_DIR, JUDGEMENTS, JUDGE_JSON = "judge", "judgements.jsonl", "judge.json"  # as evalkit.judge.run writes them
 OUTCOME = {"win": 1, "tie": 0, "loss": -1}

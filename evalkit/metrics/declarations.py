@@ -32,6 +32,9 @@ class MetricSpec:
     fmt: Fmt
     paired_test: PairedTest
     description: str = ""
+    # What the decision reads it as, for a workload suite's metrics (SuiteSpec.quality False): "tokens_per_s"
+    # (throughput), "per_request_tokens_per_s", "ttft_s" (median time to first token); "" for any other metric.
+    role: str = ""
 
     @property
     def better(self) -> int:
@@ -52,45 +55,8 @@ def flip_metrics(suite: str) -> list[MetricSpec]:
     return [_m(suite, n, "share", d, "rate", "pct", "mcnemar", t) for n, d, t in flips]
 
 
-# Every suite declares its metrics in its SuiteSpec (evalkit/suites/<suite>.py: `metrics`); imported human
-# ratings are declared here until they are a suite of their own.
-_RATINGS: list[MetricSpec] = [
-    # -- ratings (imported human ratings) --------------------------------------------------------
-    _m("ratings", "rating", "points (1-5)", "higher", "continuous", "rating", "paired_bootstrap",
-       "mean blind rating; item-bootstrap interval"),
-    _m("ratings", "win_rate", "share", "higher", "rate", "pct", "none", "pairwise: deployment preferred"),
-    _m("ratings", "tie_rate", "share", "none", "rate", "pct", "none", "pairwise: no preference"),
-    _m("ratings", "loss_rate", "share", "lower", "rate", "pct", "none", "pairwise: reference preferred"),
-    _m("ratings", "net_preference", "win - loss", "higher", "continuous", "num", "none",
-       "pairwise: mean of win = 1, tie = 0, loss = -1; item-bootstrap interval"),
-    _m("ratings", "krippendorff_alpha", "alpha", "higher", "continuous", "num", "none",
-       "inter-rater agreement (ordinal Krippendorff's alpha)"),
-    _m("ratings", "krippendorff_alpha_pairwise", "alpha", "higher", "continuous", "num", "none",
-       "inter-rater agreement on side-by-side choices (ordinal, loss < tie < win)"),
-]
-
-
-# The model judge (evalkit.judge): certified categories' scores are margins like any metric; uncertified ones are
-# declared without a better direction, so no margin can name them.
-_JUDGE: list[MetricSpec] = [
-    _m("judge", "score", "points (1-5)", "higher", "continuous", "rating", "paired_bootstrap",
-       "certified judge's mean pointwise score; paired by item against the reference"),
-    _m("judge", "score_uncertified", "points (1-5)", "none", "continuous", "rating", "none",
-       "judge's mean pointwise score in a category where it is not certified (never in the decision)"),
-    _m("judge", "net_preference", "win - loss", "higher", "continuous", "num", "none",
-       "certified judge, side by side with the reference in both orders (a flip is a tie)"),
-    _m("judge", "net_preference_uncertified", "win - loss", "none", "continuous", "num", "none",
-       "side by side, judge not certified in this category (never in the decision)"),
-    _m("judge", "unparseable", "answers", "none", "count", "count", "none", "judge answers not in the asked format"),
-    _m("judge", "flip_rate", "share", "lower", "rate", "pct", "none", "pairwise verdicts that change when A and B swap"),
-    _m("judge", "self_agreement", "share", "higher", "rate", "pct", "none", "outputs given the same score twice"),
-    _m("judge", "alpha_vs_humans", "alpha", "higher", "continuous", "num", "none",
-       "ordinal Krippendorff's alpha, judge score against each human rating of the same output"),
-    _m("judge", "length_slope_pointwise", "points / 10 words", "none", "continuous", "num", "none",
-       "judge score per 10 more words of answer"),
-    _m("judge", "length_slope_pairwise", "outcome / 10 words", "none", "continuous", "num", "none",
-       "pairwise outcome per 10 words longer than the reference's"),
-]
+# Every suite declares its metrics in its SuiteSpec (evalkit/suites/<suite>.py: `metrics`), the imported human
+# ratings and the model judge too (evalkit/suites/ratings.py, judge.py).
 
 
 def _index(specs: list[MetricSpec]) -> tuple[dict[tuple[str, str], MetricSpec], list[MetricSpec]]:
@@ -113,12 +79,12 @@ _STATE: list[object] = [None]  # the suite registry's state the tables above wer
 
 
 def _declared() -> list[MetricSpec]:
-    """Every declaration: the registered suites' (SuiteSpec.metrics) and the ratings'. The suite registry imports
+    """Every declaration: the registered suites' (SuiteSpec.metrics). The suite registry imports
     this module (MetricSpec), so this one reaches the registry as registries are reached: by name, at run time."""
     registry = importlib.import_module("evalkit.suites")
     state = registry.registry_state()
     if _STATE[0] != state:
-        found = [m for spec in registry.all_specs() for m in spec.metrics] + _RATINGS + _JUDGE
+        found = [m for spec in registry.all_specs() for m in spec.metrics]
         exact, families = _index(found)
         _EXACT.clear()
         _EXACT.update(exact)
@@ -176,7 +142,7 @@ def _declared_suites() -> set[str]:
 
 def _quality_suites() -> set[str]:
     """Suites whose metrics may be quality margins: all but those whose spec says they measure a workload's
-    limits (SuiteSpec.quality: cost), plus the ratings."""
+    limits (SuiteSpec.quality False)."""
     registry = importlib.import_module("evalkit.suites")
     limits = {spec.name for spec in registry.all_specs() if not spec.quality}
     return _declared_suites() - limits
@@ -204,11 +170,3 @@ def check_margin_key(key: str) -> MarginKey:
     if direction not in ("higher", "lower"):
         raise ValueError(f"margin {key!r}: {mk.suite}/{mk.metric} has no better direction, so no loss to bound")
     return mk
-
-
-def __getattr__(name: str) -> str:
-    """COST_SUITE: the suite whose metrics are a workload's limits (SuiteSpec.quality False), for the decision."""
-    if name == "COST_SUITE":
-        registry = importlib.import_module("evalkit.suites")
-        return str(next(spec.name for spec in registry.all_specs() if not spec.quality))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

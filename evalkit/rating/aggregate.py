@@ -18,6 +18,7 @@ from evalkit.metrics.agreement import agreement, as_row
 from evalkit.metrics.stats import TOO_FEW_ITEMS, StatsSettings, clustered_mean, excludes_zero, paired_mean_diff, wilson_ci
 from evalkit.rating.export import SCORE_MAX, SCORE_MIN
 from evalkit.rating.import_ import imported_dir
+from evalkit.suites.ratings import NAME as SUITE  # the ratings suite's name, from its spec
 from evalkit.store import (
     COMPARISON_COLUMNS, COMPARISONS_CSV, SCORE_COLUMNS, SCORES_CSV, ComparisonRow, RunDir, ScoreRow, atomic_write_text, rows_to_csv,
 )
@@ -53,11 +54,13 @@ def ratings_frame(run_dir: Path) -> pd.DataFrame:
     return frame
 
 
-def aggregate(run_dir: Path) -> dict[str, pd.DataFrame]:
-    """Tables keyed "absolute", "absolute_vs_reference", "pairwise", "agreement" (empty when no ratings)."""
+def aggregate(run_dir: Path, st: StatsSettings | None = None) -> dict[str, pd.DataFrame]:
+    """Tables keyed "absolute", "absolute_vs_reference", "pairwise", "agreement" (empty when no ratings); `st`: the
+    run's statistical policy (None: read from its manifest, as scoring's ScoreContext.stats reads it)."""
     manifest = RunDir.open(Path(run_dir)).manifest()
     reference = str(manifest["reference"])
-    st = StatsSettings.model_validate(manifest.get("config", {}).get("stats") or {})
+    if st is None:
+        st = StatsSettings.model_validate(manifest.get("config", {}).get("stats") or {})
     frame = ratings_frame(run_dir)
     absolute = frame[(frame["mode"] == "absolute") & frame["score"].notna()]
     pairwise = frame[(frame["mode"] == "pairwise") & frame["outcome"].notna()].copy()
@@ -148,7 +151,6 @@ def _agreement(frame: pd.DataFrame, mode: str, column: str, domain: list[int]) -
 
 # -- ratings as a suite in the tidy tables -----------------------------------------------------------
 
-SUITE = "ratings"
 ALL_DEPLOYMENTS = "all"  # agreement rows: alpha is over every rated output, not one deployment's
 
 
@@ -161,8 +163,9 @@ def _opt(x: Any) -> float | None:
     return v if v == v else None  # NaN != NaN
 
 
-def tidy_rows(run_dir: Path) -> tuple[list[ScoreRow], list[ComparisonRow]]:
-    """Imported ratings as suite `ratings` rows of scores.csv and comparisons.csv (none when not rated).
+def tidy_rows(run_dir: Path, st: StatsSettings | None = None) -> tuple[list[ScoreRow], list[ComparisonRow]]:
+    """Imported ratings as suite `ratings` rows of scores.csv and comparisons.csv (none when not rated): the
+    ratings suite's rows (evalkit/suites/ratings.py, SuiteSpec.rows), scoring asks for them with the run's `st`.
 
     scores: `rating` (mean 1-5 per deployment and category, item-bootstrap interval); pairwise sheets'
     `win_rate`/`tie_rate`/`loss_rate` (Wilson) and `net_preference` (item bootstrap); inter-rater
@@ -171,7 +174,7 @@ def tidy_rows(run_dir: Path) -> tuple[list[ScoreRow], list[ComparisonRow]]:
     """
     if ratings_frame(run_dir).empty:
         return [], []
-    t = aggregate(run_dir)
+    t = aggregate(run_dir, st)
     scores: list[ScoreRow] = []
     comps: list[ComparisonRow] = []
     for r in t["absolute"].itertuples():

@@ -23,7 +23,7 @@ from evalkit.errors import DataError, RatingSheetError, RunDirError
 from filelock import FileLock
 
 from evalkit.store import RunDir, atomic_write_bytes, atomic_write_text, lock_path
-from evalkit.suites.prompts import rubric_summary
+from evalkit.suites import rated_suite, suite_spec
 from evalkit.spreadsheet import neutralize
 
 Mode = Literal["absolute", "pairwise"]
@@ -33,7 +33,6 @@ RATINGS_DIR = "ratings"
 SHEETS_DIR = "sheets"
 KEY_FILE = "key.json"
 KEY_VERSION = 1
-PROMPT_SUITE = "prompts"
 
 SCORE_MIN, SCORE_MAX = 1, 5
 CHOICES = ("A", "tie", "B")
@@ -69,12 +68,21 @@ def _deployment_names(manifest: dict[str, Any]) -> list[str]:
     return [d["name"] if isinstance(d, dict) else str(d) for d in manifest.get("deployments", [])]
 
 
+def rubric_summary(category: str, rubrics_dir: Path | None = None) -> str:
+    """The rubric a sheet shows for a category of the rated suite's outputs (its SuiteSpec.rubric)."""
+    rated = rated_suite()
+    rubric = suite_spec(rated).rubric if rated is not None else None
+    return rubric(category, rubrics_dir) if rubric is not None else ""
+
+
 def _prompt_items(run: RunDir, deployments: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """item_id -> deployment -> prompt-suite record (only items with at least one output)."""
+    """item_id -> deployment -> record of the rated suite (SuiteSpec.rated_outputs; only items with at least one
+    output)."""
+    rated = rated_suite()
     items: dict[str, dict[str, dict[str, Any]]] = {}
     for dep in deployments:
         for rec in run.records(dep):
-            if rec.get("suite") == PROMPT_SUITE:
+            if rec.get("suite") == rated:
                 items.setdefault(str(rec["item_id"]), {})[dep] = rec
     return dict(sorted(items.items()))
 

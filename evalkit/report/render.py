@@ -16,7 +16,6 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from evalkit.report import plots as P
 from evalkit.report import tables as T
-from evalkit.rating.export import PROMPT_SUITE as RATED_SUITE
 from evalkit.report.cells import Example, Table, marks
 from evalkit.report.verdict import how_sure, verdict
 from evalkit.report.view import RunView
@@ -57,20 +56,16 @@ def suite_section(view: RunView, spec: SuiteSpec) -> Section | None:
 
 def sections(view: RunView) -> list[Section]:
     out: list[Section] = []
-    for spec in all_specs():  # in registry order
+    specs = all_specs()
+    for spec in specs:  # in registry order; a suite scored from the run directory's files follows the one it grades
+        if not spec.runs:
+            continue
         section = suite_section(view, spec)
         if section is not None:
             out.append(section)
-        if spec.name == RATED_SUITE and view.human:  # the ratings of a suite's outputs follow its section
-            out.append(Section("human", "Human ratings",
-                               "Blind ratings imported from the rating sheets, de-blinded with the run's key.",
-                               T.human_tables(view), some(P.human_plot(view))))
-        if spec.name == RATED_SUITE:  # a model judge's grades of the same outputs follow them (evalkit.judge)
-            from evalkit.report.judge_section import section_parts
-
-            judged = section_parts(view)
-            if judged is not None:
-                out.append(Section("judge", "Model judge", judged[0], judged[1]))
+        if spec.rated_outputs:  # human ratings and a model judge's grades of its outputs (SuiteSpec.runs False)
+            graded = [load_hook(g.report)(view) for g in specs if not g.runs and g.report is not None]
+            out += [s for s in graded if s is not None]
     if view.run.manifest.get("ledger"):
         out.append(Section("ledger", "Memory ledger", "What “evalkit plan” predicted before loading, beside what was measured.",
                            [T.ledger_table(view)], some(P.ledger_plot(view))))

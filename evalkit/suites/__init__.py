@@ -13,10 +13,11 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from evalkit.suites.spec import ItemCell, SuiteSpec, ViewerSpec
+from evalkit.suites.spec import DiskNeed, ItemCell, SuiteSpec, ViewerSpec
 
-__all__ = ["SUITES", "ItemCell", "SuiteSpec", "ViewerSpec", "all_specs", "enabled_suites", "load_hook", "suite_class", "suite_names",
-           "suite_spec", "unknown_suite_message"]
+__all__ = ["SUITES", "DiskNeed", "ItemCell", "SuiteSpec", "ViewerSpec", "all_specs", "enabled_suites", "load_hook",
+           "rated_suite", "run_suite_names", "scored_suites", "suite_class", "suite_names", "suite_spec",
+           "unknown_suite_message", "workload_suite"]
 
 # Order matters: it is the order suites run inside a worker and appear in the report.
 SUITES: dict[str, str] = {
@@ -26,6 +27,8 @@ SUITES: dict[str, str] = {
     "longcontext": "evalkit.suites.longcontext:SPEC",
     "humaneval": "evalkit.suites.code:SPEC",
     "cost": "evalkit.suites.cost:SPEC",
+    "ratings": "evalkit.suites.ratings:SPEC",  # not run: imported human ratings (SuiteSpec.runs False)
+    "judge": "evalkit.suites.judge:SPEC",  # not run: a model judge's answers
 }
 # Suites kept outside evalkit: `EVALKIT_SUITES="name=module:SPEC,..."` registers them after these (a worker
 # inherits the variable, so a run's every process knows them).
@@ -36,10 +39,16 @@ def suite_names() -> list[str]:
     return list(SUITES)
 
 
+def run_suite_names() -> list[str]:
+    """The suites that run (SuiteSpec.runs), in registry order: the ones a config can name under `suites:`."""
+    return [spec.name for spec in all_specs() if spec.runs]
+
+
 def unknown_suite_message(name: Any) -> str:
-    close = difflib.get_close_matches(str(name), list(SUITES), n=1)
+    names = run_suite_names()
+    close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown suite {name!r}{hint} (suites: {', '.join(SUITES)})"
+    return f"unknown suite {name!r}{hint} (suites: {', '.join(names)})"
 
 
 @lru_cache(maxsize=None)
@@ -83,6 +92,28 @@ def load_hook(target: str) -> Any:
 def suite_class(name: str) -> type:
     """The suite's class (an evalkit.suites.base.Suite subclass)."""
     return suite_spec(name).suite_class
+
+
+def rated_suite() -> str | None:
+    """The suite whose generated outputs humans rate and the model judge grades (SuiteSpec.rated_outputs)."""
+    return next((spec.name for spec in all_specs() if spec.rated_outputs), None)
+
+
+def workload_suite() -> SuiteSpec | None:
+    """The suite whose metrics are a workload's limits (SuiteSpec.quality False), which the decision reads."""
+    return next((spec for spec in all_specs() if not spec.quality), None)
+
+
+def scored_suites(config: Any, config_file: Any) -> list[Any]:
+    """What scoring asks for rows, in registry order: every suite the config switches on, and every suite scored from
+    the run directory's own files (SuiteSpec.runs False: imported ratings, a judge's answers), which no config names."""
+    out = []
+    for name in SUITES:
+        spec = suite_spec(name)
+        settings = config.suites.get(name) if spec.runs else spec.settings_model()
+        if settings is not None:
+            out.append(spec.suite_class(settings, config, config_file))
+    return out
 
 
 def enabled_suites(config: Any, config_file: Any) -> list[Any]:

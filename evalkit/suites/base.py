@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from evalkit.config import Config
 from evalkit.engines.base import Engine, SamplingParams
@@ -137,6 +137,38 @@ class Suite(ABC, Generic[SettingsT]):
     def describe(self) -> dict[str, Any]:
         """Provenance for the manifest and report (data files, seeds, signatures)."""
         return {}
+
+
+class NoSettings(BaseModel):
+    """The settings of a suite with nothing to set (one scored from its run directory's files)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunDirSuite(Suite[NoSettings]):
+    """A suite scored from files its run directory gets after the run (SuiteSpec.runs False: imported human ratings,
+    a model judge's answers): it has no items and is never run; its rows come from its spec's `rows` hook."""
+
+    # It grades generated outputs: sampling settings change its results (evalkit.history reads this).
+    requires = frozenset({Capability.GENERATE})
+
+    def items(self) -> list[Item]:
+        return []
+
+    def run(self, engine: Engine, items: Sequence[Item], sampling: SamplingParams, emit: Emit) -> None:
+        raise TypeError(f"suite {self.name!r} is scored from its run directory's files, never run")
+
+    def score(self, records: SuiteRecords[Any], ctx: ScoreContext) -> list[ScoreRow]:
+        return self.scored(records, ctx).scores
+
+    def scored(self, records: SuiteRecords[Any], ctx: ScoreContext) -> "Scored":
+        from evalkit.suites import load_hook, suite_spec
+
+        hook = suite_spec(self.name).rows
+        if hook is None or ctx.run_dir is None:
+            return Scored([], [], [])
+        scores, comparisons = load_hook(hook)(ctx.run_dir, ctx.stats)
+        return Scored(scores, comparisons, [])
 
 
 @dataclass(frozen=True)

@@ -388,4 +388,6 @@ SPEC = SuiteSpec(
     signatures="evalkit.suites.report.prompts:signatures",
     verdict="evalkit.suites.report.prompts:verdict_columns",
     check=_check_rubrics,
+    rated_outputs=True,  # humans rate these outputs (evalkit.rating) and a model judge grades them (evalkit.judge)
+    rubric=rubric_summary,
 )

@@ -57,6 +57,27 @@ class ViewerSpec:
     token_ids: Callable[[Any, Any], Any] | None = None
 
 
+@dataclass
+class DiskNeed:
+    """The disk a suite's records need in a run beyond their lines (`SuiteSpec.disk`), in bytes by kind.
+
+    `records`: the records' lines; `side_files`: per-token arrays kept beside them; `distributions`: stores kept in
+    the run directory (perplexity: the exact-KLD reference's distributions; with `window`, at most that many chunks
+    at a time); `cache`: what the result cache keeps of them. `distributions_full` / `distributions_per_chunk`: the
+    whole store and one chunk's, and `window_setting` the setting that streams it ("suites.<name>.<field>"), so a
+    refusal can say which window would fit. `notes`: lines the plan prints."""
+
+    records: int = 0
+    side_files: int = 0
+    distributions: int = 0
+    cache: int = 0
+    window: int | None = None
+    distributions_full: int = 0
+    distributions_per_chunk: int = 0
+    window_setting: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class SuiteSpec:
     """One suite's declaration.
@@ -78,7 +99,9 @@ class SuiteSpec:
       config sections, run by config validation (raise ValueError: one line).
     - `plan_note(config, config_file) -> str | None`: lines `evalkit plan` prints for the suite before anything runs
       (perplexity: which deployments get exact KLD and how large the stored distributions get).
-    - `quality`: False for a suite whose metrics are limits of a workload (cost), never quality margins.
+    - `quality`: False for a suite whose metrics are limits of a workload (cost), never quality margins: the
+      decision reads it (evalkit.suites.workload_suite) at a concurrency level, its categories being the levels
+      ("c8": concurrency 8), its figures the metrics whose declaration names a `role` (MetricSpec.role).
     - `offline_description(settings)`: what the report shows instead of `describe()` when describing the suite would
       reach the network (None: describe() runs offline).
     - `n_unit`: what `n` counts in its intervals ("items"; perplexity's are over scored tokens), as the decision
@@ -89,6 +112,19 @@ class SuiteSpec:
     - `metric_settings`: settings that leave the items as they are but can change some metrics, each with the
       metrics it can change (empty: none). Two runs that differ only there are comparable (evalkit.history),
       for every other metric. A setting not named here (and not a size or data-path setting) defines the items.
+    - `runs`: False for a suite scored from files its run directory gets after the run (imported human ratings, a
+      model judge's answers): never planned, run or configured under `suites:` (config knows only the suites that
+      run), no records; scoring asks `rows` for its score and comparison rows. Its report section (`report`, which
+      may give None) follows the section of the suite whose outputs it grades (`rated_outputs`).
+    - `rows`: "module:function" (run_dir, StatsSettings) -> (score rows, comparison rows), for `runs` False.
+    - `rated_outputs`: this suite's generated outputs are the ones humans rate and the model judge grades
+      (evalkit.suites.rated_suite); `rubric(category, rubrics_dir) -> str`: the rubric summary a rating sheet shows
+      for a category of them ("pairwise": the side-by-side one).
+    - `disk(suite, config, config_file, deployments, use_cache) -> DiskNeed`: the disk the suite needs for those
+      deployments (names; a noise-floor re-run is "<reference>.rerun"), evalkit.diskplan; None: its items' records
+      at a generous size per line.
+    - `arrays(record, run_dir, where)`: a record's per-token arrays (a numpy structured array), None when the record
+      keeps none (evalkit.results.Run.token_arrays); None: the suite's records keep no arrays.
     """
 
     name: str
@@ -110,8 +146,16 @@ class SuiteSpec:
     metric_settings: dict[str, frozenset[str]] = field(default_factory=dict)
     workload: Callable[[Any], dict[str, int]] | None = None
     n_unit: str = "items"
+    runs: bool = True
+    rows: str | None = None
+    rated_outputs: bool = False
+    rubric: Callable[[str, Any], str] | None = None
+    disk: Callable[..., DiskNeed] | None = None
+    arrays: Callable[[Any, Any, str], Any] | None = None
 
     def __post_init__(self) -> None:
+        if not self.runs and (self.rows is None or self.records):
+            raise ValueError(f"suite {self.name!r}: a suite that is not run declares `rows` and no record types")
         for m in self.metrics:
             if m.suite != self.name:
                 raise ValueError(f"suite {self.name!r}: metric {m.suite}/{m.name} is declared for another suite")

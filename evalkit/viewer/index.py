@@ -424,10 +424,10 @@ class RunIndex:
     def _add_judgements(self, out: dict[str, Any], suite: str, item_id: str) -> None:
         """A model judge's answers on this item (evalkit.judge), per deployment: score or verdict, and its reason
         and raw answer as text (model output: the page shows it inert, as every output)."""
-        from evalkit.judge.run import SUITE as JUDGED_SUITE
         from evalkit.judge.score import load_judgements
+        from evalkit.suites import rated_suite
 
-        if suite != JUDGED_SUITE:
+        if suite != rated_suite():  # the judge grades the rated suite's outputs (SuiteSpec.rated_outputs)
             return
         _, recs = load_judgements(self.path)
         for r in recs:
