@@ -8,8 +8,9 @@ Per deployment and workload:
   reference qualifies on quality by definition (it is what "no loss" means);
 - memory: the ledger's prediction with the context and concurrency set to the workload's (fits, per-device
   bytes, the longest context and the number of sequences memory holds);
-- cost: output tokens/s and median time to first token at the workload's concurrency from the cost suite,
-  measured at that level or interpolated linearly between the two measured levels around it (labelled);
+- cost: output tokens/s and median time to first token at the workload's concurrency from the workload suite
+  (the registry's suite whose metrics are a workload's limits, SuiteSpec.quality False; its figures are the metrics
+  whose declaration names a `role`), measured at that level or interpolated linearly between the two measured levels around it (labelled);
   never extrapolated.
 
 RULE (below) picks one deployment. When none qualifies, the decision says what would change that.
@@ -24,8 +25,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-# Margin keys are checked against the metric declarations (where config checks them too); re-exported here.
-from evalkit.metrics.declarations import COST_SUITE, MarginKey, check_margin_key, direction_of  # noqa: F401
+# Margin keys are checked against the metric declarations (where config checks them too).
+from evalkit.metrics.declarations import MarginKey, direction_of
 from evalkit.fileio import json_safe
 from evalkit.metrics.noninferiority import NonInferiority, non_inferiority
 
@@ -301,15 +302,30 @@ def _flip_counts(comps: pd.DataFrame, dep: str, suite: str, category: str) -> tu
 # -- cost at the stated concurrency ---------------------------------------------------------------------
 
 
-COST_METRICS = {"tokens_per_s": "tokens_per_s", "per_request_tokens_per_s": "per_request_tokens_per_s", "ttft_ms": "ttft_median_s"}
+# CostAt's figures, each the workload suite's metric declaring that role (MetricSpec.role); ttft in ms, declared in s.
+ROLES = {"tokens_per_s": "tokens_per_s", "per_request_tokens_per_s": "per_request_tokens_per_s", "ttft_ms": "ttft_s"}
+
+
+def workload_metrics() -> tuple[str | None, dict[str, str]]:
+    """The workload suite's name (SuiteSpec.quality False) and CostAt's figure -> its metric (MetricSpec.role);
+    (None, {}) when no registered suite measures a workload."""
+    from evalkit.suites import workload_suite
+
+    spec = workload_suite()
+    if spec is None:
+        return None, {}
+    by_role = {m.role: m.name for m in spec.metrics if m.role}
+    return spec.name, {figure: by_role[role] for figure, role in ROLES.items() if role in by_role}
 
 
 def cost_at(scores: pd.DataFrame, dep: str, concurrency: int) -> CostAt | None:
-    """The cost suite's figures at `concurrency`: measured there, or interpolated linearly between the
-    nearest measured levels below and above (labelled), never extrapolated. None without a cost suite."""
-    if scores.empty:
+    """The workload suite's figures at `concurrency`: measured there, or interpolated linearly between the
+    nearest measured levels below and above (labelled), never extrapolated. None without a workload suite."""
+    suite, metrics = workload_metrics()
+    if scores.empty or suite is None:
         return None
-    rows = scores[(scores.deployment == dep) & (scores.suite == COST_SUITE) & scores.category.astype(str).str.fullmatch(r"c\d+")]
+    # its categories are its concurrency levels ("c8": concurrency 8), SuiteSpec.quality's contract
+    rows = scores[(scores.deployment == dep) & (scores.suite == suite) & scores.category.astype(str).str.fullmatch(r"c\d+")]
     if rows.empty:
         return None
     levels: dict[int, dict[str, float]] = {}
@@ -319,7 +335,8 @@ def cost_at(scores: pd.DataFrame, dep: str, concurrency: int) -> CostAt | None:
     listed = ", ".join(map(str, measured))
 
     def value(level_values: dict[str, float], name: str) -> float | None:
-        v = level_values.get(COST_METRICS[name])
+        metric = metrics.get(name)
+        v = None if metric is None else level_values.get(metric)
         return None if v is None else v * 1000.0 if name == "ttft_ms" else v
 
     if concurrency in levels:
@@ -334,7 +351,7 @@ def cost_at(scores: pd.DataFrame, dep: str, concurrency: int) -> CostAt | None:
     a, b = below[-1], above[0]
     w = (concurrency - a) / (b - a)
     out: dict[str, float | None] = {}
-    for name in COST_METRICS:
+    for name in ROLES:
         va, vb = value(levels[a], name), value(levels[b], name)
         out[name] = None if va is None or vb is None else va + w * (vb - va)
     return CostAt(out["tokens_per_s"], out["per_request_tokens_per_s"], out["ttft_ms"],
@@ -468,6 +485,7 @@ def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.D
         reasons.append(f"memory fit unknown ({memory.note if memory else 'no memory plan'})")
 
     cost = cost_at(scores, dep, workload.concurrency)
+    measures = workload_metrics()[0] or "workload"  # the suite that measures the load (its settings name the levels)
     latency_ok: bool | None = True
     for limit, value, label, worse_if_above in (
         (workload.max_ttft_ms, cost.ttft_ms if cost else None, "median time to first token", True),
@@ -477,8 +495,8 @@ def judge_deployment(dep: str, reference: str, scores: pd.DataFrame, comps: pd.D
             continue
         if value is None:
             latency_ok = None if latency_ok is not False else False
-            reasons.append(f"{label} at concurrency {workload.concurrency} unknown ({cost.how if cost else 'no cost suite'})")
-            changes.append(f"measuring concurrency {workload.concurrency} (suites.cost.concurrency)")
+            reasons.append(f"{label} at concurrency {workload.concurrency} unknown ({cost.how if cost else f'no {measures} suite'})")
+            changes.append(f"measuring concurrency {workload.concurrency} (suites.{measures}.concurrency)")
         elif (value > limit) if worse_if_above else (value < limit):
             latency_ok = False
             unit = " ms" if worse_if_above else ""
@@ -597,14 +615,15 @@ def workloads(settings: Any) -> list[tuple[str, Any]]:
 
 
 def lacking_suites(config: Any, manifest: dict[str, Any], settings: Any) -> dict[str, dict[str, str]]:
-    """deployment -> {suite: why} for the suites the decision needs (its margins' suites, and the cost suite
+    """deployment -> {suite: why} for the suites the decision needs (its margins' suites, and the workload suite
     when the run has one: the workload's throughput and latency) that the run skipped for that deployment
     (its `suites:` list, or a capability its engine lacks)."""
     from evalkit.capabilities import skipped_suites
 
     needed = {MarginKey.parse(k).suite for k in settings.margins}
-    if getattr(getattr(config, "suites", None), COST_SUITE, None) is not None:
-        needed.add(COST_SUITE)
+    measures = workload_metrics()[0]
+    if measures is not None and config.suites.get(measures) is not None:
+        needed.add(measures)
     out = {}
     for dep in candidates(manifest, config):
         missing = {s: why for s, why in skipped_suites(manifest, dep).items() if s in needed}

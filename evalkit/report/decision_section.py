@@ -45,9 +45,13 @@ def _memory_cell(d: DeploymentDecision) -> Cell:
                 f"{_g(d.memory.per_device_gb, 3)} of {_g(d.memory.budget_gb, 3)} GB per device", note=d.memory.note)
 
 
-def _cost_cell(d: DeploymentDecision, key: str) -> Cell:
+def _load_cell(d: DeploymentDecision, key: str) -> Cell:
+    """A throughput or latency figure at the workload's concurrency (the registry's workload suite measured it)."""
     if d.cost is None:
-        return Cell("–", "no cost suite")
+        from evalkit.suites import workload_suite
+
+        measures = workload_suite()
+        return Cell("–", f"no {measures.name if measures else 'workload'} suite")
     v = getattr(d.cost, key)
     return Cell(_g(v), "" if d.cost.measured else d.cost.how)  # interpolated or missing: say so
 
@@ -61,7 +65,7 @@ def decision_table(sc: ScenarioDecision, margins: dict[str, float], key: str = "
         status = "recommended ★" if d.deployment == sc.recommended else "yes" if d.qualifies else "no"
         kv = d.memory.kv_precision if d.memory and d.memory.kv_precision else "–"
         rows.append([Cell(d.deployment, "(reference)" if d.reference else ""), Cell(kv), Cell(status, "; ".join(d.reasons)),
-                     _memory_cell(d), _cost_cell(d, "tokens_per_s"), _cost_cell(d, "ttft_ms")]
+                     _memory_cell(d), _load_cell(d, "tokens_per_s"), _load_cell(d, "ttft_ms")]
                     + [_margin_cell(m) for m in d.margins])
     return Table(key, f"Workload: {_workload(sc)}", header, rows, caption=sc.summary if caption else "")
 

@@ -116,11 +116,13 @@ class CostRecord(Record):
 
 
 METRICS = (
-    MetricSpec("cost", "tokens_per_s", "tokens/s", "higher", "continuous", "num", "none", "total output tokens / wall time"),
-    MetricSpec("cost", "per_request_tokens_per_s", "tokens/s", "higher", "continuous", "num", "none"),
+    MetricSpec("cost", "tokens_per_s", "tokens/s", "higher", "continuous", "num", "none", "total output tokens / wall time",
+               role="tokens_per_s"),  # roles: what the decision reads at the workload's concurrency
+    MetricSpec("cost", "per_request_tokens_per_s", "tokens/s", "higher", "continuous", "num", "none",
+               role="per_request_tokens_per_s"),
     MetricSpec("cost", "latency_median_s", "s", "lower", "continuous", "s", "none"),
     MetricSpec("cost", "latency_p90_s", "s", "lower", "continuous", "s", "none"),
-    MetricSpec("cost", "ttft_median_s", "s", "lower", "continuous", "ms", "none"),
+    MetricSpec("cost", "ttft_median_s", "s", "lower", "continuous", "ms", "none", role="ttft_s"),
     MetricSpec("cost", "ttft_p90_s", "s", "lower", "continuous", "ms", "none"),
     MetricSpec("cost", "itl_median_s", "s", "lower", "continuous", "ms", "none", "inter-token latency: (last - first token time) / (tokens - 1), per request"),
     MetricSpec("cost", "itl_p90_s", "s", "lower", "continuous", "ms", "none"),
