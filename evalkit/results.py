@@ -74,20 +74,25 @@ class Run:
                 for d in self.deployments for r in self.run_dir.records(d)]
         return pd.DataFrame(rows)
 
-    def token_arrays(self, deployment: str, item_id: str) -> Any:
-        """The per-token arrays of one perplexity chunk (a numpy structured array; fields among
-        `evalkit.suites.perplexity.records.TOKEN_FIELDS`), from its side file (v2) or its inline lists (v1)."""
+    def token_arrays(self, deployment: str, item_id: str, suite: str | None = None) -> Any:
+        """The per-token arrays of one record (a numpy structured array: a perplexity chunk's, fields among its
+        records module's TOKEN_FIELDS), from its side file (v2) or its inline lists (v1): the first record of
+        `item_id` (in `suite`, when given) whose suite keeps per-token arrays (SuiteSpec.arrays)."""
         from evalkit.errors import RunDirError
         from evalkit.records import parse_record
-        from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
+        from evalkit.suites import SUITES, suite_spec
 
         where = str(self.run_dir.records_path(deployment))
         for raw in self.run_dir.records(deployment):
-            if raw.get("suite") == "perplexity" and raw.get("item_id") == item_id:
-                rec = parse_record({**raw, "deployment": raw.get("deployment") or deployment}, where)
-                if isinstance(rec, PerplexityRecord) and rec.scored:
-                    return token_arrays(rec, self.path, where)
-        raise RunDirError(where, f"no scored perplexity record {item_id!r}")
+            name = raw.get("suite")
+            if raw.get("item_id") != item_id or name not in SUITES or (suite is not None and name != suite):
+                continue
+            arrays = suite_spec(name).arrays
+            if arrays is not None:
+                found = arrays(parse_record({**raw, "deployment": raw.get("deployment") or deployment}, where), self.path, where)
+                if found is not None:
+                    return found
+        raise RunDirError(where, f"no record {item_id!r} with per-token arrays" + (f" in suite {suite!r}" if suite else ""))
 
     @cached_property
     def ratings(self) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from evalkit.errors import ConfigError, DataError
 from evalkit.metrics.declarations import MetricSpec
 from evalkit.suites.perplexity.records import PerplexityRecord, token_arrays
 from evalkit.suites.base import Suite
+from evalkit.suites.perplexity.disk import disk_need
 from evalkit.suites.perplexity.plan import plan_store_note
 from evalkit.suites.perplexity.suite import PerplexitySettings, PerplexitySuite
 from evalkit.suites.spec import ItemCell, SuiteSpec, ViewerSpec
@@ -124,6 +125,14 @@ def _token_ids(rec: PerplexityRecord, run_dir: Path) -> Any:
     return arrays["token"] if "token" in (arrays.dtype.names or ()) else None
 
 
+def _arrays(rec: Any, run_dir: Path, where: str) -> Any:
+    """A scored chunk's per-token arrays (a numpy structured array, fields among records.TOKEN_FIELDS) from its side
+    file (v2) or its inline lists (v1); None for a skipped chunk."""
+    if not isinstance(rec, PerplexityRecord) or not rec.scored:
+        return None
+    return token_arrays(rec, run_dir, where)
+
+
 def _workload(settings: PerplexitySettings) -> dict[str, int]:
     """Logit rows one decode returns: the scored second half of each chunk (llama-perplexity's rule), and vLLM's
     prompt log-probabilities over the whole chunk."""
@@ -153,6 +162,8 @@ SPEC = SuiteSpec(
     plan_note=plan_store_note,
     workload=_workload,
     n_unit="scored tokens",
+    disk=disk_need,
+    arrays=_arrays,
     metric_settings={
         "top_k": _DRIFT,
         "kld_reference": _DRIFT | {"pos_nll_diff"},  # the position curves are drawn against the KLD reference
