@@ -155,7 +155,7 @@ def parse_margins(items: list[str]) -> dict[str, float]:
         key, sep, value = item.partition("=")
         try:
             if not sep:
-                raise ValueError(f"--margin {item!r}: expected KEY=VALUE, e.g. mmlu/accuracy=-0.02")
+                raise ValueError(f"--margin {item!r}: expected KEY=VALUE, KEY a margin key (suite/metric, as decision.margins)")
             check_margin_key(key.strip())
             number = float(value)
             if not math.isfinite(number):

@@ -20,7 +20,8 @@ def add_diff_parsers(verbs: Any, diff: Callable[..., int], history: Callable[...
     p.add_argument("--baseline", metavar="REPORTS_DIR",
                    help="compare NEW with the latest comparable run in this folder (created before NEW)")
     p.add_argument("--margin", action="append", default=[], metavar="KEY=VALUE",
-                   help="largest acceptable loss, as decision.margins (mmlu/accuracy=-0.02, perplexity/ppl_ratio=1.05); "
+                   help="largest acceptable loss, as decision.margins (SUITE/METRIC=VALUE or SUITE/CATEGORY/METRIC=VALUE: "
+                        "-0.02 for a share that may drop 2 points, 1.05 for a ratio that may grow 5%%); "
                         "adds to / overrides the new run's config margins; repeatable")
     p.add_argument("--no-config-margins", action="store_true", help="ignore the new run's decision.margins")
     p.add_argument("--fail-on", choices=["inferior", "inconclusive"], default="inferior",
