@@ -10,10 +10,12 @@
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
 import sys
+import tokenize
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -194,29 +196,44 @@ VOCABULARY = {
 # evalkit knows one suite; the scan fails on any other, and on any of these that no longer needs its entry.
 LEFT = {
     ("evalkit/suites/__init__.py", "*"): "the registry: one line per suite (SUITES), which is the point",
-    ("evalkit/results.py", "perplexity"): "load_run's per-token arrays of perplexity records (a notebook API)",
-    ("evalkit/diskplan.py", "perplexity"): "the disk plan sizes perplexity's side files and KLD stores: to become a "
-                                           "SuiteSpec hook (the suite's disk need)",
-    ("evalkit/decision.py", "cost"): "the decision reads the cost suite's throughput and latency (COST_SUITE)",
-    ("evalkit/report/decision_section.py", "cost"): "the decision section's throughput cells (no cost suite: said so)",
-    ("evalkit/rating/export.py", "prompts"): "human ratings rate the prompt suite's outputs (PROMPT_SUITE); ratings "
-                                             "are to enter scoring as a suite of their own",
     ("evalkit/metrics/likelihood.py", "perplexity"): "the statistic's name (perplexity_stats, paired_perplexity), "
                                                      "not the suite",
-    ("evalkit/metrics/declarations.py", "cost"): "the name COST_SUITE, answered from the registry (the suite whose "
-                                                 "SuiteSpec.quality is False)",
-    ("evalkit/diff.py", "mmlu"): "an example margin key in a help message",
-    ("evalkit/diffcli.py", "mmlu"): "example margin keys in a help message",
-    ("evalkit/diffcli.py", "perplexity"): "example margin keys in a help message",
+    ("evalkit/decision.py", "cost"): "the decision's own word for a deployment's serving cost (cost_at, decision.json's "
+                                     "`cost` and `cost_basis`), not the suite: the workload suite and its figures come "
+                                     "from the registry (workload_suite(), MetricSpec.role)",
+    ("evalkit/report/verdict.py", "ratings"): "the verdict's human-rating columns lead the table, before every suite's",
+    ("evalkit/report/tables.py", "ratings"): "the human-ratings tables read the ratings suite's cell formats",
+    ("evalkit/viewer/index.py", "judge"): "the item page's `judge` key (the judge's answers on the rated suite's items)",
+    ("evalkit/cli.py", "judge"): "the `evalkit judge` verb",
 }
+
+
+def _home(spec: SuiteSpec) -> str:
+    """A suite scored from its run directory's files (SuiteSpec.runs False) is implemented by the package its rows
+    come from (evalkit/rating/, evalkit/judge/): there its name is its own."""
+    module = (spec.rows or "").partition(":")[0]
+    return module.rpartition(".")[0].replace(".", "/") + "/"
+
+
+def _literal(token: str) -> object:
+    try:
+        return ast.literal_eval(token)
+    except (ValueError, SyntaxError):  # an f-string, or a string part of an implicit concatenation
+        return None
 
 
 def suite_contract_violations(root: Path = REPO / "evalkit") -> list[str]:
     """Every place under `root` (a package named evalkit) outside its suites/ that names a registered suite
-    or reads a suite's settings, as "path:line: what" (the debts in LEFT left out)."""
-    names = list(SUITES)
+    or reads a suite's settings, as "path:line: what" (the debts in LEFT left out).
+
+    A suite that runs is found by its name anywhere in code (identifiers and strings). A suite scored from its run
+    directory's files (SuiteSpec.runs False: "ratings", "judge") has a name that is also an ordinary word (prose,
+    parameters, the config's `judge:` block): it is found as a string literal that is exactly its name
+    (`view.cell(dep, "ratings", ...)`), outside the package that implements it."""
+    names = [n for n in SUITES if suite_spec(n).runs]
+    imported = {n: _home(suite_spec(n)) for n in SUITES if not suite_spec(n).runs}
     named = [(n, re.compile(rf"(?<![A-Za-z0-9]){re.escape(n)}(?![A-Za-z0-9])", re.I)) for n in names]
-    fields = sorted({f for n in names for f in suite_spec(n).settings_model.model_fields})
+    fields = sorted({f for n in SUITES for f in suite_spec(n).settings_model.model_fields})
     f_alt = "|".join(map(re.escape, fields))
     # a suite's settings read directly: suite.settings.<field>, getattr(suite.settings, "<field>"),
     # config.suites.get(...).<field>, config.suites.<name>.<field>
@@ -236,9 +253,13 @@ def suite_contract_violations(root: Path = REPO / "evalkit") -> list[str]:
             for name, pattern in named:
                 if not pattern.search(t.string) or (rel, name) in LEFT:
                     continue
-                if t.type != __import__("tokenize").STRING and t.string == name and name in VOCABULARY:
+                if t.type != tokenize.STRING and t.string == name and name in VOCABULARY:
                     continue  # the ordinary word, as an identifier
                 found.append(f"{rel}:{t.start[0]}: suite {name!r} in {t.string[:60]!r}")
+            if t.type == tokenize.STRING:
+                for name, home in imported.items():
+                    if _literal(t.string) == name and not rel.startswith(home) and (rel, name) not in LEFT:
+                        found.append(f"{rel}:{t.start[0]}: suite {name!r} in {t.string[:60]!r}")
         code = _strip_comments(source)
         for m in reads.finditer(code):
             found.append(f"{rel}:{code.count(chr(10), 0, m.start()) + 1}: reads suite settings {m.group(0)!r}")
@@ -272,8 +293,9 @@ def test_every_left_debt_is_still_there() -> None:
 
 
 def test_the_scan_finds_a_violation_planted_in_a_copy(tmp_path: Path) -> None:
-    """The scan is not vacuous: a copy of evalkit/ with a suite named in the report and a suite's settings read in
-    preflight gives exactly those, with file and line; comments and docstrings may still name suites."""
+    """The scan is not vacuous: a copy of evalkit/ with a suite named in the report, a suite's settings read in
+    preflight and the judge suite named there gives exactly those, with file and line; comments and docstrings may
+    still name suites."""
     copy = tmp_path / "evalkit"
     shutil.copytree(REPO / "evalkit", copy, ignore=shutil.ignore_patterns("__pycache__"))
     before = set(suite_contract_violations(copy))
@@ -285,13 +307,67 @@ def test_the_scan_finds_a_violation_planted_in_a_copy(tmp_path: Path) -> None:
     render.write_text("\n".join(lines), encoding="utf-8")
     n = len(lines)
     preflight = copy / "preflight.py"
-    preflight.write_text(preflight.read_text(encoding="utf-8") + "\n\ndef _planted(suite):\n    return suite.settings.n_ctx\n",
+    preflight.write_text(preflight.read_text(encoding="utf-8") + "\n\ndef _planted(suite):\n    return suite.settings.n_ctx\n"
+                         "\n\ndef _planted_judge(view):\n    \"\"\"The judge's ratings, in prose, are words.\"\"\"\n"
+                         "    return view.cell(\"a\", \"judge\", \"all\", \"score\")  # a suite scored from the run directory\n",
                          encoding="utf-8")
-    m = len(preflight.read_text(encoding="utf-8").splitlines())
+    m = len(preflight.read_text(encoding="utf-8").splitlines()) - 5
     planted = sorted(set(suite_contract_violations(copy)) - before)
     print("\n".join(planted))
     assert planted == sorted([
         f"evalkit/report/render.py:{n - 2}: suite 'mmlu' in '\"mmlu\"'",
         f"evalkit/report/render.py:{n - 1}: suite 'humaneval' in 'HUMANEVAL_SECTION'",
         f"evalkit/preflight.py:{m}: reads suite settings 'suite.settings.n_ctx'",
+        f"evalkit/preflight.py:{m + 5}: suite 'judge' in '\"judge\"'",
     ])
+
+
+# -- ratings and the judge are suites: scoring, preflight, the decision and the report's frame reach them through
+# the registry only ----------------------------------------------------------------------------------------------
+
+THROUGH_THE_REGISTRY = ("evalkit/scoring.py", "evalkit/preflight.py", "evalkit/decision.py", "evalkit/config.py",
+                        "evalkit/metrics/declarations.py", "evalkit/report/render.py")
+
+
+def imports_of_suite_packages(root: Path = REPO / "evalkit") -> list[str]:
+    """Imports of the packages implementing the suites scored from the run directory (evalkit.rating, evalkit.judge:
+    the rows hooks' packages) in the modules that must reach them through the registry, as "path:line: module"."""
+    homes = {(suite_spec(n).rows or "").partition(":")[0].rpartition(".")[0] for n in SUITES if not suite_spec(n).runs}
+    found = []
+    for rel in THROUGH_THE_REGISTRY:
+        tree = ast.parse((root.parent / rel).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{rel}:{node.lineno}: {t}" for t in targets if any(t == h or t.startswith(h + ".") for h in homes)]
+    return found
+
+
+def test_scoring_and_the_report_reach_ratings_and_the_judge_through_the_registry(tmp_path: Path) -> None:
+    """Ratings and the judge are suites (SuiteSpec.runs False, rows from the run directory): scoring loops over the
+    registry, preflight, the decision, config, the declarations and the report's frame import neither package; an
+    import planted in a copy of scoring.py is found."""
+    assert {n for n in SUITES if not suite_spec(n).runs} == {"ratings", "judge"}
+    assert imports_of_suite_packages() == []
+    copy = tmp_path / "evalkit"
+    shutil.copytree(REPO / "evalkit", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    scoring = copy / "scoring.py"
+    text = scoring.read_text(encoding="utf-8") + "\n\ndef _planted(run_dir):\n    from evalkit.rating.aggregate import tidy_rows\n\n    return tidy_rows(run_dir)\n"
+    scoring.write_text(text, encoding="utf-8")
+    assert imports_of_suite_packages(copy) == [f"evalkit/scoring.py:{len(text.splitlines()) - 2}: evalkit.rating.aggregate"]
+
+
+def test_the_rated_suite_and_the_workload_suite_are_declared() -> None:
+    """Which suite's outputs humans rate and the judge grades, and which suite measures the decision's workload, are
+    properties of their specs (SuiteSpec.rated_outputs, SuiteSpec.quality with MetricSpec.role), found through the
+    registry."""
+    from evalkit.decision import workload_metrics
+    from evalkit.suites import rated_suite, workload_suite
+
+    assert [n for n in SUITES if suite_spec(n).rated_outputs] == [rated_suite()]
+    assert suite_spec(str(rated_suite())).rubric is not None and suite_spec(str(rated_suite())).runs
+    spec = workload_suite()
+    assert spec is not None and [s.name for s in map(suite_spec, SUITES) if not s.quality] == [spec.name]
+    name, metrics = workload_metrics()
+    assert name == spec.name and set(metrics) == {"tokens_per_s", "per_request_tokens_per_s", "ttft_ms"}
+    assert all(any(m.name == metric for m in spec.metrics) for metric in metrics.values())
