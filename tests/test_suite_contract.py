@@ -201,8 +201,6 @@ LEFT = {
     ("evalkit/decision.py", "cost"): "the decision's own word for a deployment's serving cost (cost_at, decision.json's "
                                      "`cost` and `cost_basis`), not the suite: the workload suite and its figures come "
                                      "from the registry (workload_suite(), MetricSpec.role)",
-    ("evalkit/report/verdict.py", "ratings"): "the verdict's human-rating columns lead the table, before every suite's",
-    ("evalkit/report/tables.py", "ratings"): "the human-ratings tables read the ratings suite's cell formats",
     ("evalkit/viewer/index.py", "judge"): "the item page's `judge` key (the judge's answers on the rated suite's items)",
     ("evalkit/cli.py", "judge"): "the `evalkit judge` verb",
 }

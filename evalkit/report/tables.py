@@ -10,9 +10,8 @@ import pandas as pd
 
 from evalkit.capabilities import grouped_skips
 from evalkit.report.cells import (
-    CATEGORIES, CATEGORY_LABEL, Cell, Table, cell, fmt, fmt_interval, isnum, plain, signed, spec_for,
+    Cell, Table, fmt, fmt_interval, isnum, plain, spec_for,
 )
-from evalkit.report.verdict import human_cell
 from evalkit.report.view import RunView, measured_peak
 from evalkit.suites import SUITES, SuiteSpec, load_hook, suite_spec
 
@@ -110,47 +109,6 @@ def ledger_table(view: RunView) -> Table:
         "deployment", "precision", "devices", "weights", "KV cache", "predicted per device", "fits", "measured peak",
         "measured / predicted", "notes"], rows,
         "GB = 10⁹ bytes. An engine that reserves its share of a device up front has a measured peak that tracks the reservation.")
-
-
-# -- human ratings -----------------------------------------------------------------------------
-
-
-def human_tables(view: RunView) -> list[Table]:
-    h = view.human
-    if not h:
-        return []
-    out = []
-    absolute = h.get("absolute", pd.DataFrame())
-    if not absolute.empty:
-        cats = [c for c in list(CATEGORIES) + ["all"] if c in set(absolute.category)]
-        rows = [[Cell(d, "(reference)" if d == view.reference else "")] + [human_cell(view, d, c) for c in cats]
-                for d in view.deployments if d in set(absolute.deployment)]
-        out.append(Table("human-absolute", "Mean rating (1–5) by category", ["deployment"] + [CATEGORY_LABEL[c] for c in cats],
-                         rows, "Intervals resample whole items (two raters on one output are not two observations).",
-                         numeric=True))
-    pw = h.get("pairwise", pd.DataFrame())
-    if not pw.empty:
-        rows = []
-        pct = spec_for("ratings", "win_rate").kind
-        for r in pw.itertuples():
-            net = cell({"value": r.net, "ci_low": r.net_low, "ci_high": r.net_high}, None, spec_for("ratings", "net_preference"))
-            rows.append([Cell(r.deployment), Cell(CATEGORY_LABEL.get(r.category, r.category)), plain(r.n_ratings),
-                         Cell(fmt(r.win_rate, pct), fmt_interval(r.win_low, r.win_high, pct)),
-                         Cell(fmt(r.tie_rate, pct), fmt_interval(r.tie_low, r.tie_high, pct)),
-                         Cell(fmt(r.loss_rate, pct), fmt_interval(r.loss_low, r.loss_high, pct)),
-                         Cell(signed(f"{r.net:+.2f}"), net.interval)])
-        out.append(Table("human-pairwise", f"Side by side with the reference ({view.reference})",
-                         ["deployment", "category", "ratings", "win", "tie", "loss", "net (win − loss)"], rows,
-                         "Win/tie/loss: Wilson intervals per rating; net: item bootstrap."))
-    ag = h.get("agreement", pd.DataFrame())
-    if not ag.empty:
-        rows = [[Cell(r.mode), Cell(CATEGORY_LABEL.get(r.category, r.category)),
-                 Cell(fmt(r.alpha) if isnum(r.alpha) else "undefined"), plain(r.n_raters), plain(r.n_items),
-                 plain(r.n_pairable_units)] for r in ag.itertuples()]
-        out.append(Table("human-agreement", "Agreement between raters (Krippendorff's alpha, ordinal)",
-                         ["mode", "category", "alpha", "raters", "items", "outputs rated twice+"], rows,
-                         "1 = perfect agreement, 0 = chance; below ~0.67 conclusions from the ratings are tentative."))
-    return out
 
 
 # -- what ran where --------------------------------------------------------------------------

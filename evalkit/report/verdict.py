@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-import pandas as pd
-
 from evalkit.report.cells import (
-    CATEGORIES, CATEGORY_LABEL, Cell, Mark, Table, fmt_interval, isnum, spec_for, z_score,
+    Cell, Mark, Table, fmt_interval, isnum, spec_for, z_score,
 )
 from evalkit.report.view import RunView
 from evalkit.suites import all_specs, load_hook
@@ -24,16 +22,6 @@ class Column:
     @property
     def label(self) -> str:
         return self.full or f"{self.group} {self.short}"
-
-
-def human_cell(view: RunView, dep: str, category: str) -> Cell:
-    """A mean rating cell, read like any metric: suite `ratings` of scores.csv / comparisons.csv."""
-    c = view.cell(dep, "ratings", category, "rating")
-    absolute = view.human.get("absolute", pd.DataFrame())
-    a = absolute[(absolute.deployment == dep) & (absolute.category == category)] if not absolute.empty else absolute
-    if a.empty or not c.note or c.note == "reference":
-        return c
-    return replace(c, note=f"{c.note}; {int(a.iloc[0]['n_raters'])} raters")
 
 
 def flips_cell(view: RunView, dep: str, suite: str, category: str) -> Cell:
@@ -58,18 +46,11 @@ def flips_cell(view: RunView, dep: str, suite: str, category: str) -> Cell:
                 if isnum(p) else "", z_score(rate) if mark != "same" else 0.0)
 
 
-def _human_cells(view: RunView, category: str) -> Callable[[str], Cell]:
-    return lambda d: human_cell(view, d, category)
-
-
 def verdict_columns(view: RunView) -> list[Column]:
-    """Human ratings first when imported, then each suite's own columns (`SuiteSpec.verdict`) in registry order."""
+    """Each suite's own columns (`SuiteSpec.verdict`): first those of suites scored from the run directory's files
+    (SuiteSpec.runs False: the human ratings, when imported), then the others, each group in registry order."""
     cols: list[Column] = []
-    human = not view.human.get("absolute", pd.DataFrame()).empty
-    if human:
-        for cat in CATEGORIES:
-            cols.append(Column("human rating (1–5)", CATEGORY_LABEL[cat], _human_cells(view, cat), f"{CATEGORY_LABEL[cat]} rating"))
-    for spec in all_specs():
+    for spec in sorted(all_specs(), key=lambda s: s.runs):  # a stable sort: registry order within each group
         if spec.verdict is not None:
             cols += load_hook(spec.verdict)(view)
     return cols

@@ -34,6 +34,7 @@ SPEC = SuiteSpec(
     ),
     title="Human ratings",
     report="evalkit.suites.report.ratings:section",
+    verdict="evalkit.suites.report.ratings:verdict_columns",
     runs=False,
     rows="evalkit.rating.aggregate:tidy_rows",
 )
