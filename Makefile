@@ -54,9 +54,13 @@ run: $(STAMP)
 # one would (tests/avx2_paths.py: numpy without its AVX-512 code, torch at avx2; on an AVX2 machine it says so and
 # runs nothing, the first pass having taken those paths). Not the `engine` ones: their llama.cpp runs the same
 # kernels under the switches, so only numpy's last bit could move, orders below their tolerances (tests/avx2_paths.py).
+# The first process runs on TEST_WORKERS pytest-xdist workers (2 here: ~7.5 GiB peak for the whole process tree),
+# each file whole on one worker and each worker on its own core (tests/conftest.py: the groups, the pinning);
+# 1042 s in one process, 744 s on two workers on this 2-core machine. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) lint system-deps $(PEER_NEEDED)
 	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
-	$(PY) -m pytest -q -m "not vllm and not gpu" --durations=25 && \
+	$(PY) -m pytest -q -m "not vllm and not gpu" -n $(TEST_WORKERS) --dist loadgroup --durations=25 && \
 	$(PY) tests/avx2_paths.py -q -m "host_sensitive and not engine and not vllm and not gpu" --durations=10 && \
 	$(PY) -m pytest -q -m "vllm and not gpu" --durations=25
 

@@ -7,8 +7,10 @@ run the rest. Every test reaches that decision through `unavailable()` (or the h
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import re
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -70,6 +72,73 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         ok, why = False, f"torch does not import ({type(e).__name__}: {e})"
     if not ok:
         unavailable("a CUDA GPU", why)
+
+
+# -- make test on both cores: pytest-xdist, `-n 2 --dist loadgroup` (Makefile) ---------------------------------
+# Each test file runs whole on one worker (its module fixtures, servers and engines are made once); the files that
+# read the session's real run (`real_run` and the copies made from it) share one worker (that run, ~1 min, and its
+# engine-result cache, which test_decision_run and test_resume_every_byte re-run from, are per process); the Ray
+# files share one (one local Ray cluster at a time). The heaviest groups are queued first, so the two workers
+# finish together. Without xdist none of this applies. (xdist's own xdist_group marks do not work under pytest 9,
+# which ignores the node id xdist rewrites: the groups are given to the scheduler here instead.)
+REAL_RUN_FIXTURES = re.compile(r"\b(real_run|rated_run|hostile_run)\b")
+XDIST_FILE_GROUPS = {"test_ray_executor.py": "ray", "test_ray_gpu_layouts.py": "ray", "test_executors.py": "ray"}
+# Slowest groups first (seconds in one process, `--durations=0`, this 2-core machine); the rest follow in file order.
+XDIST_HEAVY_FIRST = ("real_run", "test_served.py", "test_history_diff.py", "test_pipeline.py", "test_position_drift.py",
+                     "test_hf_engine.py", "test_kld_reference.py", "test_llamacpp_engine.py", "test_streaming_kld.py",
+                     "test_ledger_measured.py", "ray")
+
+
+def _xdist_worker() -> str | None:
+    return os.environ.get("PYTEST_XDIST_WORKER")
+
+
+@functools.lru_cache(maxsize=None)
+def xdist_group(path: str) -> str:
+    """The worker group of a test file (its path relative to the repository, as in a node id)."""
+    name = Path(path).name
+    if name in XDIST_FILE_GROUPS:
+        return XDIST_FILE_GROUPS[name]
+    if name != "conftest.py" and (REPO / path).is_file() and REAL_RUN_FIXTURES.search((REPO / path).read_text(encoding="utf-8")):
+        return "real_run"
+    return name
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`: one work unit per group above, queued in collection order (heaviest first)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("::", 1)[0])
+
+    config.option.loadscopereorder = False  # the order pytest_collection_modifyitems gives below
+    return ByGroup(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker (and every process it starts: `evalkit run`, its workers, llama-server) keeps to
+    cores of its own, so an engine's threads (engine_threads: every core this process may use) never spin against
+    the other worker's (hardware.engine_threads says why that is catastrophic). EVALKIT_TEST_PIN=0 turns it off."""
+    worker = _xdist_worker()
+    if worker is None or os.environ.get("EVALKIT_TEST_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker.removeprefix("gw") or 0)
+    if 1 < count <= len(cores):
+        share = len(cores) // count
+        os.sched_setaffinity(0, cores[index * share:(index + 1) * share])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _xdist_worker() is None:
+        return
+    rank = {g: n for n, g in enumerate(XDIST_HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(xdist_group(item.nodeid.split("::", 1)[0]), len(rank)))  # stable: file order kept within a group
 
 
 @pytest.fixture(scope="session")
@@ -263,3 +332,4 @@ def vllm_default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "cost": DEFAULT_RUN_COST,
     }
     return default_engine_run(base, "vllm", suites, sampling={"temperature": 0.0, "max_tokens": 24})
+
