@@ -153,24 +153,29 @@ def _cpu_busy_seconds() -> tuple[float, float] | None:
     return sum(fields) - idle, sum(fields)
 
 
-def engine_threads(sample_s: float = 0.5) -> int:
+def engine_threads(sample_s: float = 0.5, windows: int = 3) -> int:
     """Threads for an engine that runs alone: every core this process may use, less the ones other work
-    keeps busy right now (sampled over `sample_s`).
+    keeps busy right now: the least busy of `windows` samples over `sample_s` in all.
 
     Why not simply all cores: ggml's and OpenMP's barriers spin, so a thread per core on cores that other
     processes also want is catastrophic, not merely slower (measured on this 2-core machine at load 15-20:
-    48 generated tokens took 3-7 s with one thread and 63-156 s with two). On an idle machine this is all
-    cores. A config's n_threads / cpu_threads overrides it."""
+    48 generated tokens took 3-7 s with one thread and 63-156 s with two). Why the least busy window: one
+    sample of 0.5 s caught a short burst of other work (an interpreter starting) and gave a llama.cpp
+    deployment one thread of two for its whole run, 1.8x slower (190 s instead of 107 s); work that keeps
+    cores busy shows in every window. On an idle machine this is all cores. A config's n_threads /
+    cpu_threads overrides it."""
     cores = available_cores()
-    before = _cpu_busy_seconds()
-    if before is None or cores <= 1:
-        return cores
-    time.sleep(sample_s)
-    after = _cpu_busy_seconds()
-    if after is None or after[1] <= before[1]:
+    if cores <= 1:
         return cores
     online = os.cpu_count() or cores
-    busy = (after[0] - before[0]) / (after[1] - before[1]) * online  # CPUs' worth of other work
+    busy = float(online)
+    for _ in range(max(1, windows)):
+        before = _cpu_busy_seconds()
+        time.sleep(sample_s / max(1, windows))
+        after = _cpu_busy_seconds()
+        if before is None or after is None or after[1] <= before[1]:
+            return cores
+        busy = min(busy, (after[0] - before[0]) / (after[1] - before[1]) * online)  # CPUs' worth of other work
     return max(1, min(cores, int(cores - busy + 0.5)))
 
 

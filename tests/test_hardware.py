@@ -155,3 +155,28 @@ def test_this_machine_detection_and_doctor() -> None:
     assert f"CPU: {cpu.model}" in text
     assert metadata.version("llama-cpp-python") in text and torch_version in text
     assert "FP8 in vLLM" in text
+
+
+def test_engine_threads_reads_the_least_busy_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of other work in one of the three windows (an interpreter starting) leaves both cores to the
+    engine; work that keeps a core busy in every window leaves it one. /proc/stat is stubbed with jiffies
+    worked out by hand: 2 CPUs, 100 jiffies per window each (200 in all)."""
+    monkeypatch.setattr(hardware, "available_cores", lambda: 2)
+    monkeypatch.setattr(hardware.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
+
+    def stat(busy_per_window: list[int]) -> None:
+        marks = [0]
+        for b in busy_per_window:
+            marks.append(marks[-1] + b)
+        readings = iter([(float(marks[i]), 200.0 * i) for j in range(len(busy_per_window)) for i in (j, j + 1)])
+        monkeypatch.setattr(hardware, "_cpu_busy_seconds", lambda: next(readings))
+
+    stat([190, 10, 8])  # 1.9 CPUs busy, then 0.1 and 0.08: a burst
+    assert hardware.engine_threads() == 2
+    stat([110, 120, 100])  # a core's worth of other work throughout (1.1, 1.2, 1.0 CPUs)
+    assert hardware.engine_threads() == 1
+    stat([60, 70, 80])  # 0.6 CPUs at least: 2 - 0.6 = 1.4, rounded to 1
+    assert hardware.engine_threads() == 1
+    stat([40, 40, 45])  # 0.4 CPUs at least: 1.6 rounds to 2
+    assert hardware.engine_threads() == 2

@@ -247,3 +247,41 @@ def test_corrupt_gguf_is_a_model_file_error(tmp_path: Path, gemma_gguf: Path) ->
     broken.write_bytes(gemma_gguf.read_bytes()[:4096])  # right magic, truncated body
     with pytest.raises(ModelFileError, match="broken.gguf"):
         LlamaCppEngine(str(broken), LlamaCppOptions(n_ctx=256))
+
+
+def test_threads_follow_the_free_cores_and_change_no_logit(smollm_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment that started while other work held a core (one thread of two) takes the core back at its
+    next call once the other work is done, and the logits and greedy tokens are the same bits with 1 and 2
+    threads (why n_threads is not in the numerics key). The free-core reading is stubbed: the machine's real
+    load is not the test's to set."""
+    from evalkit.engines import llamacpp as mod
+
+    readings: list[int] = []  # what each free-core reading said: 1 at loading, 2 from then on
+
+    def free_cores(sample_s: float = 0.5) -> int:
+        readings.append(2 if readings else 1)
+        return readings[-1]
+
+    monkeypatch.setattr(mod, "engine_threads", free_cores)
+    monkeypatch.setattr(mod.LlamaCppEngine, "_THREADS_RECHECK_S", 1e9)
+    engine = mod.LlamaCppEngine(str(smollm_gguf), mod.LlamaCppOptions(n_ctx=512))
+    text = (REPO / "texts" / "ppl_default.txt").read_text(encoding="utf-8")
+    prompt = engine.tokenize(text, add_bos=True)[:300]
+    other = engine.tokenize("A different opening, so nothing of the prompt stays in the cache.", add_bos=True)
+    vocab = list(range(engine.info().vocab_size))
+    req = GenRequest("t", "", chat=False, max_tokens=16, prompt_token_ids=tuple(prompt))
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=16, seed=0)
+    try:
+        one_logits = engine.next_token_logprobs([prompt], vocab)[0]
+        (one,) = engine.generate([req], greedy)
+        assert engine.info().extra["n_threads"] == 1
+        monkeypatch.setattr(mod.LlamaCppEngine, "_THREADS_RECHECK_S", 0.0)
+        engine.next_token_logprobs([other], vocab)  # the free cores read again here: 2
+        two_logits = engine.next_token_logprobs([prompt], vocab)[0]  # evaluated afresh with 2 threads
+        (two,) = engine.generate([req], greedy)
+        info = engine.info().extra
+    finally:
+        engine.close()
+    assert readings[:2] == [1, 2] and info["n_threads"] == 2 and info["n_threads_batch"] == 2 and info["n_threads_used"] == [1, 2]
+    assert two_logits == one_logits  # bit for bit
+    assert len(one.output_token_ids) == 16 and two.output_token_ids == one.output_token_ids

@@ -205,6 +205,8 @@ class LlamaCppEngine(Engine):
         self._flash_attn = ran if ran is not None else (options.flash_attn if options.flash_attn != "auto" else None)
         self._exact_rows = 0  # leading context rows evaluated in batches of >= 2 rows (`_prefill`)
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
+        self._threads_checked = time.monotonic()
+        self._threads_used = {threads}
         self._init_tokenizer()
 
     def _init_tokenizer(self) -> None:
@@ -246,6 +248,24 @@ class LlamaCppEngine(Engine):
     def prompt_format(self, request: GenRequest) -> str:
         return "chat" if request.chat and self._chat is not None and request.prompt_token_ids is None else "completion"
 
+    # -- threads --------------------------------------------------------------------------------
+
+    _THREADS_RECHECK_S = 15.0
+
+    def _follow_free_cores(self) -> None:
+        """With n_threads unset, the thread count follows the cores other work leaves free, checked again at
+        calls at least 15 s apart (about once a suite): a deployment that started while something else
+        was busy gets the cores back once it is done, instead of running on half of them to the end.
+        The numbers do not change with it (n_threads is not in the numerics key)."""
+        if self.options.n_threads is not None or time.monotonic() - self._threads_checked < self._THREADS_RECHECK_S:
+            return
+        threads = engine_threads(sample_s=0.3)
+        self._threads_checked = time.monotonic()
+        if threads != self._llm.n_threads or threads != self._llm.n_threads_batch:
+            self._llm._ctx.set_n_threads(threads, threads)
+            self._llm.n_threads = self._llm.n_threads_batch = threads
+        self._threads_used.add(threads)
+
     # -- generation -----------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> Iterator[GenResult]:
@@ -254,6 +274,8 @@ class LlamaCppEngine(Engine):
         ttft_s/total_s are measured from the moment this call started: all requests arrive together.
         """
         llama_cpp = load_llama_cpp()
+
+        self._follow_free_cores()
 
         vocab = self._llm._model.vocab
         return generate_in_turn(self, requests, sampling, self.options.n_ctx, lambda tokens: self._decode(tokens, sampling),
@@ -366,6 +388,7 @@ class LlamaCppEngine(Engine):
         self._forget_context()  # logits_all rows were written behind generate()'s bookkeeping
 
     def score(self, sequences: Sequence[Sequence[int]], top_k: int = 0) -> list[TokenScores]:
+        self._follow_free_cores()
         results = []
         for seq in sequences:
             logprobs: list[float | None] = [None] * len(seq)
@@ -428,6 +451,7 @@ class LlamaCppEngine(Engine):
         gather + bucketed top-k (`nll_and_topk`) instead of a full log-softmax and argpartition per row."""
         from evalkit.metrics.likelihood import nll_and_topk
 
+        self._follow_free_cores()
         tokens = list(token_ids)
         nll: list[float] = []
         top: list[list[list[float]]] = []
@@ -443,6 +467,7 @@ class LlamaCppEngine(Engine):
         """Full-vocabulary float32 log-softmax for positions >= first, in blocks of rows copied out of the
         context (valid after the next batch). The normaliser is summed in float64, as llama-perplexity's
         KL-divergence mode does in double."""
+        self._follow_free_cores()
         tokens = list(token_ids)
         for rows, logits in self._decode_rows(tokens, first):
             for b0 in range(0, len(rows), self._DIST_BLOCK):
@@ -456,6 +481,7 @@ class LlamaCppEngine(Engine):
         """Last-position log-softmax read at `candidates`. Consecutive prompts sharing a prefix (few-shot
         blocks) reuse its KV cache where that changes no logit (`_prefill`); only the last row's logits are
         computed."""
+        self._follow_free_cores()
         llm = self._llm
         n_vocab = llm.n_vocab()
         out: list[list[float]] = []
@@ -488,6 +514,7 @@ class LlamaCppEngine(Engine):
                 "file_type": meta.get("general.file_type"),
                 "n_threads": self._llm.n_threads,
                 "n_threads_batch": self._llm.n_threads_batch,
+                "n_threads_used": sorted(self._threads_used),  # every count it ran with (they follow the free cores)
                 "sampling_reproducibility": REPRODUCIBILITY,
                 "n_gpu_layers": gpu_layers(self.options),
                 "offload": ("every layer on the GPU" if gpu_layers(self.options) < 0 else f"{gpu_layers(self.options)} layers on the GPU")
