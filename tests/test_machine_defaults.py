@@ -1,6 +1,7 @@
 """Defaults that use the machine: every core, and float32 instead of emulated bf16 on CPUs without it."""
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -51,7 +52,7 @@ def test_engine_threads_leave_out_cores_other_work_keeps_busy(monkeypatch: pytes
     monkeypatch.setattr(hw.time, "sleep", lambda s: None)
 
     def sampled(busy: float, total: float):  # type: ignore[no-untyped-def]
-        values = iter([(0.0, 0.0), (busy, total)])
+        values = itertools.cycle([(0.0, 0.0), (busy, total)])  # every window as busy (a burst: test_hardware.py)
         return lambda: next(values)
 
     monkeypatch.setattr(hw, "_cpu_busy_seconds", sampled(10.0, 200.0))  # 0.1 CPU busy: both cores free
