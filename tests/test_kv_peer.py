@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SHARED_DATA, unavailable
+from conftest import SHARED_DATA, threads_at_most, unavailable
 
 from evalkit import peer
 from evalkit.config import PerplexitySettings as PplSettings
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.host_sensitive]
 
 N_CTX = 512
 CHUNKS = 2
-THREADS = 2
+THREADS = threads_at_most(2)
 
 
 def _run(cmd: list[Any]) -> str:

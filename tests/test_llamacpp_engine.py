@@ -9,7 +9,7 @@ import pytest
 
 from evalkit.engines.base import GenRequest, SamplingParams
 
-from conftest import REPO
+from conftest import REPO, threads_at_most
 
 pytestmark = pytest.mark.engine
 
@@ -156,8 +156,8 @@ def test_tight_decode_gives_llama_cpp_pythons_tokens(smollm_gguf: Path) -> None:
 
     from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
 
-    engine = LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=512, n_threads=2))
-    ref = llama_cpp.Llama(model_path=str(smollm_gguf), n_ctx=512, n_threads=2, n_threads_batch=2, n_batch=512, n_ubatch=512, verbose=False)
+    engine = LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=512, n_threads=threads_at_most(2)))
+    ref = llama_cpp.Llama(model_path=str(smollm_gguf), n_ctx=512, n_threads=threads_at_most(2), n_threads_batch=threads_at_most(2), n_batch=512, n_ubatch=512, verbose=False)
     try:
         reqs = [GenRequest("code", "Write a Python function that reverses a string."),
                 GenRequest("story", "Once upon a time", chat=False), GenRequest("capital", "What is the capital of Canada?")]

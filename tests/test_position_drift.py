@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHARED_DATA, unavailable
+from conftest import SHARED_DATA, threads_at_most, unavailable
 from ppl_records import inline
 
 from evalkit.config import PerplexitySettings as PplSettings
@@ -27,7 +27,7 @@ from evalkit.suites.perplexity import PerplexitySuite
 pytestmark = [pytest.mark.engine]
 
 N_CTX = 1200
-THREADS = 2
+THREADS = threads_at_most(2)
 
 
 @pytest.fixture(scope="module")

