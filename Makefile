@@ -54,15 +54,17 @@ run: $(STAMP)
 # one would (tests/avx2_paths.py: numpy without its AVX-512 code, torch at avx2; on an AVX2 machine it says so and
 # runs nothing, the first pass having taken those paths). Not the `engine` ones: their llama.cpp runs the same
 # kernels under the switches, so only numpy's last bit could move, orders below their tolerances (tests/avx2_paths.py).
-# The first process runs on TEST_WORKERS pytest-xdist workers (2 here: ~7.5 GiB peak for the whole process tree),
-# each file whole on one worker and each worker on its own core (tests/conftest.py: the groups, the pinning);
-# 1042 s in one process, 744 s on two workers on this 2-core machine. TEST_WORKERS=0 runs it in one process.
+# Both pytest processes run on TEST_WORKERS pytest-xdist workers, each test file whole on one worker and each
+# worker on its own core (tests/conftest.py: the groups, the pinning). On this 2-core machine: the first process
+# 1042 s in one process, 753 s on two workers (peak RSS of its process tree 7.2 GiB); the vLLM process 315 s,
+# 262 s on two (peak 15.1 GiB summed RSS, 13.3 GiB host memory used: two vLLM engines at once). TEST_WORKERS=0
+# runs each in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint system-deps $(PEER_NEEDED)
 	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
 	$(PY) -m pytest -q -m "not vllm and not gpu" -n $(TEST_WORKERS) --dist loadgroup --durations=25 && \
 	$(PY) tests/avx2_paths.py -q -m "host_sensitive and not engine and not vllm and not gpu" --durations=10 && \
-	$(PY) -m pytest -q -m "vllm and not gpu" --durations=25
+	$(PY) -m pytest -q -m "vllm and not gpu" -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The edit-test loop: the static checks, then everything that does not load a model engine.
 quick: $(STAMP) lint
