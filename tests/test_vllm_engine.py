@@ -211,6 +211,39 @@ def test_batched_generation_equals_one_by_one(engine):
     assert batched == single
 
 
+def test_prompts_sharing_a_long_prefix_find_it_in_the_prefix_cache(smollm_engine):
+    """The long-context suite's shape: a plain filler prompt and needle prompts cut from the same filler, sent
+    together. The filler prompt is prefilled first (evalkit.engines.prefix_order), so each needle prompt finds
+    the part before its needle in vLLM's prefix cache: the reused tokens are, by hand, each needle prompt's
+    shared prefix cut to whole cache blocks. SmolLM2 attends to everything in every layer (Gemma 3's
+    sliding-window layers keep only their window's blocks, so a hit there is shorter)."""
+    from evalkit.engines.prefix_order import common_prefix
+
+    engine = smollm_engine
+    llm = engine._llm
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    bos = engine.tokenize("", add_bos=True)
+    filler = engine.tokenize(TEXT * 30, add_bos=False)[:600]
+    needle = engine.tokenize(" The pass key is 4321. Remember it.", add_bos=False)
+    question = engine.tokenize(" What is the pass key? The pass key is", add_bos=False)
+    body = filler[: 600 - len(needle) - len(question)]
+    prompts = [bos + filler] + [
+        bos + body[: round(d * len(body))] + needle + body[round(d * len(body)):] + question for d in (0.9, 0.5, 0.1)]
+    reqs = [GenRequest(key=f"n{i}", prompt="", chat=False, max_tokens=8, prompt_token_ids=tuple(p)) for i, p in enumerate(prompts)]
+    llm.reset_prefix_cache()
+    before = engine.run_stats()["reused_prompt_tokens"]
+    results = list(engine.generate(reqs, _greedy(8)))
+    reused = engine.run_stats()["reused_prompt_tokens"] - before
+    want = sum(common_prefix(prompts[0], p) // block * block for p in prompts[1:])
+    assert want >= 2 * block  # the hand count is not vacuous: 0.9 + 0.5 + 0.1 of the body, in whole blocks
+    assert [r.key for r in results] == ["n0", "n1", "n2", "n3"] and all(r.output_token_ids for r in results)
+    assert reused == want
+    llm.reset_prefix_cache()
+    before = engine.run_stats()["reused_prompt_tokens"]
+    list(engine.generate(_requests(), _greedy(4)))  # short prompts sharing nothing: no leader, nothing reused
+    assert engine.run_stats()["reused_prompt_tokens"] == before
+
+
 def test_seeded_request_after_different_histories(engine):
     """One seeded request alone, after other prompts, after a prefix-cache hit, and inside batches of
     different shapes: vLLM's per-request generator gives the same tokens (measured bit-identical on this CPU;

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evalkit.engines.base import Engine, EngineInfo, GenRequest, GenResult, SamplingParams, TokenScores
+from evalkit.engines.prefix_order import prefix_leaders
 from evalkit.engines import vllm_formats, vllm_kv, vllm_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
@@ -144,6 +145,7 @@ class VllmEngine(HfTokens, Engine):
         self._chat_template: str | None = template if isinstance(template, str) and template else None
         self._use_chat = self._chat_template is not None and options.chat_template == "auto"
         self._batches = itertools.count()
+        self._reused_prompt_tokens = 0  # prompt tokens generate() found in vLLM's prefix cache
         self._closed = False
 
     def _kv_cache_size(self, options: VllmOptions) -> KvCacheSize | None:
@@ -238,11 +240,19 @@ class VllmEngine(HfTokens, Engine):
         engine = self._engine
         internal_ids: dict[str, str] = {}
         unfinished = set()
+        # Prompts sharing a long prefix: its leaders are prefilled first, the rest then find it in the prefix cache.
+        leaders = set(prefix_leaders([ids for _, ids, _ in to_run]))
+        waiting = [r for i, r in enumerate(to_run) if i not in leaders]
         try:
-            for rid, ids, params in to_run:
+            for rid, ids, params in [r for i, r in enumerate(to_run) if i in leaders] or waiting:
                 internal_ids[rid] = engine.add_request(rid, self._engine_input(ids), params)
                 unfinished.add(rid)
             while unfinished:
+                if leaders and all(states[r].first is not None or r not in unfinished for r in internal_ids):
+                    leaders = set()
+                    for rid, ids, params in waiting:
+                        internal_ids[rid] = engine.add_request(rid, self._engine_input(ids), params)
+                        unfinished.add(rid)
                 outputs = engine.step()
                 now = time.perf_counter()
                 for out in outputs:
@@ -253,6 +263,7 @@ class VllmEngine(HfTokens, Engine):
                     if comp.token_ids:
                         if st.first is None:
                             st.first = now
+                            self._reused_prompt_tokens += out.num_cached_tokens or 0
                             if out.prompt_token_ids is not None and list(out.prompt_token_ids) != st.prompt_ids:
                                 raise RuntimeError(f"vLLM ran other prompt tokens than evalkit sent for {st.request.key!r}")
                         st.tokens.extend(comp.token_ids)
@@ -452,6 +463,9 @@ class VllmEngine(HfTokens, Engine):
             except Exception as e:  # any failure to read leaves the run going; the record says why
                 self._kv_ran = {"error": _first_line(e)}
         return self._kv_ran
+
+    def run_stats(self) -> dict[str, Any]:
+        return {"reused_prompt_tokens": self._reused_prompt_tokens}
 
     def close(self) -> None:
         if self._closed:
