@@ -54,8 +54,12 @@ def main() -> int:
     else:
         mods.append(quant.GPTQModifier(config_groups=r["config_groups"], ignore=["lm_head"]))
     started = time.monotonic()
+    # In text order, not llm-compressor's default shuffle: that draws from torch's unseeded generator, so two builds
+    # of one variant summed GPTQ's Hessian in other orders and differed in their bytes (and the seed, for any
+    # other draw).
+    torch.manual_seed(0)
     llmc.oneshot(model=model, dataset=ds, recipe=mods, max_seq_length=int(job["seq_len"]),
-                 num_calibration_samples=len(windows))
+                 num_calibration_samples=len(windows), shuffle_calibration_samples=False)
     seconds = time.monotonic() - started
     model.save_pretrained(job["out"], save_compressed=True)
     tok.save_pretrained(job["out"])

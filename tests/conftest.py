@@ -110,9 +110,10 @@ _SESSION_CORES: list[int] = []  # the cores before pytest_configure pinned this 
 @contextlib.contextmanager
 def every_core() -> Iterator[None]:
     """Run the block on every core the test session had before its xdist worker was pinned to one (no-op when
-    not pinned). For work whose *result* depends on its thread count: the llm-compressor quantizer (GPTQ's
-    torch reductions) gives other 4-bit weights with 1 thread than with 2 (test_quant_variants' SmolLM2 GPTQ
-    answered ' 12)' instead of 'Paris' when built on one core; built on two, the 1-core vLLM run said 'Paris')."""
+    not pinned). For work that runs a fixed number of threads: the llm-compressor quantizer runs
+    quantize.QUANTIZE_THREADS (2) whatever the cores, since GPTQ's torch reductions follow the thread count (its
+    SmolLM2 GPTQ answered ' 12)' instead of 'Paris' when built with one thread); on one core they would spin
+    against each other."""
     if not _SESSION_CORES:
         yield
         return

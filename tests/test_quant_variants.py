@@ -29,7 +29,7 @@ CALIBRATION = Calibration(DEFAULT_CALIBRATION, samples=4, seq_len=64)
 
 @pytest.fixture(scope="module")
 def gptq4() -> Path:
-    with every_core():  # the quantizer's weights depend on its thread count (conftest.every_core)
+    with every_core():  # the quantizer's 2 threads on 2 cores (conftest.every_core)
         return prepare_variant(SMOL, "gptq-w4g64", progress=False, calibration=CALIBRATION)
 
 
