@@ -204,12 +204,17 @@ _ONEDNN_CAPS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE",
 
 
 def cpu_flags() -> frozenset[str]:
+    """/proc/cpuinfo's flags; without the AVX-512 and AMX ones under EVALKIT_EMULATE_AVX2=1 (benchmarks/avx2_emu,
+    tests/avx2_paths.py), which makes torch's and so vLLM's ISA probes answer as an AVX2-only CPU's."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             line = next((ln for ln in f if ln.startswith("flags")), "")
     except OSError:
         return frozenset()
-    return frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
+    flags = frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
+    if os.environ.get("EVALKIT_EMULATE_AVX2") == "1":
+        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    return flags
 
 
 def cpu_native_bf16() -> tuple[bool, str]:

