@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make test's two pytest processes on the numeric paths of an AVX2-only machine, from an AVX-512 one (issue 30):
+#
+#   benchmarks/avx2_make_test.sh [OUT]     # default OUT: /tmp/avx2-make-test; logs OUT.first.log, OUT.vllm.log, OUT.meta
+#
+# tests/avx2_paths.py sets numpy's, torch's, oneDNN's and MKL's switches and answers vLLM's ISA probes as an AVX2
+# CPU's (so it loads _C_AVX2 and hardware.cpu_flags drops the AVX-512 flags); benchmarks/avx2_ggml.sh builds an
+# AVX2-only libggml-cpu, put first on LD_LIBRARY_PATH for in-process llama.cpp. The peer tools get it too, through
+# a copy of their directory holding that library: the launcher puts the tools' own directory first on a launched
+# llama-server's LD_LIBRARY_PATH, so without the copy the server would run the native AVX-512 kernels while
+# in-process llama.cpp runs AVX2 ones (their log-probs then differ: not what an AVX2 machine does).
+# Measured on a 2-core Sapphire Rapids (2026-12-06, before the copy): first process 14:12, vLLM process 5:19.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-/tmp/avx2-make-test}
+ggml=$(benchmarks/avx2_ggml.sh) || exit 2
+peer=$(ls -d "$PWD"/.cache/peer/llama-cpp-python-*/build/bin 2>/dev/null | head -1)
+[ -n "$peer" ] || { echo "avx2_make_test: no llama.cpp tools under .cache/peer (make peer builds them)" >&2; exit 2; }
+bin=$(mktemp -d)
+variants=$(mktemp -d)
+trap 'rm -rf "$bin" "$variants"' EXIT
+cp -a "$peer"/. "$bin"/ && cp -a "$ggml"/libggml-cpu.so* "$bin"/
+export CI=true LLAMA_CPP_BIN=$bin LD_LIBRARY_PATH=$ggml EVALKIT_TEST_VARIANTS=$variants
+: > "$out.meta"
+for half in first vllm; do
+  if [ "$half" = first ]; then mark="not vllm and not gpu"; else mark="vllm and not gpu"; fi
+  start=$(date +%s)
+  .venv/bin/python tests/avx2_paths.py -q -m "$mark" -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=15 > "$out.$half.log" 2>&1
+  rc=$?
+  echo "$half rc $rc wall $(( $(date +%s) - start )) s: $(tail -1 "$out.$half.log")" | tee -a "$out.meta"
+done
