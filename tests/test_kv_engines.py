@@ -63,17 +63,22 @@ def test_cpu_fp8_needs_avx512_or_amx() -> None:
     check_kv_cache_dtype("fp8_inc", cpu=False, flags=frozenset())  # a GPU backend may have it
 
 
-def test_longctx_plan_sizes_each_kv_precision_and_the_decision_names_it() -> None:
+def test_longctx_plan_sizes_each_kv_precision_and_the_decision_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, K and V. By hand: bf16 2 x 30 x 3 x 64 x 2 = 23,040 bytes
     per token, fp8 11,520; llama.cpp f16 23,040, q8_0 (34 bytes per 32) 12,240, q4_0 (18 per 32) 6,480. On a CPU
     without native bf16 (the AVX2 kind) vLLM computes and caches the bf16 reference in float32: 2 x 30 x 3 x 64 x 4
     = 46,080."""
     from evalkit.config import Workload, load_config
     from evalkit.decision import memory_plan
+    from evalkit import hardware
     from evalkit.hardware import cpu_native_bf16
     from evalkit.ledger import deployment_row, hardware_from_config
 
     bf16_kv = 23_040 if cpu_native_bf16()[0] else 46_080
+    # The plan's arithmetic on every CPU: where an FP8 KV cache is refused (no AVX-512 or AMX: test_cpu_fp8_needs_
+    # avx512_or_amx), the config is read as on a CPU with AVX-512.
+    real_flags = hardware.cpu_flags()
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: real_flags | {"avx512f"})
 
     config, path = load_config(REPO / "configs" / "longctx.yaml")
     hw = hardware_from_config(config)

@@ -19,6 +19,7 @@ def _cpuinfo_has_bf16() -> bool:
 def no_isa_caps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv("EVALKIT_EMULATE_AVX2", raising=False)  # the emulation's flags: this test reads the real ones
 
 
 def test_available_cores_is_the_affinity_mask() -> None:
