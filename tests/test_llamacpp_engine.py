@@ -95,8 +95,8 @@ def test_prefix_reuse_changes_no_logit_and_no_sample(smollm_gguf: Path) -> None:
     engine = fresh()
     filler = engine.tokenize(text, add_bos=True)[:1000]
     question = engine.tokenize(" The pass key is 12345. What is the pass key? The pass key is", add_bos=False)
-    # 760 tokens: the 24 generated after it cross the multiple of 64 at 768, so a reuse that wrongly took
-    # generated rows would start at 768 instead of 704.
+    # 760 tokens: the 24 generated after it cross the multiples of 16 at 768 and 784, so a reuse that wrongly took
+    # generated rows would start there instead of at 752.
     long_prompt = filler[: 760 - len(question)] + question
     req = GenRequest("p", "", chat=False, max_tokens=24, prompt_token_ids=tuple(long_prompt))
     vocab = list(range(engine.info().vocab_size))
@@ -121,6 +121,44 @@ def test_prefix_reuse_changes_no_logit_and_no_sample(smollm_gguf: Path) -> None:
     assert len(want.output_token_ids) == 24 and got.output_token_ids == want.output_token_ids
     assert got_logits == want_logits  # bit for bit
     assert follow_logits == want_follow
+
+
+def test_reuse_points_are_exact_on_repacked_k_quants(gemma_gguf: Path) -> None:
+    """Gemma 3's Q4_K_M runs through ggml's repacked kernels, which take a batch's rows four at a time: reusing a
+    cached prefix at a point that is not a multiple of 4 moves the prompt's last row into another group and its
+    logits (measured: every such point differs, AVX-512 and AVX2 builds). The engine reuses at multiples of 16
+    only; each shared length here gives the logits of an engine that never saw the first prompt, bit for bit.
+    The same prompts reused at multiples of 2 differ, so the comparison can fail."""
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+
+    def fresh() -> LlamaCppEngine:
+        return LlamaCppEngine(str(gemma_gguf), LlamaCppOptions(n_ctx=512))
+
+    text = (REPO / "texts" / "ppl_default.txt").read_text(encoding="utf-8")
+    engine = fresh()
+    tokens = engine.tokenize(text, add_bos=True)
+    prompt, other = tokens[:150], tokens[160:180]
+    vocab = list(range(engine.info().vocab_size))
+    shared = [20, 37, 66, 100, 133, 134]  # reuse points 16, 32, 64, 96, 128, 128 (at least 16 rows evaluated)
+    try:
+        want = fresh_logits(fresh, prompt, vocab)
+        got, reused = [], []
+        for n in shared:
+            engine.next_token_logprobs([prompt[:n] + other], vocab)  # the cached context shares n tokens
+            before = engine.run_stats()["reused_prompt_tokens"]
+            got.append(engine.next_token_logprobs([prompt], vocab)[0])
+            reused.append(engine.run_stats()["reused_prompt_tokens"] - before)
+        assert reused == [16, 32, 64, 96, 128, 128]
+        for n, logits in zip(shared, got):
+            assert logits == want, f"sharing {n} tokens"
+        engine._reuse_align = 2  # what the rule guards against: reuse points 2 apart
+        moved = []
+        for n in (38, 102):  # reuse at 38 and 102: not multiples of 4
+            engine.next_token_logprobs([prompt[:n] + other], vocab)
+            moved.append(engine.next_token_logprobs([prompt], vocab)[0] != want)
+        assert any(moved), "reusing at points that are not multiples of 4 gave a fresh pass's logits too"
+    finally:
+        engine.close()
 
 
 def fresh_logits(make, prompt: list[int], vocab: list[int]) -> list[float]:  # type: ignore[no-untyped-def]

@@ -203,7 +203,10 @@ class LlamaCppEngine(Engine):
         # What llama.cpp ran (an "auto" resolved by llama.cpp itself); the option when the log says nothing.
         ran = log.flash_attn()
         self._flash_attn = ran if ran is not None else (options.flash_attn if options.flash_attn != "auto" else None)
-        self._exact_rows = 0  # leading context rows evaluated in batches of >= 2 rows (`_prefill`)
+        self._exact_rows = 0  # leading context rows a fresh evaluation computes the same way (`_prefill`)
+        # Reuse points: multiples of 16 where every layer runs on the CPU (measured exact), of 64 elsewhere.
+        on_cpu = gpu_layers(options) == 0 or not llama_gpu_offload()
+        self._reuse_align = self._CPU_REUSE_ALIGN if on_cpu and options.n_batch % self._CPU_REUSE_ALIGN == 0 else self._REUSE_ALIGN
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._threads_checked = time.monotonic()
         self._threads_used = {threads}
@@ -323,30 +326,36 @@ class LlamaCppEngine(Engine):
             if chain is not None:
                 llama_cpp.llama_sampler_free(chain)
 
-    _REUSE_ALIGN = 64  # reuse points are multiples of 64, at least 64 rows before the prompt's end
+    _REUSE_ALIGN = 64  # reuse points: multiples of this, at least this many rows before the prompt's end
+    _CPU_REUSE_ALIGN = 16  # the same where every layer runs on the CPU (measured, `_prefill`)
 
     def _prefill(self, tokens: Sequence[int]) -> None:
         """Leave `tokens` evaluated in the context (its last row's logits ready), reusing the cached prefix of
         what ran before where that gives exactly the logits an evaluation from an empty cache gives (counted in
         run_stats' reused_prompt_tokens).
 
-        Why it is exact: ggml's CPU kernels compute a row identically in any batch of two or more rows, but a
-        one-row batch takes another path (measured on SmolLM2 Q4_1 with AVX-512 and AVX2 builds: a prompt's
-        last logits identical for every reuse point leaving >= 2 rows to evaluate, up to 0.6 apart with one).
-        So only rows evaluated in batches of >= 2 are reused (`_exact_rows`; generated tokens are one-row
-        batches), at least 64 rows are evaluated, and batches are cut at absolute multiples of n_batch as an
-        evaluation from an empty cache cuts them. Long-context prompts sharing their filler and few-shot
-        prompts sharing their examples then evaluate only what differs.
+        Why it is exact: a row's logits depend on where it sits in its batch only through how ggml groups rows.
+        Measured with every reuse point of a 150-token prompt and every 16th of a 600-token one, all rows'
+        logits compared with a fresh pass, on the AVX-512 and the AVX2 builds (SmolLM2 Q4_1 and Q2_K, Gemma 3
+        Q4_K_M), 1 and 2 threads alike: Q4_1 differs only in one-row batches; Q2_K in batches of 2 to 7 rows; the
+        K-quants' repacked kernels take rows four at a time, so Gemma's last row differs when the reuse point
+        is not a multiple of 4. So a reuse point is a multiple of 16 (64 with layers on a GPU, whose kernels were
+        not measured so) leaving at least as many rows to evaluate, only rows a fresh pass would compute the
+        same way are kept for later reuse (`_exact_rows`: not generated tokens, one-row batches), and batches
+        are cut at absolute multiples of n_batch as a fresh pass cuts them. Long-context prompts sharing their
+        filler, few-shot prompts sharing their examples and chat prompts sharing a system prompt then evaluate
+        only what differs.
         """
         llm = self._llm
+        align = self._reuse_align
         usable = min(llm.n_tokens, self._exact_rows)
         keep = 0
         for a, b in zip(llm.input_ids[:usable].tolist(), tokens):
             if a != b:
                 break
             keep += 1
-        keep = min(keep, len(tokens) - self._REUSE_ALIGN)
-        keep = max(0, keep - keep % self._REUSE_ALIGN)
+        keep = min(keep, len(tokens) - align)
+        keep = max(0, keep - keep % align)
         if not llm._ctx.kv_cache_seq_rm(-1, keep, -1):  # some caches (small SWA) cannot drop a tail
             llm._ctx.kv_cache_seq_rm(-1, 0, -1)
             keep = 0
@@ -356,7 +365,7 @@ class LlamaCppEngine(Engine):
         while start < len(tokens):
             end = min(len(tokens), (start // llm.n_batch + 1) * llm.n_batch)
             llm.eval(tokens[start:end])
-            if end - start >= 2:
+            if end - start >= align:
                 self._exact_rows = end
             start = end
         self._reused_prompt_tokens += keep
@@ -690,6 +699,7 @@ SPEC = EngineSpec(
     doctor=_doctor,
     effective_numerics=_effective_numerics,
     warm_imports=("llama_cpp",),
+    threads_option="n_threads",
     kv_precision=kv_precision,
     # the info's settings that change greedy outputs (flash_attn, batch shapes, the KV cache it allocated)
     info_numerics=("flash_attn", "n_batch", "n_ubatch", "kv_cache.type_k", "kv_cache.type_v"),
