@@ -106,3 +106,27 @@ def test_a_refused_run_stops_the_worker_it_started_early(tmp_path: Path) -> None
     early = [p for p in psutil.process_iter(["cmdline"])
              if "--warm" in (p.info["cmdline"] or []) and "evalkit.worker" in (p.info["cmdline"] or []) and ours(p)]
     assert early == []
+
+
+def test_one_thread_deployments_run_each_before_another() -> None:
+    """interleave_narrow, by hand: each narrow deployment moves to just before the next other deployment its
+    dependencies allow (one narrow per other), the others keep their order, dependencies always hold."""
+    from evalkit.executors.order import interleave_narrow
+
+    none: frozenset[str] = frozenset()
+    # The default config: vLLM bf16, vLLM fp8w, the f32 KLD reference (hf, one thread), two llama.cpp readers of
+    # it, the fp8w weights on hf (one thread, a reader too).
+    names = ["bf16", "fp8w", "f32-hf", "q4", "q2k", "fp8w-hf"]
+    deps = {"q4": frozenset({"f32-hf"}), "q2k": frozenset({"f32-hf"}), "fp8w-hf": frozenset({"f32-hf"})}
+    assert interleave_narrow(names, deps, {"f32-hf", "fp8w-hf"}) == ["f32-hf", "bf16", "fp8w-hf", "fp8w", "q4", "q2k"]
+    assert interleave_narrow(names, deps, set()) == names
+    # A narrow deployment that needs a later one waits for it; one with nothing after it stays last.
+    deps2 = {"n1": frozenset({"b"})}
+    assert interleave_narrow(["a", "b", "n1", "c"], deps2, {"n1"}) == ["a", "b", "n1", "c"]
+    assert interleave_narrow(["a", "n1"], {"n1": none}, {"n1"}) == ["n1", "a"]
+    assert interleave_narrow(["a", "n1", "n2"], {}, {"n1", "n2"}) == ["n1", "a", "n2"]
+    # Every order it gives respects every dependency.
+    for order in (interleave_narrow(names, deps, {"f32-hf", "fp8w-hf"}), interleave_narrow(["a", "b", "n1", "c"], deps2, {"n1"})):
+        for name, needs in {**deps, **deps2}.items():
+            if name in order:
+                assert all(order.index(d) < order.index(name) for d in needs if d in order)

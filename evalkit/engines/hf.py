@@ -588,6 +588,7 @@ SPEC = EngineSpec(
     label="transformers",
     doctor=_doctor,
     warm_imports=("torch", "transformers", "transformers.modeling_utils"),
+    threads_option="n_threads",
     kv_precision=kv_precision,
     info_numerics=("attn_implementation", "dtype"),
 )

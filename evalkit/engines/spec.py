@@ -98,6 +98,9 @@ class EngineSpec:
     - `warm_imports`: modules whose import is the part of the engine's start-up that no model or option
       changes (vLLM: about 12 s of a 2-core CPU); a worker started before its run directory exists imports
       them while the driver still prepares the run (`evalkit.executors.warm`).
+    - `threads_option`: the option fixing how many CPU threads the engine computes with (unset: every free core);
+      a deployment fixed below the cores it may use leaves the others to the next worker's imports
+      (`evalkit.executors.order.narrow_deployments`).
     """
 
     name: str
@@ -135,6 +138,7 @@ class EngineSpec:
     check: Callable[[Any], None] | None = None
     endpoint: Callable[[Any], dict[str, Any]] | None = None
     warm_imports: tuple[str, ...] = ()
+    threads_option: str | None = None
     # Per-deployment capabilities, asked at plan time (a served engine asks its server once per deployment):
     # (capabilities, {missing capability: the server's reason}). May raise an EvalkitError (server unreachable).
     deployment_capabilities: Callable[[Any], tuple[frozenset[Capability], dict[Capability, str]]] | None = None

@@ -680,6 +680,7 @@ SPEC = EngineSpec(
     doctor=_doctor,
     doctor_quantizations=("fp8",),
     warm_imports=("vllm.platforms", "vllm.entrypoints.llm"),  # torch, inductor, transformers with them
+    threads_option="cpu_threads",
     format_problem=vllm_formats.format_problem,
     plan_check=vllm_formats.plan_check,
     kv_precision=vllm_kv.kv_precision,

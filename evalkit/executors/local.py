@@ -20,7 +20,8 @@ class LocalExecutor:
         self._warm: WarmWorker | None = None
 
     def prestart(self, engine: str) -> None:
-        """Start the first worker now, importing `engine`'s library while the driver still prepares the run."""
+        """Start a worker now, importing `engine`'s library before its deployment's turn: while the driver still
+        prepares the run, or beside a deployment that leaves cores free."""
         from evalkit.engines import engine_spec
 
         if self._warm is None and engine_spec(engine).warm_imports and _has_file_descriptor(sys.stderr):
@@ -31,13 +32,16 @@ class LocalExecutor:
             self._warm.discard()
             self._warm = None
 
-    def _start_worker(self, run: RunDir, member: str, log_file: Path, env: dict[str, str], terminal: int) -> subprocess.Popen:
+    def _start_worker(self, run: RunDir, member: str, log_file: Path, env: dict[str, str], terminal: int,
+                      later_engines: set[str]) -> subprocess.Popen:
         warm, self._warm = self._warm, None
-        if warm is not None and warm.engine == run.manifest()["deployments"][member].get("engine"):
+        if warm is not None and warm.engine == _engine_of(run, member):
             handed = warm.hand(run.path, member, log_file)
             if handed is not None:
                 return handed
-        elif warm is not None:  # it imported another engine's library: one engine per process
+        elif warm is not None and warm.engine in later_engines:  # one engine per process: it waits for its own
+            self._warm = warm
+        elif warm is not None:
             warm.discard()
         with log_file.open("ab") as log:
             return subprocess.Popen([sys.executable, "-m", "evalkit.worker", str(run.path), member],
@@ -53,20 +57,23 @@ class LocalExecutor:
         """The engines' own output (vLLM's and llama.cpp's logs, from Python and from C code, in the worker and
         in vLLM's child processes) goes to logs/<deployment>.log; evalkit's progress reaches the terminal
         through a duplicate of our stderr handed to the worker (EVALKIT_PROGRESS_FD)."""
-        from evalkit.executors.order import dependencies, dependency_order
+        from evalkit.executors.order import (concurrent_groups, dependencies, dependency_order, interleave_narrow,
+                                             narrow_deployments)
         from evalkit.progress import RunProgress, pending_by_suite
 
         # A deployment that reads another's artefacts (the KLD reference's stored distributions) runs after it.
-        names = dependency_order(names, dependencies(run, names))
+        deps = dependencies(run, names)
+        names = dependency_order(names, deps)
+        groups = concurrent_groups(run, names)  # deployments that must run at once (streaming exact KLD)
+        # One-thread deployments each run before another, whose worker imports its engine beside them.
+        narrow = {n for n in narrow_deployments(run, names) if len(groups.get(n, [n])) == 1}
+        names = interleave_narrow(names, deps, narrow)
         record_execution(run, {"kind": self.kind, "hostname": platform.node()})
         RunProgress.start(run.path, {n: pending_by_suite(run, n) for n in names})
         logs = run.path / "logs"
         logs.mkdir(exist_ok=True)
-        from evalkit.executors.order import concurrent_groups
-
-        groups = concurrent_groups(run, names)  # deployments that must run at once (streaming exact KLD)
         codes: dict[str, int] = {}
-        for name in names:
+        for i, name in enumerate(names):
             if name in codes:
                 continue
             group = groups.get(name, [name])
@@ -82,7 +89,12 @@ class LocalExecutor:
                     print(f"evalkit: running deployment {member} (engine log: {log_file})"
                           + (f", at the same time as {', '.join(m for m in group if m != member)}" if len(group) > 1 else ""),
                           file=sys.stderr, flush=True)
-                    procs[member] = self._start_worker(run, member, log_file, env, terminal)
+                    later = {_engine_of(run, n) for n in names[i + 1:]}
+                    procs[member] = self._start_worker(run, member, log_file, env, terminal, later)
+                if name in narrow and i + 1 < len(names) and self._warm is None:
+                    print(f"evalkit: {names[i + 1]}'s worker imports its engine meanwhile ({name} computes on "
+                          "fewer threads than there are cores)", file=sys.stderr, flush=True)
+                    self.prestart(_engine_of(run, names[i + 1]))
                 for member, proc in procs.items():
                     codes[member] = proc.wait()
             finally:
@@ -97,6 +109,10 @@ class LocalExecutor:
                     print(f"evalkit: deployment {member} failed (exit {codes.get(member)}); its finished items are kept; "
                           f"last lines of {log_file}:\n{_tail(log_file)}", file=sys.stderr)
         return codes
+
+
+def _engine_of(run: RunDir, name: str) -> str:
+    return str(run.manifest()["deployments"][name].get("engine"))
 
 
 def _has_file_descriptor(stream: object) -> bool:

@@ -59,3 +59,51 @@ def concurrent_groups(run: RunDir, names: list[str]) -> dict[str, list[str]]:
             if grown != beside[n]:
                 beside[n], changed = grown, True
     return {n: [m for m in names if m in beside[n]] for n in names}
+
+
+def narrow_deployments(run: RunDir, names: list[str]) -> set[str]:
+    """The deployments among `names` fixed to fewer CPU threads than this process may use, on no GPU (the hf
+    engine's KLD references run on one thread, so their rounding never depends on the load): while one runs,
+    the other cores are free for the next worker's imports."""
+    from evalkit.engines import engine_spec
+    from evalkit.hardware import available_cores
+
+    manifest = run.manifest()
+    config = Config.model_validate(manifest["config"])
+    cores = available_cores()
+    out = set()
+    for name in names:
+        dep = config.deployment((manifest["deployments"].get(name) or {}).get("base", name))
+        spec = engine_spec(dep.engine)
+        threads = getattr(dep.options, spec.threads_option, None) if spec.threads_option else None
+        if isinstance(threads, int) and threads < cores and not spec.resources(dep.options).num_gpus:
+            out.add(name)
+    return out
+
+
+def interleave_narrow(names: list[str], deps: dict[str, frozenset[str]], narrow: set[str]) -> list[str]:
+    """`names` (in dependency order) with each narrow deployment moved to just before the next other deployment
+    its dependencies allow, one before each, so the executor starts that deployment's worker beside it
+    (`LocalExecutor`: a vLLM worker imports for ~7 s of one core). The others keep their order; every
+    deployment still comes after what it depends on."""
+    waiting = [n for n in names if n in narrow]
+    out: list[str] = []
+
+    def place(name: str) -> None:
+        for dep in sorted(deps.get(name, frozenset()) - set(out), key=names.index):
+            place(dep)
+        if name not in out:
+            out.append(name)
+            if name in waiting:
+                waiting.remove(name)
+
+    for name in names:
+        if name in narrow:
+            continue
+        ready = next((m for m in waiting if deps.get(m, frozenset()) <= set(out)), None)
+        if ready is not None:
+            place(ready)
+        place(name)
+    for name in list(waiting):
+        place(name)
+    return out

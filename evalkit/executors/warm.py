@@ -1,7 +1,8 @@
-"""A worker started before its run directory exists: it imports its engine's library (vLLM: about 12 s of a
+"""A worker started before its deployment's turn: it imports its engine's library (vLLM: about 12 s of a
 2-core CPU) while the driver prepares model variants that are not in the cache yet (a fresh machine's hf
-variant: 17 s), then waits until the local executor hands it a deployment. Only then: otherwise the driver
-is ready in a second or two, and a fully cached re-run needs no worker at all.
+variant: 17 s), or while a deployment fixed to fewer threads than there are cores runs (the one-thread KLD
+references), then waits until the local executor hands it a deployment. At the start only while variants
+are made: otherwise the driver is ready in a second or two, and a fully cached re-run needs no worker at all.
 
 Nothing is written meanwhile: the worker's output goes to an unnamed temporary file, copied into the
 deployment's log when it is handed one. A worker never handed one (bad input, a fully cached deployment,
@@ -18,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-STARTED_EARLY = "evalkit: this worker started before its run directory existed"
+STARTED_EARLY = "evalkit: this worker started before its deployment's turn"
 
 
 class WarmWorker:
@@ -79,7 +80,7 @@ def wait_for_order(engine: str) -> dict | None:
     except Exception:  # the real load reports it
         pass
     print(f"{STARTED_EARLY}: imported {', '.join(modules)} in {time.perf_counter() - start:.1f} s "
-          "while the driver prepared the run", file=sys.stderr, flush=True)
+          "before its deployment's turn", file=sys.stderr, flush=True)
     line = sys.stdin.readline()
     if not line.strip():
         return None
