@@ -161,6 +161,30 @@ def test_reuse_points_are_exact_on_repacked_k_quants(gemma_gguf: Path) -> None:
         engine.close()
 
 
+def test_flash_attention_reuses_no_prefix(smollm_gguf: Path) -> None:
+    """With flash attention a row's logits change with the cache's extent (measured: SmolLM2 Q4_1 reused at most
+    multiples of 2 up to 150 differs in every row after the reuse point), so an engine with it on evaluates every
+    prompt whole, and its logits are a fresh engine's (llama-server's defaults are compared with it:
+    test_served)."""
+    from evalkit.engines.llamacpp import LlamaCppEngine, LlamaCppOptions
+
+    def fresh() -> LlamaCppEngine:
+        return LlamaCppEngine(str(smollm_gguf), LlamaCppOptions(n_ctx=512, flash_attn=True))
+
+    engine = fresh()
+    tokens = engine.tokenize((REPO / "texts" / "ppl_default.txt").read_text(encoding="utf-8"), add_bos=True)
+    prompt, other = tokens[:150], tokens[160:180]
+    vocab = list(range(engine.info().vocab_size))
+    try:
+        assert engine.info().extra["flash_attn"] is True
+        engine.next_token_logprobs([prompt[:130] + other], vocab)
+        got = engine.next_token_logprobs([prompt], vocab)[0]
+        assert engine.run_stats()["reused_prompt_tokens"] == 0
+    finally:
+        engine.close()
+    assert got == fresh_logits(fresh, prompt, vocab)
+
+
 def fresh_logits(make, prompt: list[int], vocab: list[int]) -> list[float]:  # type: ignore[no-untyped-def]
     engine = make()
     try:

@@ -204,9 +204,11 @@ class LlamaCppEngine(Engine):
         ran = log.flash_attn()
         self._flash_attn = ran if ran is not None else (options.flash_attn if options.flash_attn != "auto" else None)
         self._exact_rows = 0  # leading context rows a fresh evaluation computes the same way (`_prefill`)
-        # Reuse points: multiples of 16 where every layer runs on the CPU (measured exact), of 64 elsewhere.
+        # Reuse points: multiples of 16 where every layer runs on the CPU (measured exact), of 64 elsewhere; none
+        # with flash attention (on, or not known to be off), whose rows change with the cache's extent.
         on_cpu = gpu_layers(options) == 0 or not llama_gpu_offload()
         self._reuse_align = self._CPU_REUSE_ALIGN if on_cpu and options.n_batch % self._CPU_REUSE_ALIGN == 0 else self._REUSE_ALIGN
+        self._reuse = self._flash_attn is False
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._threads_checked = time.monotonic()
         self._threads_used = {threads}
@@ -339,8 +341,9 @@ class LlamaCppEngine(Engine):
         logits compared with a fresh pass, on the AVX-512 and the AVX2 builds (SmolLM2 Q4_1 and Q2_K, Gemma 3
         Q4_K_M), 1 and 2 threads alike: Q4_1 differs only in one-row batches; Q2_K in batches of 2 to 7 rows; the
         K-quants' repacked kernels take rows four at a time, so Gemma's last row differs when the reuse point
-        is not a multiple of 4. So a reuse point is a multiple of 16 (64 with layers on a GPU, whose kernels were
-        not measured so) leaving at least as many rows to evaluate, only rows a fresh pass would compute the
+        is not a multiple of 4; with flash attention every row differs at most reuse points (SmolLM2 Q4_1,
+        multiples of 2 up to 150), so it reuses nothing. So a reuse point is a multiple of 16 (64 with layers on
+        a GPU, whose kernels were not measured so) leaving at least as many rows to evaluate, only rows a fresh pass would compute the
         same way are kept for later reuse (`_exact_rows`: not generated tokens, one-row batches), and batches
         are cut at absolute multiples of n_batch as a fresh pass cuts them. Long-context prompts sharing their
         filler, few-shot prompts sharing their examples and chat prompts sharing a system prompt then evaluate
@@ -348,7 +351,7 @@ class LlamaCppEngine(Engine):
         """
         llm = self._llm
         align = self._reuse_align
-        usable = min(llm.n_tokens, self._exact_rows)
+        usable = min(llm.n_tokens, self._exact_rows) if self._reuse else 0
         keep = 0
         for a, b in zip(llm.input_ids[:usable].tolist(), tokens):
             if a != b:
