@@ -343,11 +343,11 @@ class LlamaCppEngine(Engine):
         K-quants' repacked kernels take rows four at a time, so Gemma's last row differs when the reuse point
         is not a multiple of 4; with flash attention every row differs at most reuse points (SmolLM2 Q4_1,
         multiples of 2 up to 150), so it reuses nothing. So a reuse point is a multiple of 16 (64 with layers on
-        a GPU, whose kernels were not measured so) leaving at least as many rows to evaluate, only rows a fresh pass would compute the
-        same way are kept for later reuse (`_exact_rows`: not generated tokens, one-row batches), and batches
-        are cut at absolute multiples of n_batch as a fresh pass cuts them. Long-context prompts sharing their
-        filler, few-shot prompts sharing their examples and chat prompts sharing a system prompt then evaluate
-        only what differs.
+        a GPU, whose kernels were not measured so) leaving at least as many rows to evaluate, only rows a fresh
+        pass would compute the same way are kept for later reuse (`_exact_rows`: not generated tokens, not
+        batches shorter than the alignment), and batches are cut at absolute multiples of n_batch as a fresh
+        pass cuts them. Long-context prompts sharing their filler, few-shot prompts sharing their examples and
+        chat prompts sharing a system prompt then evaluate only what differs.
         """
         llm = self._llm
         align = self._reuse_align
