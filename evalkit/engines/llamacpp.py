@@ -338,8 +338,8 @@ class LlamaCppEngine(Engine):
 
         Why it is exact: a row's logits depend on where it sits in its batch only through how ggml groups rows.
         Measured with every reuse point of a 150-token prompt and every 16th of a 600-token one, all rows'
-        logits compared with a fresh pass, on the AVX-512 and the AVX2 builds (SmolLM2 Q4_1 and Q2_K, Gemma 3
-        Q4_K_M), 1 and 2 threads alike: Q4_1 differs only in one-row batches; Q2_K in batches of 2 to 7 rows; the
+        logits compared with a fresh pass (benchmarks/reuse_sweep.py), on the AVX-512 and the AVX2 builds (SmolLM2
+        Q4_1 and Q2_K, Gemma 3 Q4_K_M), 1 and 2 threads alike: Q4_1 differs only in one-row batches; Q2_K in batches of 2 to 7 rows; the
         K-quants' repacked kernels take rows four at a time, so Gemma's last row differs when the reuse point
         is not a multiple of 4; with flash attention every row differs at most reuse points (SmolLM2 Q4_1,
         multiples of 2 up to 150), so it reuses nothing. So a reuse point is a multiple of 16 (64 with layers on
