@@ -208,7 +208,6 @@ class LlamaCppEngine(Engine):
         # with flash attention (on, or not known to be off), whose rows change with the cache's extent.
         on_cpu = gpu_layers(options) == 0 or not llama_gpu_offload()
         self._reuse_align = self._CPU_REUSE_ALIGN if on_cpu and options.n_batch % self._CPU_REUSE_ALIGN == 0 else self._REUSE_ALIGN
-        self._reuse = self._flash_attn is False
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._threads_checked = time.monotonic()
         self._threads_used = {threads}
@@ -351,7 +350,7 @@ class LlamaCppEngine(Engine):
         """
         llm = self._llm
         align = self._reuse_align
-        usable = min(llm.n_tokens, self._exact_rows) if self._reuse else 0
+        usable = min(llm.n_tokens, self._exact_rows) if self._flash_attn is False else 0
         keep = 0
         for a, b in zip(llm.input_ids[:usable].tolist(), tokens):
             if a != b:

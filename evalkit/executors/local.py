@@ -32,10 +32,10 @@ class LocalExecutor:
             self._warm.discard()
             self._warm = None
 
-    def _start_worker(self, run: RunDir, member: str, log_file: Path, env: dict[str, str], terminal: int,
+    def _start_worker(self, run: RunDir, member: str, engine: str, log_file: Path, env: dict[str, str], terminal: int,
                       later_engines: set[str]) -> subprocess.Popen:
         warm, self._warm = self._warm, None
-        if warm is not None and warm.engine == _engine_of(run, member):
+        if warm is not None and warm.engine == engine:
             handed = warm.hand(run.path, member, log_file)
             if handed is not None:
                 return handed
@@ -68,6 +68,7 @@ class LocalExecutor:
         # One-thread deployments each run before another, whose worker imports its engine beside them.
         narrow = {n for n in narrow_deployments(run, names) if len(groups.get(n, [n])) == 1}
         names = interleave_narrow(names, deps, narrow)
+        engines = {n: str(d.get("engine")) for n, d in run.manifest()["deployments"].items()}
         record_execution(run, {"kind": self.kind, "hostname": platform.node()})
         RunProgress.start(run.path, {n: pending_by_suite(run, n) for n in names})
         logs = run.path / "logs"
@@ -89,12 +90,12 @@ class LocalExecutor:
                     print(f"evalkit: running deployment {member} (engine log: {log_file})"
                           + (f", at the same time as {', '.join(m for m in group if m != member)}" if len(group) > 1 else ""),
                           file=sys.stderr, flush=True)
-                    later = {_engine_of(run, n) for n in names[i + 1:]}
-                    procs[member] = self._start_worker(run, member, log_file, env, terminal, later)
+                    later = {engines[n] for n in names[i + 1:]}
+                    procs[member] = self._start_worker(run, member, engines[member], log_file, env, terminal, later)
                 if name in narrow and i + 1 < len(names) and self._warm is None:
                     print(f"evalkit: {names[i + 1]}'s worker imports its engine meanwhile ({name} computes on "
                           "fewer threads than there are cores)", file=sys.stderr, flush=True)
-                    self.prestart(_engine_of(run, names[i + 1]))
+                    self.prestart(engines[names[i + 1]])
                 for member, proc in procs.items():
                     codes[member] = proc.wait()
             finally:
@@ -109,10 +110,6 @@ class LocalExecutor:
                     print(f"evalkit: deployment {member} failed (exit {codes.get(member)}); its finished items are kept; "
                           f"last lines of {log_file}:\n{_tail(log_file)}", file=sys.stderr)
         return codes
-
-
-def _engine_of(run: RunDir, name: str) -> str:
-    return str(run.manifest()["deployments"][name].get("engine"))
 
 
 def _has_file_descriptor(stream: object) -> bool:

@@ -4,11 +4,17 @@ it, the Ray executor holds a unit back until the deployments it depends on have 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from evalkit.capabilities import runnable_suites
-from evalkit.config import Config
+from evalkit.config import Config, Deployment
 from evalkit.store import RunDir
 from evalkit.suites import enabled_suites
+
+
+def _configured(config: Config, manifest: dict[str, Any], name: str) -> Deployment:
+    """The config's deployment a run's deployment runs (a noise-floor rerun: its base's)."""
+    return config.deployment((manifest["deployments"].get(name) or {}).get("base", name))
 
 
 def dependencies(run: RunDir, names: list[str]) -> dict[str, frozenset[str]]:
@@ -18,7 +24,7 @@ def dependencies(run: RunDir, names: list[str]) -> dict[str, frozenset[str]]:
     suites = enabled_suites(config, Path(manifest["config_file"]))
     out: dict[str, frozenset[str]] = {}
     for name in names:
-        spec = config.deployment((manifest["deployments"].get(name) or {}).get("base", name))
+        spec = _configured(config, manifest, name)
         after: set[str] = set()
         for suite in runnable_suites(suites, manifest, name):
             after |= suite.runs_after(name, spec)
@@ -46,7 +52,7 @@ def concurrent_groups(run: RunDir, names: list[str]) -> dict[str, list[str]]:
     suites = enabled_suites(config, Path(manifest["config_file"]))
     beside: dict[str, set[str]] = {n: {n} for n in names}
     for name in names:
-        spec = config.deployment((manifest["deployments"].get(name) or {}).get("base", name))
+        spec = _configured(config, manifest, name)
         for suite in runnable_suites(suites, manifest, name):
             for other in suite.runs_beside(name, spec) & set(names):
                 beside[name].add(other)
@@ -73,7 +79,7 @@ def narrow_deployments(run: RunDir, names: list[str]) -> set[str]:
     cores = available_cores()
     out = set()
     for name in names:
-        dep = config.deployment((manifest["deployments"].get(name) or {}).get("base", name))
+        dep = _configured(config, manifest, name)
         spec = engine_spec(dep.engine)
         threads = getattr(dep.options, spec.threads_option, None) if spec.threads_option else None
         if isinstance(threads, int) and threads < cores and not spec.resources(dep.options).num_gpus:
