@@ -300,14 +300,36 @@ def _tail(path: Path, n: int = 4096) -> str:
 
 
 def _kill_group(pgid: int, wait_s: float = 2.0) -> None:
-    """SIGKILL the group until it is empty: a process mid-fork can add a member after a single kill."""
+    """SIGKILL the group until no live member is left: a process mid-fork can add a member after a single kill.
+    Zombies do not count: they can neither run nor fork, and one whose parent died waits for PID 1 to reap it,
+    which some container inits do late (a timed-out program then cost its whole `wait_s` more)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             return
+        if not _group_has_live_member(pgid):
+            return
         time.sleep(0.01)
+
+
+def _group_has_live_member(pgid: int) -> bool:
+    """Whether a process of group `pgid` is alive (not a zombie); True where /proc cannot tell."""
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        state, _ppid, group = stat[stat.rfind(b")") + 2:].split(maxsplit=3)[:3]  # comm may hold spaces and ")"
+        if int(group) == pgid and state != b"Z":
+            return True
+    return False
 
 
 def run_tests(code: str, tests: str, entry_point: str | None, timeout_s: float = 10, memory_mb: int = 512,

@@ -121,6 +121,43 @@ def test_processes_that_leave_the_group_die_with_the_run():
     assert _no_leftovers(), "a setsid() child outlived the sandbox"
 
 
+
+def test_a_zombie_in_the_group_does_not_hold_up_the_kill():
+    """The group's last member a zombie (our child, exited, not reaped yet): the kill returns at once instead of
+    killing it again for its whole wait; a live member is still killed."""
+    import subprocess
+
+    zombie = subprocess.Popen(["true"], start_new_session=True)
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # exited, left unreaped: a zombie
+    assert not sandbox._group_has_live_member(zombie.pid)
+    t = time.monotonic()
+    sandbox._kill_group(zombie.pid, wait_s=30)
+    assert time.monotonic() - t < 5
+    zombie.wait()
+    live = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert sandbox._group_has_live_member(live.pid)
+        sandbox._kill_group(live.pid, wait_s=30)
+        assert live.wait(timeout=10) == -9
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_timed_out_program_beside_others_costs_its_timeout():
+    """Two sandboxes at a time, as scoring runs them: the looping program's result comes within its timeout
+    plus the kill (it took 2 s more when PID 1 reaped the killed interpreter late and the kill waited on it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        looping = pool.submit(run_tests, "def f():\n    while True:\n        pass\n", "f()", None, timeout_s=2)
+        quick = [pool.submit(run_tests, "def f():\n    return 1\n", "assert f() == 1", None, timeout_s=2) for _ in range(12)]
+        assert all(q.result().passed for q in quick)
+        r = looping.result()
+    assert r.status == "timeout"
+    assert r.duration_s < 2 + 1.5
+    assert _no_leftovers()
+
 def test_huge_allocation_fails():
     r = run_tests("def f():\n    return len(bytearray(10**11))\n", "assert f() > 0\n", "f", memory_mb=256)
     assert not r.passed and r.status in ("failed", "killed")
