@@ -119,3 +119,41 @@ def test_real_run_records_scores_and_skips(engine, tmp_path: Path) -> None:
     assert len(rows) == 9 and "seq_rep_2" in next(r for r in rows if r["item_id"] == "rep/L256")
     desc = suite.describe()
     assert len(desc["filler_sha256"]) == 64 and desc["seed"] == 0
+
+
+@pytest.mark.engine
+def test_lengths_meet_at_their_plain_filler_prompts(engine, tmp_path: Path) -> None:
+    """The prompts reach a one-slot engine so that each shares the most with the one before: within a length
+    the plain filler and the needles by depth (one way, then the other), and the shorter length's plain-filler
+    prompt, a prefix of the longer one's, just before it. llama.cpp then evaluates that prefix once."""
+    from evalkit.engines.base import GenRequest, SamplingParams
+    from evalkit.engines.prefix_order import common_prefix
+
+    (tmp_path / "filler.txt").write_text(FILLER, encoding="utf-8")
+    suite = _suite(tmp_path / "filler.txt", lengths=[256, 512], depths=[0.2, 0.5, 0.8], continuation_tokens=4)
+    sent: list[tuple[str, tuple[int, ...]]] = []
+    real_generate = engine.generate
+
+    def generate(requests, sampling):
+        sent.extend((r.key, r.prompt_token_ids) for r in requests)
+        return real_generate(requests, sampling)
+
+    # The context ends with a few unrelated tokens, so the first prompt finds nothing of its own there.
+    list(engine.generate([GenRequest(key="x", prompt="", chat=False, max_tokens=1, prompt_token_ids=(2, 7, 9))],
+                         SamplingParams(temperature=0.0)))
+    engine.generate = generate
+    try:
+        reused_before = engine.run_stats()["reused_prompt_tokens"]
+        suite.run(engine, suite.items(), SamplingParams(temperature=0.0), lambda records: None)
+        reused = engine.run_stats()["reused_prompt_tokens"] - reused_before
+    finally:
+        del engine.generate
+    assert [key for key, _ in sent] == ["recall/L256/D0.20", "recall/L256/D0.50", "recall/L256/D0.80", "rep/L256",
+                                        "rep/L512", "recall/L512/D0.80", "recall/L512/D0.50", "recall/L512/D0.20"]
+    prompts = [ids for _, ids in sent]
+    assert prompts[4][:256] == prompts[3] and len(prompts[4]) == 512
+    # Each prompt reuses its shared prefix with the one before, cut to a multiple of 16 (llama.cpp's CPU rule).
+    shared = [common_prefix(a, b) for a, b in zip(prompts, prompts[1:])]
+    assert shared[3] == 256
+    assert reused == sum(min(s, len(b) - 16) // 16 * 16 for s, b in zip(shared, prompts[1:]))
+    assert reused >= 240 + 0.8 * 400  # the old order (each length from its plain filler) reused under 0.8 x 512 in all

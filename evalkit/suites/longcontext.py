@@ -217,9 +217,7 @@ class LongContextSuite(Suite["LongContextSettings"]):
         records: list[LongContextRecord | None] = []
         requests: list[GenRequest] = []
         meta: dict[str, dict[str, Any]] = {}
-        # The plain filler first, then needles from the deepest: each prompt shares the longest prefix with
-        # the one before it, which engines with a prefix cache (llama.cpp, vLLM) do not evaluate again.
-        for item in sorted(items, key=lambda it: (it.data["kind"] != "rep", -it.data.get("depth", 0.0))):
+        for item in _prefix_chain(items, sorted(self.settings.lengths).index(items[0].data["length"])):
             L, kind = item.data["length"], item.data["kind"]
             if kind in longtasks.TASKS:
                 records.append(self._task_item(engine, item, n_ctx, bos, filler, repeats, meta, requests))
@@ -343,6 +341,17 @@ class LongContextSuite(Suite["LongContextSettings"]):
 
 
 # -- helpers (records only) -----------------------------------------------------------------------
+
+
+def _prefix_chain(items: list[Item], rank: int) -> list[Item]:
+    """One length's items in the order that shares the most prompt with the item before, for an engine whose
+    cache holds only the last prompt (llama.cpp, llama-server's slot): the plain filler, then needles from the
+    deepest (each shares the filler up to its needle), then the tasks. Every other length (by `rank` among the
+    settings' lengths) runs that chain backwards, so each pair of lengths meets at their plain-filler prompts,
+    the shorter one a prefix of the longer (1024 tokens reused at 2048, not the ~100 before the shallowest
+    needle). The order changes no prompt and, llama.cpp's reuse being exact, no output."""
+    chain = sorted(items, key=lambda it: (it.data["kind"] != "rep", it.data["kind"] != "recall", -it.data.get("depth", 0.0)))
+    return chain if rank % 2 else chain[::-1]
 
 
 def _lengths(recs: Iterable[LongContextRecord]) -> list[str]:
