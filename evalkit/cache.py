@@ -475,6 +475,9 @@ class LazyEngine(Engine):
     def score_span(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[list[float], list[list[list[float]]]]:
         return self.real().score_span(token_ids, first, top_k)
 
+    def score_span_arrays(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[Any, Any, Any]:
+        return self.real().score_span_arrays(token_ids, first, top_k)
+
     def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, Any]]:
         return self.real().token_distributions(token_ids, first)
 

@@ -12,6 +12,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import require_module, unavailable
@@ -380,6 +381,22 @@ def test_score_top_k_is_sorted_and_holds_the_actual_token(engine):
             assert s.logprobs[i] <= values[-1] + 1e-6
     assert seen_inside > 0 and seen_outside > 0  # both branches were exercised
 
+
+
+def test_score_span_arrays_read_the_flat_logprobs_as_the_lists_do(engine):
+    """The perplexity suite's array path (numpy over vLLM's flat prompt log-probs) against the per-position
+    lists of `score` turned into arrays (Engine's own score_span_arrays): the same numbers, to the bit."""
+    from evalkit.engines.base import Engine
+
+    seq = engine.tokenize(TEXT * 3, add_bos=True)
+    for first, k in ((1, 50), (len(seq) // 2, 2000), (3, 0)):
+        fast = engine.score_span_arrays(seq, first, k)
+        lists = Engine.score_span_arrays(engine, seq, first, k)
+        assert fast[0].shape == (len(seq) - first,) and fast[1].shape == fast[2].shape == (len(seq) - first, k)
+        for a, b in zip(fast, lists):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        if k:
+            assert np.all(np.diff(fast[2], axis=1) <= 0) and np.all(fast[1] >= 0)
 
 def test_prompt_logprobs_compile_nothing_on_cpu(engine):
     """enforce_eager on CPU: scoring with top-k starts no torch.compile (vLLM would build its token-rank helper

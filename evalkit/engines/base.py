@@ -150,6 +150,19 @@ class Engine(ABC):
         ]
         return nll, top
 
+    def score_span_arrays(self, token_ids: Sequence[int], first: int, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`score_span` as arrays: the NLL (float64, one per position), the top-k ids (int64, positions x top_k,
+        -1 where a position holds fewer) and their log-probs (float64, -inf there), highest first. Engines
+        whose scores arrive as arrays override it and skip the per-position lists."""
+        nll, top = self.score_span(token_ids, first, top_k)
+        ids = np.full((len(nll), top_k), -1, dtype=np.int64)
+        lps = np.full((len(nll), top_k), -np.inf)
+        for i, row in enumerate(top):
+            if row:
+                a = np.asarray(row, dtype=np.float64)[:top_k]
+                ids[i, : len(a)], lps[i, : len(a)] = a[:, 0], a[:, 1]
+        return np.asarray(nll, dtype=np.float64), ids, lps
+
     def token_distributions(self, token_ids: Sequence[int], first: int) -> Iterator[tuple[int, np.ndarray]]:
         """Teacher-forced, one forward pass over token_ids (len <= n_ctx): the full-vocabulary log-softmax
         (float32) for every position p >= first (>= 1) predicting token_ids[p], yielded in blocks

@@ -65,13 +65,13 @@ def cached_chunk_span(engine: Engine, span: ChunkSpan) -> Measured:
 
     def compute() -> tuple[dict[str, Any], SideFile]:
         # The engine's own call, not its cache wrapper's: the wrapper would keep the top-k lists as JSON.
-        nll, top = uncached_engine(engine).score_span(chunk, first, top_k)
-        return _arrays(span, np.asarray(nll, dtype=np.float64), top=top)
+        nll, ids, lps = uncached_engine(engine).score_span_arrays(chunk, first, top_k)
+        return _arrays(span, nll, **({"ids": ids, "lps": lps} if top_k else {}))
 
     return cached_measurement(engine, "perplexity_chunk", payload, compute)
 
 
-def _arrays(span: ChunkSpan, nll: np.ndarray, *, top: Any = None, ids: np.ndarray | None = None, lps: np.ndarray | None = None,
+def _arrays(span: ChunkSpan, nll: np.ndarray, *, ids: np.ndarray | None = None, lps: np.ndarray | None = None,
             argmax: np.ndarray | None = None, kld: np.ndarray | None = None, same_top: np.ndarray | None = None
             ) -> tuple[dict[str, Any], SideFile]:
     """The record's scalars and side file of one chunk (only the fields given are written)."""
@@ -86,14 +86,9 @@ def _arrays(span: ChunkSpan, nll: np.ndarray, *, top: Any = None, ids: np.ndarra
         if v is not None:
             out[name] = v
     if top_k:
-        if top is not None:  # [[id, logprob], ...] per row from score_span (a row may hold fewer: padded)
-            ids = np.full((len(nll), top_k), -1 if out["top_ids"].dtype.kind == "i" else 0, dtype=np.int64)
-            lps = np.full((len(nll), top_k), -np.inf)
-            for i, row in enumerate(top):
-                if row:
-                    a = np.asarray(row, dtype=np.float64)[:top_k]
-                    ids[i, : len(a)], lps[i, : len(a)] = a[:, 0], a[:, 1]
-        assert ids is not None and lps is not None  # made from `top` above, or given
+        assert ids is not None and lps is not None
+        if out["top_ids"].dtype.kind != "i":  # unsigned ids: a short row's padding is id 0 (its log-prob -inf)
+            ids = np.where(ids < 0, 0, ids)
         out["top_ids"], out["top_lp"] = ids[:, :top_k], lps[:, :top_k]
     scalars: dict[str, Any] = {"n_scored": int(len(nll)), "nll_sum": float(out["nll"].astype(np.float64).sum()), "top_k": top_k}
     if kld is not None:
