@@ -454,6 +454,9 @@ class LazyEngine(Engine):
     def info(self) -> EngineInfo:
         return self.engine.info() if self.engine is not None else self._info
 
+    def needs_timing_warmup(self) -> bool:
+        return self.engine is None or self.engine.needs_timing_warmup()
+
     def tokenize(self, text: str, add_bos: bool) -> list[int]:
         return self._tokenizer().tokenize(text, add_bos)
 

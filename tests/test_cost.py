@@ -115,6 +115,7 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
         batches.append([r.key for r in reqs])
         return generate(reqs, sampling)
 
+    assert llama.needs_timing_warmup()  # it has only tokenized so far
     llama.generate = recording  # type: ignore[method-assign]
     try:
         suite.run(cached, suite.items(), SamplingParams(temperature=0.7, top_p=0.9, seed=1), records.extend)
@@ -123,6 +124,18 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
     assert not (tmp_path / "cache").exists()  # timings never go through the cache
     # every level's batch shape warmed up, unrecorded, before any measured level
     assert [len(b) for b in batches] == [1, 2, 1, 2] and all(k.startswith("warmup-c") for b in batches[:2] for k in b)
+
+    # Once it has computed (every layer on the CPU here) nothing is left to warm: the levels are measured at once.
+    assert not llama.needs_timing_warmup()
+    batches.clear()
+    again: list[dict[str, Any]] = []
+    llama.generate = recording  # type: ignore[method-assign]
+    try:
+        suite.run(llama, suite.items(), SamplingParams(temperature=0.7, top_p=0.9, seed=1), again.extend)
+    finally:
+        del llama.generate
+    assert [len(b) for b in batches] == [1, 2] and not any(k.startswith("warmup") for b in batches for k in b)
+    assert [r["item_id"] for r in again] == ["c1/r1", "c2/r1"] and all(r["warmup_s"] < 0.05 for r in again)
 
     assert [r["item_id"] for r in records] == ["c1/r1", "c2/r1"]
     for rec in records:

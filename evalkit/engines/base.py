@@ -179,6 +179,12 @@ class Engine(ABC):
         are the point (the cost suite). A lazily loaded engine loads on its first model call."""
         return self
 
+    def needs_timing_warmup(self) -> bool:
+        """Whether a timed measurement (the cost suite) should first serve one unrecorded batch of each shape it
+        times: yes, unless the engine knows that nothing of the first call of a shape is left to happen (no
+        compile or graph capture per shape, weights and buffers in memory already)."""
+        return True
+
     def measurement(self, kind: str, payload: Mapping[str, Any]) -> Any | None:
         """A whole measurement stored by an earlier run of this deployment (None: none, or no cache)."""
         return None

@@ -207,6 +207,8 @@ class LlamaCppEngine(Engine):
         # Reuse points: multiples of 16 where every layer runs on the CPU (measured exact), of 64 elsewhere; none
         # with flash attention (on, or not known to be off), whose rows change with the cache's extent.
         on_cpu = gpu_layers(options) == 0 or not llama_gpu_offload()
+        self._on_cpu = on_cpu
+        self._computed = False  # whether the model has evaluated a batch in this process (`needs_timing_warmup`)
         self._reuse_align = self._CPU_REUSE_ALIGN if on_cpu and options.n_batch % self._CPU_REUSE_ALIGN == 0 else self._REUSE_ALIGN
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._threads_checked = time.monotonic()
@@ -370,6 +372,7 @@ class LlamaCppEngine(Engine):
             if end - start >= align:
                 self._exact_rows = end
             start = end
+            self._computed = True
         self._reused_prompt_tokens += keep
 
     def _forget_context(self) -> None:
@@ -394,6 +397,7 @@ class LlamaCppEngine(Engine):
             chunk = list(tokens[start : start + llm.n_batch])
             llm._batch.set_batch(batch=chunk, n_past=start, logits_all=True)
             llm._ctx.decode(llm._batch)
+            self._computed = True
             logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(chunk), n_vocab))
             yield start, log_softmax(logits)
         self._forget_context()  # logits_all rows were written behind generate()'s bookkeeping
@@ -452,6 +456,7 @@ class LlamaCppEngine(Engine):
                     if want:
                         rows.append(pos)
                 llm._ctx.decode(llm._batch)
+                self._computed = True
                 if rows:
                     yield rows, np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(rows), n_vocab))
         finally:
@@ -543,6 +548,13 @@ class LlamaCppEngine(Engine):
 
     def run_stats(self) -> dict[str, Any]:
         return {"reused_prompt_tokens": self._reused_prompt_tokens}
+
+    def needs_timing_warmup(self) -> bool:
+        """Not once the model has computed in this process with every layer on the CPU: ggml's CPU backend
+        compiles and captures nothing per batch shape (in-process requests are served one at a time anyway), and
+        by then the mapped weights are paged in and the context's buffers touched. On a GPU the warm-up stays
+        (CUDA graphs are captured per shape)."""
+        return not (self._on_cpu and self._computed)
 
     def close(self) -> None:
         self._llm.close()

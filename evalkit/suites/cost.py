@@ -4,7 +4,8 @@ For each level c and repeat r, c requests arrive together (one generate() call),
 prompt of exactly `prompt_tokens` tokens and asking for `output_tokens` tokens. Prompts are seeded
 English words led by a word that differs from the previous request's, so no prefix cache (llama.cpp's
 reuse of the previous prompt, vLLM's block hashes) flatters a request. llama.cpp in-process serves the
-requests queued in one context: that is measured as it is. Each level's batch shape is warmed up first, unrecorded.
+requests queued in one context: that is measured as it is. Each level's batch shape is warmed up first, unrecorded,
+unless the engine says nothing is left to warm (`Engine.needs_timing_warmup`: llama.cpp on the CPU once it has computed).
 Requests are never served from the engine-result cache: timings are the point.
 
 Re-runs: a whole (level, repeat) measurement is stored in the result cache, keyed by the deployment's
@@ -440,10 +441,12 @@ class CostSuite(Suite["CostSettings"]):
         # One unrecorded warm-up per concurrency level to measure, on prompts no item uses (negative indices):
         # engines that compile or capture per batch shape (torch.compile, CUDA graphs) do it here, not inside a
         # measured level (on the H200 a first c16 request of a compiled hf deployment read 37 tok/s, not ~1,300).
+        # None where the engine says nothing is left to warm (llama.cpp on the CPU once it has computed).
         start = time.perf_counter()
-        for c in sorted({item.data["concurrency"] for item in todo}):
-            warm = self._requests(engine, -c, c, f"warmup-c{c}", min(WARMUP_TOKENS, self.settings.output_tokens))
-            list(engine.generate(warm, sampling))
+        if engine.needs_timing_warmup():
+            for c in sorted({item.data["concurrency"] for item in todo}):
+                warm = self._requests(engine, -c, c, f"warmup-c{c}", min(WARMUP_TOKENS, self.settings.output_tokens))
+                list(engine.generate(warm, sampling))
         warmup_s = time.perf_counter() - start
         info = engine.info()  # after the warm-up: a lazy engine's real description (this run's start-up)
         bandwidth = memory_bandwidth(info, bandwidth_memo(self.binding.run_dir if self.binding is not None else None))
