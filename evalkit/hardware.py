@@ -153,6 +153,11 @@ def _cpu_busy_seconds() -> tuple[float, float] | None:
     return sum(fields) - idle, sum(fields)
 
 
+# Set while a worker loads its engine before its deployment's turn (evalkit.executors.warm): the work beside it
+# ends before this engine computes, so its threads are sized for running alone, not for the load right now.
+LOADING_FOR_LATER = "EVALKIT_LOADING_FOR_LATER"
+
+
 def engine_threads(sample_s: float = 0.5, windows: int = 3) -> int:
     """Threads for an engine that runs alone: every core this process may use, less the ones other work
     keeps busy right now: the least busy of `windows` samples over `sample_s` in all.
@@ -165,7 +170,7 @@ def engine_threads(sample_s: float = 0.5, windows: int = 3) -> int:
     cores busy shows in every window. On an idle machine this is all cores. A config's n_threads /
     cpu_threads overrides it."""
     cores = available_cores()
-    if cores <= 1:
+    if cores <= 1 or os.environ.get(LOADING_FOR_LATER) == "1":
         return cores
     online = os.cpu_count() or cores
     busy = float(online)

@@ -118,11 +118,13 @@ def run_unit(
     sink: RecordSink,
     model_path: str | None = None,
     on_cache_put: Callable[[str, Any, str | None], None] | None = None,
+    before_suites: Callable[[Engine], None] | None = None,
 ) -> None:
     """Run every pending item of `work` on one engine (loaded once, only when the cache cannot answer).
 
     `on_cache_put` sees every engine-result cache entry this unit writes (the Ray executor sends them to the
-    driver's cache, which then answers the next run without shipping work)."""
+    driver's cache, which then answers the next run without shipping work). `before_suites` is called with the
+    engine before any suite runs (a held worker loads it, then waits for its turn)."""
     name = work.unit.deployment
     resolved = {**work.resolved, "path": model_path or work.resolved["path"]}
     os.environ["EVALKIT_DEPLOYMENT"] = name  # what a server started for this unit is called (its log file)
@@ -139,6 +141,8 @@ def run_unit(
     described: dict[str, Any] = {"deployment": name, "worker_pid": os.getpid(), **engine.info().__dict__}
     sink.describe(described)
     try:
+        if before_suites is not None:
+            before_suites(engine)
         for suite, items in work.suites:
             sink.begin(suite.name, len(items))
 
@@ -241,8 +245,9 @@ class FileSink:
         self.writer.close()
 
 
-def run_deployment(run_dir: Path, deployment_name: str) -> None:
-    """The local executor's unit: a whole deployment, its records appended to the run directory."""
+def run_deployment(run_dir: Path, deployment_name: str, hold: bool = False) -> None:
+    """The local executor's unit: a whole deployment, its records appended to the run directory. `hold`: load
+    the engine, then wait for the driver's go before the suites (`evalkit.executors.warm.load_then_wait`)."""
     run = RunDir.open(run_dir)
     unit = Unit(deployment_name)
     work = unit_work(run, unit)
@@ -251,7 +256,13 @@ def run_deployment(run_dir: Path, deployment_name: str) -> None:
     sink = FileSink(run, unit)
     os.environ["EVALKIT_SERVER_LOG_DIR"] = str(run.path / "logs")  # a launched server's log goes beside ours
     try:
-        run_unit(work, sink)
+        if hold:
+            from evalkit.executors.warm import load_then_wait, loading_for_later
+
+            with loading_for_later():
+                run_unit(work, sink, before_suites=load_then_wait)
+        else:
+            run_unit(work, sink)
     finally:
         sink.close()
 
@@ -264,12 +275,17 @@ def main(argv: list[str] | None = None) -> int:
         order = wait_for_order(args[1])
         if order is None:
             return 0
-        args = [order["run"], order["deployment"]]
-    if len(args) != 2:
+        args = [order["run"], order["deployment"]] + (["--hold"] if order.get("hold") else [])
+    hold = args[2:] == ["--hold"]
+    if len(args) - hold != 2:
         print("usage: python -m evalkit.worker RUN_DIR DEPLOYMENT", file=sys.stderr)
         return EXIT_USER_ERROR
+    from evalkit.executors.warm import NotHanded
+
     try:
-        run_deployment(Path(args[0]), args[1])
+        run_deployment(Path(args[0]), args[1], hold=hold)
+    except NotHanded:
+        return 0
     except EvalkitError as e:
         say(f"evalkit: error: {e}")
         return EXIT_USER_ERROR

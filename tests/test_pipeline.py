@@ -252,8 +252,8 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
 
 def test_a_one_thread_deployment_runs_beside_the_next_workers_imports(tmp_path: Path) -> None:
     """A deployment fixed to one thread (the hf KLD reference's kind) on a machine with more cores: the next
-    deployment's worker imports its engine meanwhile. Its log starts with the early worker's line, the console
-    says so, and both deployments' records are complete. On the session's every core (xdist pins a worker to
+    deployment's worker imports its engine and loads it meanwhile (both fit in memory), then waits for its turn.
+    Its log starts with the early worker's lines, the console says so, and both deployments' records are complete. On the session's every core (xdist pins a worker to
     one, where nothing runs beside). Where such deployments move in the order: test_executors."""
     from conftest import _SESSION_CORES, every_core
     from evalkit.executors.warm import STARTED_EARLY
@@ -283,9 +283,12 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
             assert proc.returncode == 0, stderr[-3000:]
     assert "preparing variant" not in stderr
     assert stderr.index("running deployment f32") < stderr.index("running deployment q4")
-    assert "q4's worker imports its engine meanwhile (f32 computes on fewer threads than there are cores)" in stderr
+    assert "q4's worker imports its engine and loads it meanwhile (f32 computes on fewer threads than there are cores)" in stderr
     run = _single_run_dir(tmp_path / "out")
-    assert (run / "logs" / "q4.log").read_text().startswith(STARTED_EARLY)
+    q4_log = (run / "logs" / "q4.log").read_text()
+    assert q4_log.startswith(STARTED_EARLY) and f"{STARTED_EARLY}: engine loaded, waiting" in q4_log
+    # Loaded while f32 kept a core busy, yet sized to run alone: every core, as a worker started at its turn gets.
+    assert json.loads((run / "engines" / "q4.json").read_text())["extra"]["n_threads"] == cores
     assert STARTED_EARLY not in (run / "logs" / "f32.log").read_text()
     assert len(list(read_jsonl(run / "records" / "q4.jsonl"))) == 2  # a prompt, a perplexity chunk
     assert len(list(read_jsonl(run / "records" / "f32.jsonl"))) == 1

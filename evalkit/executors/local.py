@@ -35,7 +35,13 @@ class LocalExecutor:
     def _start_worker(self, run: RunDir, member: str, engine: str, log_file: Path, env: dict[str, str], terminal: int,
                       later_engines: set[str]) -> subprocess.Popen:
         warm, self._warm = self._warm, None
-        if warm is not None and warm.engine == engine:
+        if warm is not None and warm.held_for is not None:  # handed its deployment early, engine loaded
+            started = warm.go() if warm.held_for == member else None
+            if warm.held_for != member:
+                warm.discard()
+            if started is not None:
+                return started
+        elif warm is not None and warm.engine == engine:
             handed = warm.hand(run.path, member, log_file)
             if handed is not None:
                 return handed
@@ -93,9 +99,7 @@ class LocalExecutor:
                     later = {engines[n] for n in names[i + 1:]}
                     procs[member] = self._start_worker(run, member, engines[member], log_file, env, terminal, later)
                 if name in narrow and i + 1 < len(names) and self._warm is None:
-                    print(f"evalkit: {names[i + 1]}'s worker imports its engine meanwhile ({name} computes on "
-                          "fewer threads than there are cores)", file=sys.stderr, flush=True)
-                    self.prestart(engines[names[i + 1]])
+                    self._prepare_next(run, name, names[i + 1], engines[names[i + 1]], len(groups.get(names[i + 1], [])) <= 1)
                 for member, proc in procs.items():
                     codes[member] = proc.wait()
             finally:
@@ -110,6 +114,31 @@ class LocalExecutor:
                     print(f"evalkit: deployment {member} failed (exit {codes.get(member)}); its finished items are kept; "
                           f"last lines of {log_file}:\n{_tail(log_file)}", file=sys.stderr)
         return codes
+
+
+    def _prepare_next(self, run: RunDir, narrow: str, following: str, engine: str, alone: bool) -> None:
+        """Beside the one-thread deployment `narrow`: start `following`'s worker, which imports its engine and,
+        where both fit in memory together and the cache cannot answer everything, loads it too and waits."""
+        self.prestart(engine)
+        if self._warm is None:
+            return
+        load = alone and _fit_together(run, narrow, following) and not _served_by_cache(run, following)
+        print(f"evalkit: {following}'s worker {'imports its engine and loads it' if load else 'imports its engine'} "
+              f"meanwhile ({narrow} computes on fewer threads than there are cores)", file=sys.stderr, flush=True)
+        if load:
+            self._warm.hand(run.path, following, run.path / "logs" / f"{following}.log", hold=True)
+
+
+def _fit_together(run: RunDir, first: str, second: str) -> bool:
+    """Whether the memory ledger (the manifest's) says both deployments fit in this host's free memory at once,
+    the second on the CPU (a GPU engine's early load could take memory the first one's device needs)."""
+    import psutil
+
+    rows = {r.get("deployment"): r for r in run.manifest().get("ledger") or [] if isinstance(r, dict)}
+    need = [b for b in (rows.get(n, {}).get("need_bytes") for n in (first, second)) if isinstance(b, int)]
+    if len(need) != 2 or not str(rows[second].get("devices", "")).startswith("CPU"):
+        return False
+    return sum(need) <= psutil.virtual_memory().available
 
 
 def _has_file_descriptor(stream: object) -> bool:
