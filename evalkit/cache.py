@@ -454,8 +454,8 @@ class LazyEngine(Engine):
     def info(self) -> EngineInfo:
         return self.engine.info() if self.engine is not None else self._info
 
-    def needs_timing_warmup(self) -> bool:
-        return self.engine is None or self.engine.needs_timing_warmup()
+    def prepare_for_timing(self) -> bool:
+        return self.engine is None or self.engine.prepare_for_timing()
 
     def tokenize(self, text: str, add_bos: bool) -> list[int]:
         return self._tokenizer().tokenize(text, add_bos)

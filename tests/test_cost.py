@@ -115,7 +115,7 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
         batches.append([r.key for r in reqs])
         return generate(reqs, sampling)
 
-    assert llama.needs_timing_warmup()  # it has only tokenized so far
+    assert llama._computed is False  # it has only tokenized so far: the warm-up runs
     llama.generate = recording  # type: ignore[method-assign]
     try:
         suite.run(cached, suite.items(), SamplingParams(temperature=0.7, top_p=0.9, seed=1), records.extend)
@@ -126,7 +126,7 @@ def test_real_run_measures_queued_requests_and_bypasses_the_cache(llama: Engine,
     assert [len(b) for b in batches] == [1, 2, 1, 2] and all(k.startswith("warmup-c") for b in batches[:2] for k in b)
 
     # Once it has computed (every layer on the CPU here) nothing is left to warm: the levels are measured at once.
-    assert not llama.needs_timing_warmup()
+    assert not llama.prepare_for_timing()
     batches.clear()
     again: list[dict[str, Any]] = []
     llama.generate = recording  # type: ignore[method-assign]

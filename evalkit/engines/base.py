@@ -179,10 +179,11 @@ class Engine(ABC):
         are the point (the cost suite). A lazily loaded engine loads on its first model call."""
         return self
 
-    def needs_timing_warmup(self) -> bool:
-        """Whether a timed measurement (the cost suite) should first serve one unrecorded batch of each shape it
-        times: yes, unless the engine knows that nothing of the first call of a shape is left to happen (no
-        compile or graph capture per shape, weights and buffers in memory already)."""
+    def prepare_for_timing(self) -> bool:
+        """Called before timed measurements (the cost suite): the engine does now what a later call would
+        otherwise do inside a timing, and says whether one unrecorded batch of each timed shape should still
+        run first: yes, unless it knows that nothing of a shape's first call is left to happen (no compile or
+        graph capture per shape, weights and buffers in memory already)."""
         return True
 
     def measurement(self, kind: str, payload: Mapping[str, Any]) -> Any | None:

@@ -5,6 +5,7 @@ The module holds the engine's spec and options; `llama_cpp` itself is imported o
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from contextlib import contextmanager
@@ -208,10 +209,11 @@ class LlamaCppEngine(Engine):
         # with flash attention (on, or not known to be off), whose rows change with the cache's extent.
         on_cpu = gpu_layers(options) == 0 or not llama_gpu_offload()
         self._on_cpu = on_cpu
-        self._computed = False  # whether the model has evaluated a batch in this process (`needs_timing_warmup`)
+        self._computed = False  # whether the model has evaluated a batch in this process (`prepare_for_timing`)
         self._reuse_align = self._CPU_REUSE_ALIGN if on_cpu and options.n_batch % self._CPU_REUSE_ALIGN == 0 else self._REUSE_ALIGN
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
         self._threads_checked = time.monotonic()
+        self._threads_fixed = False  # from `prepare_for_timing` on: no re-check inside a timed level
         self._threads_used = {threads}
         self._init_tokenizer()
 
@@ -263,7 +265,7 @@ class LlamaCppEngine(Engine):
         calls at least 15 s apart (about once a suite): a deployment that started while something else
         was busy gets the cores back once it is done, instead of running on half of them to the end.
         The numbers do not change with it (n_threads is not in the numerics key)."""
-        if self.options.n_threads is not None or time.monotonic() - self._threads_checked < self._THREADS_RECHECK_S:
+        if self.options.n_threads is not None or self._threads_fixed or time.monotonic() - self._threads_checked < self._THREADS_RECHECK_S:
             return
         threads = engine_threads(sample_s=0.3)
         self._threads_checked = time.monotonic()
@@ -549,11 +551,16 @@ class LlamaCppEngine(Engine):
     def run_stats(self) -> dict[str, Any]:
         return {"reused_prompt_tokens": self._reused_prompt_tokens}
 
-    def needs_timing_warmup(self) -> bool:
-        """Not once the model has computed in this process with every layer on the CPU: ggml's CPU backend
-        compiles and captures nothing per batch shape (in-process requests are served one at a time anyway), and
-        by then the mapped weights are paged in and the context's buffers touched. On a GPU the warm-up stays
-        (CUDA graphs are captured per shape)."""
+    def prepare_for_timing(self) -> bool:
+        """The thread count is settled now and kept from here on: a re-check of the free cores samples the load
+        for 0.3 s, which inside a timed level read as latency (a c1 level took 1.09 s instead of 0.84). No
+        warm-up is needed once the model has computed in this process with every layer on the CPU: ggml's CPU
+        backend compiles and captures nothing per batch shape (in-process requests are served one at a time
+        anyway), and by then the mapped weights are paged in and the context's buffers touched. On a GPU the
+        warm-up stays (CUDA graphs are captured per shape)."""
+        self._threads_checked = -math.inf
+        self._follow_free_cores()
+        self._threads_fixed = True
         return not (self._on_cpu and self._computed)
 
     def close(self) -> None:

@@ -5,7 +5,7 @@ prompt of exactly `prompt_tokens` tokens and asking for `output_tokens` tokens. 
 English words led by a word that differs from the previous request's, so no prefix cache (llama.cpp's
 reuse of the previous prompt, vLLM's block hashes) flatters a request. llama.cpp in-process serves the
 requests queued in one context: that is measured as it is. Each level's batch shape is warmed up first, unrecorded,
-unless the engine says nothing is left to warm (`Engine.needs_timing_warmup`: llama.cpp on the CPU once it has computed).
+unless the engine says nothing is left to warm (`Engine.prepare_for_timing`: llama.cpp on the CPU once it has computed).
 Requests are never served from the engine-result cache: timings are the point.
 
 Re-runs: a whole (level, repeat) measurement is stored in the result cache, keyed by the deployment's
@@ -443,7 +443,7 @@ class CostSuite(Suite["CostSettings"]):
         # measured level (on the H200 a first c16 request of a compiled hf deployment read 37 tok/s, not ~1,300).
         # None where the engine says nothing is left to warm (llama.cpp on the CPU once it has computed).
         start = time.perf_counter()
-        if engine.needs_timing_warmup():
+        if engine.prepare_for_timing():
             for c in sorted({item.data["concurrency"] for item in todo}):
                 warm = self._requests(engine, -c, c, f"warmup-c{c}", min(WARMUP_TOKENS, self.settings.output_tokens))
                 list(engine.generate(warm, sampling))
