@@ -188,6 +188,9 @@ def _run_and_report(run_dir: RunDir, names: list[str], executor: Executor) -> di
     with run_dir.exclusive():  # a second run --resume of this directory is refused, not run twice
         print(f"evalkit: run directory {run_dir.path}", file=sys.stderr, flush=True)
         warn_hardware(run_dir)
+        import threading
+
+        threading.Thread(target=_import_for_the_report, name="evalkit-report-imports", daemon=True).start()
         codes = run_workers(run_dir, names, executor)
         _judge(run_dir)
         from evalkit.scoring import score_run
@@ -205,6 +208,20 @@ def _run_and_report(run_dir: RunDir, names: list[str], executor: Executor) -> di
             raise EvalkitError(str(run_dir.path), f"no space left on the device ({e.strerror}); every complete record "
                                                   f"is kept: free space, then run --resume {run_dir.path}") from None
     return codes
+
+
+def _import_for_the_report() -> None:
+    """What scoring and the report import (scipy.stats, matplotlib, the report's modules: ~1 s of one core on a
+    2-core CPU), imported while the workers compute, so the report follows the last deployment sooner. A
+    failure here is left to the real import, which reports it."""
+    try:
+        import evalkit.report.render
+        import evalkit.scoring  # noqa: F401
+        from matplotlib.backends import backend_agg  # noqa: F401
+        from matplotlib import figure  # noqa: F401
+        from scipy import stats  # noqa: F401
+    except Exception:
+        pass
 
 
 def _judge(run_dir: RunDir) -> None:
