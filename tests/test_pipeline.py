@@ -287,8 +287,9 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
     run = _single_run_dir(tmp_path / "out")
     q4_log = (run / "logs" / "q4.log").read_text()
     assert q4_log.startswith(STARTED_EARLY) and f"{STARTED_EARLY}: engine loaded, waiting" in q4_log
-    # Loaded while f32 kept a core busy, yet sized to run alone: every core, as a worker started at its turn gets.
-    assert json.loads((run / "engines" / "q4.json").read_text())["extra"]["n_threads"] == cores
+    # Loaded while f32 kept a core busy, yet sized to run alone: every core, as a worker started at its turn gets
+    # (later re-checks follow the free cores, which other tests beside this one may take).
+    assert cores in json.loads((run / "engines" / "q4.json").read_text())["extra"]["n_threads_used"]
     assert STARTED_EARLY not in (run / "logs" / "f32.log").read_text()
     assert len(list(read_jsonl(run / "records" / "q4.jsonl"))) == 2  # a prompt, a perplexity chunk
     assert len(list(read_jsonl(run / "records" / "f32.jsonl"))) == 1
