@@ -269,15 +269,15 @@ def run_deployment(run_dir: Path, deployment_name: str, hold: bool = False) -> N
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    hold = False  # a held warm worker loads its engine, then waits for the driver's go (evalkit.executors.warm)
     if len(args) == 2 and args[0] == "--warm":  # started early by the local executor (evalkit.executors.warm)
         from evalkit.executors.warm import wait_for_order
 
         order = wait_for_order(args[1])
         if order is None:
             return 0
-        args = [order["run"], order["deployment"]] + (["--hold"] if order.get("hold") else [])
-    hold = args[2:] == ["--hold"]
-    if len(args) - hold != 2:
+        args, hold = [order["run"], order["deployment"]], bool(order.get("hold"))
+    if len(args) != 2:
         print("usage: python -m evalkit.worker RUN_DIR DEPLOYMENT", file=sys.stderr)
         return EXIT_USER_ERROR
     from evalkit.executors.warm import NotHanded

@@ -36,10 +36,9 @@ class LocalExecutor:
                       later_engines: set[str]) -> subprocess.Popen:
         warm, self._warm = self._warm, None
         if warm is not None and warm.held_for is not None:  # handed its deployment early, engine loaded
-            started = warm.go() if warm.held_for == member else None
             if warm.held_for != member:
                 warm.discard()
-            if started is not None:
+            elif (started := warm.go()) is not None:  # None: it died meanwhile (go() discarded it); a fresh one starts
                 return started
         elif warm is not None and warm.engine == engine:
             handed = warm.hand(run.path, member, log_file)
@@ -84,7 +83,8 @@ class LocalExecutor:
             if name in codes:
                 continue
             group = groups.get(name, [name])
-            if len(group) == 1 and _served_by_cache(run, name):  # nothing left for an engine: no worker is started
+            held = self._warm is not None and self._warm.held_for == name  # the cache was asked when it was handed
+            if len(group) == 1 and not held and _served_by_cache(run, name):  # nothing left for an engine: no worker
                 codes[name] = 0
                 continue
             procs = {}
@@ -114,7 +114,6 @@ class LocalExecutor:
                     print(f"evalkit: deployment {member} failed (exit {codes.get(member)}); its finished items are kept; "
                           f"last lines of {log_file}:\n{_tail(log_file)}", file=sys.stderr)
         return codes
-
 
     def _prepare_next(self, run: RunDir, narrow: str, following: str, engine: str, alone: bool) -> None:
         """Beside the one-thread deployment `narrow`: start `following`'s worker, which imports its engine and,
