@@ -252,9 +252,10 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
 
 def test_a_one_thread_deployment_runs_beside_the_next_workers_imports(tmp_path: Path) -> None:
     """A deployment fixed to one thread (the hf KLD reference's kind) on a machine with more cores: the next
-    deployment's worker imports its engine and loads it meanwhile (both fit in memory), then waits for its turn.
-    Its log starts with the early worker's lines, the console says so, and both deployments' records are complete. On the session's every core (xdist pins a worker to
-    one, where nothing runs beside). Where such deployments move in the order: test_executors."""
+    deployment's worker imports its engine and loads it meanwhile (both fit in memory), then waits for its turn;
+    on a fresh cache, the worker started while the variant was made is the one. Its log starts with the early
+    worker's lines, the console says so, and both deployments' records are complete. On the session's every core
+    (xdist pins a worker to one, where nothing runs beside). Where such deployments move in the order: test_executors."""
     from conftest import _SESSION_CORES, every_core
     from evalkit.executors.warm import STARTED_EARLY
 
@@ -276,20 +277,27 @@ suites:
   perplexity: {{n_ctx: 128, max_chunks: 1, top_k: 20, kld_reference: f32}}
 sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
 """)
+    # A fresh cache first: q4's worker starts while the hf variant is made (importing llama.cpp), and is then the
+    # one that loads beside f32. The second run has no variant to make: its worker starts beside f32.
+    env = {**os.environ, "EVALKIT_CACHE_DIR": str(tmp_path / "cache")}
+    consoles = []
     with every_core():
-        for out in ("variants-made", "out"):  # the second run has no variant to make, so no worker starts early
-            proc = _evalkit("run", "--config", str(config), "--out", str(tmp_path / out), "--no-cache")
+        for out in ("fresh", "variants-made"):
+            proc = _evalkit("run", "--config", str(config), "--out", str(tmp_path / out), "--no-cache", env=env)
             _, stderr = proc.communicate(timeout=1200)
             assert proc.returncode == 0, stderr[-3000:]
-    assert "preparing variant" not in stderr
-    assert stderr.index("running deployment f32") < stderr.index("running deployment q4")
-    assert "q4's worker imports its engine and loads it meanwhile (f32 computes on fewer threads than there are cores)" in stderr
-    run = _single_run_dir(tmp_path / "out")
-    q4_log = (run / "logs" / "q4.log").read_text()
-    assert q4_log.startswith(STARTED_EARLY) and f"{STARTED_EARLY}: engine loaded, waiting" in q4_log
-    # Loaded while f32 kept a core busy, yet sized to run alone: every core, as a worker started at its turn gets
-    # (later re-checks follow the free cores, which other tests beside this one may take).
-    assert cores in json.loads((run / "engines" / "q4.json").read_text())["extra"]["n_threads_used"]
-    assert STARTED_EARLY not in (run / "logs" / "f32.log").read_text()
-    assert len(list(read_jsonl(run / "records" / "q4.jsonl"))) == 2  # a prompt, a perplexity chunk
-    assert len(list(read_jsonl(run / "records" / "f32.jsonl"))) == 1
+            consoles.append(stderr)
+    assert "preparing variant hf" in consoles[0] and "preparing variant" not in consoles[1]
+    for out, stderr in zip(("fresh", "variants-made"), consoles):
+        assert stderr.index("running deployment f32") < stderr.index("running deployment q4")
+        assert "q4's worker imports its engine and loads it meanwhile (f32 computes on fewer threads than there are cores)" in stderr
+        run = _single_run_dir(tmp_path / out)
+        q4_log = (run / "logs" / "q4.log").read_text()
+        assert q4_log.startswith(STARTED_EARLY) and f"{STARTED_EARLY}: engine loaded, waiting" in q4_log, out
+        assert q4_log.count(STARTED_EARLY) == 2, out  # one early worker: imported, then loaded
+        # Loaded while f32 kept a core busy, yet sized to run alone: every core, as a worker started at its turn
+        # gets (later re-checks follow the free cores, which other tests beside this one may take).
+        assert cores in json.loads((run / "engines" / "q4.json").read_text())["extra"]["n_threads_used"]
+        assert STARTED_EARLY not in (run / "logs" / "f32.log").read_text()
+        assert len(list(read_jsonl(run / "records" / "q4.jsonl"))) == 2  # a prompt, a perplexity chunk
+        assert len(list(read_jsonl(run / "records" / "f32.jsonl"))) == 1
