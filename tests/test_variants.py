@@ -138,6 +138,32 @@ def test_hf_weights_predict_like_the_gguf(hf_dir: Path, gemma: Path) -> None:
     assert hf_next == gguf_next
 
 
+@pytest.mark.parametrize("source", [SMOL, GEMMA])
+def test_the_shared_gguf_reader_reads_what_gguf_reads(source: str) -> None:
+    """The conversion's reader (a plain array over the file's mapping, for speed) gives every metadata field and
+    tensor of the real GGUFs exactly as gguf's own GGUFReader does; it is read once per file and path."""
+    import gguf
+    import numpy as np
+
+    from evalkit.variants import _shared_gguf_reader
+
+    path = resolve_source(source)
+    stock = gguf.GGUFReader(path)
+    with _shared_gguf_reader():
+        shared = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is shared
+    assert not isinstance(shared.data, np.memmap) and not shared.data.flags.writeable
+    assert list(shared.fields) == list(stock.fields)
+    for name, field in stock.fields.items():
+        other = shared.fields[name]
+        assert (other.types, other.data, other.offset) == (field.types, field.data, field.offset), name
+        assert len(other.parts) == len(field.parts) and all(np.array_equal(a, b) for a, b in zip(other.parts, field.parts)), name
+    assert [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset) for t in shared.tensors] == \
+        [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset) for t in stock.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(shared.tensors, stock.tensors))
+    assert gguf.GGUFReader is type(stock)  # the stand-in is gone after
+
+
 @pytest.mark.engine
 def test_chat_template_and_no_bos_carried_from_gguf() -> None:
     """SmolLM2's GGUF has a chat template and add_bos_token = false: the hf variant must say the same."""
