@@ -38,6 +38,12 @@ hidden), its perplexity chunks read as arrays (7.4 -> 5.9 s), llama.cpp's cost l
 computed (7.7 -> 4.4 s, 5.2 -> 3.3 s), long-context lengths meeting at their plain-filler prompts (llama.cpp Q4_1
 40.7 -> 37.8 s), a timed-out sandbox program no longer waiting 2 s more for its reaped group (scoring prompts
 5.8 -> 3.5 s). Records identical to 652ac1b's but for the cost suite's timings.
+Fifth session, --avx2 from a fresh variant cache (its preparation in "other"): a710d64 292.4 s; 4b465f7 296.4 s,
+and 302.1 s with the page cache dropped first (the hf variant 9.8 -> 7.6 s; the worker started while variants are
+made now loads vLLM beside the first one-thread deployment: idle 43 -> 35 core-seconds); the engines' own times
+vary by 2-5 % between runs, more than these changes. Calibration against the issue's real AVX2-only machine:
+c4e8848 (the version the issue timed at about 9.5 minutes there) takes 343.0 s (5.7 min) here with --avx2, so that
+machine computed ~1.6x slower than this emulation, and today's version would take ~8 minutes on it.
 llama.cpp prefill of SmolLM2 Q4_1 on the AVX2 ggml, 2 threads, best of 3 interleaved: 1024 tokens 4.52 s with
 flash attention off (the default deployments') and 3.76 s on; 2048 tokens 10.84 s and 8.39 s.
 """
