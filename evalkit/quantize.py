@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import VariantError
-from evalkit.quant_formats import QuantFormat, name_problem, parse
+from evalkit.quant_formats import QuantFormat, group_problem, name_problem, parse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUANT_VENV = REPO_ROOT / ".venv-quant"
@@ -66,9 +66,10 @@ def is_quant_variant(variant: str | None) -> bool:
     return variant is not None and parse(variant) is not None
 
 
-def check_request(source: str, variant: str, calibration: Calibration, hf_dir: Path | None = None) -> QuantFormat:
+def check_request(source: str, variant: str, calibration: Calibration, model_path: Path | None = None) -> QuantFormat:
     """The format `variant` names, after every check that needs no quantizer: a known name, bits and a group size
-    vLLM's kernels take, a group size dividing the model's layers, an existing calibration text. One line each."""
+    vLLM's kernels take, a group size dividing the layers of the model at `model_path` (its GGUF or checkpoint
+    directory), an existing calibration text. One line each."""
     problem = name_problem(variant)
     fmt = parse(variant)
     if problem or fmt is None:
@@ -77,15 +78,24 @@ def check_request(source: str, variant: str, calibration: Calibration, hf_dir: P
         raise VariantError(str(calibration.path), "calibration text does not exist (a text file the quantizer calibrates on)")
     if calibration.samples < 1 or calibration.seq_len < 16:
         raise VariantError(str(calibration.path), f"calibration size {calibration.samples} x {calibration.seq_len} tokens is too small")
-    if hf_dir is not None and fmt.group_size != -1:
-        cfg = json.loads((hf_dir / "config.json").read_text())
-        q = int(cfg.get("num_attention_heads", 0)) * int(cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(1, cfg.get("num_attention_heads", 1)))
-        for what, k in (("hidden size", cfg.get("hidden_size")), ("attention output width", q),
-                        ("intermediate size", cfg.get("intermediate_size"))):
-            if k and int(k) % fmt.group_size:
-                raise VariantError(source, f"group size {fmt.group_size} does not divide the model's {what} {k} "
-                                           "(each group must be whole; try a group size that divides it, e.g. 64 or 32)")
+    problem = model_group_problem(fmt, model_path) if model_path is not None else None
+    if problem:
+        raise VariantError(source, f"{problem} (each group must be whole; try a group size that divides it, e.g. 64 or 32)")
     return fmt
+
+
+def model_group_problem(fmt: QuantFormat, model_path: Path) -> str | None:
+    """`quant_formats.group_problem` for the model on disk at `model_path` (its GGUF header or config.json);
+    None for an unreadable model, which the conversion or the quantizer reports."""
+    import struct
+
+    from evalkit.weights import local_arch
+
+    try:
+        arch = local_arch(model_path)
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    return group_problem(fmt, arch)
 
 
 def recipe(fmt: QuantFormat) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import functools
 import json
 import os
 import shutil
-import struct
 import sys
 import time
 import uuid
@@ -41,8 +40,8 @@ from evalkit.engines.fp8_rounding import fp8_roundtrip
 from evalkit.errors import EvalkitError, VariantError
 from evalkit.fileio import pid_alive
 from evalkit.gguf_ladder import build_gguf, gguf_metadata, llama_tokenize
-from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, read_gguf_header, resolve_source
-from evalkit.quant_formats import looks_like_format, parse
+from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, resolve_source
+from evalkit.quant_formats import looks_like_format
 from evalkit.quantize import Calibration, calibration_from, check_request
 from evalkit.quantize import build as build_quantized
 from evalkit.versions import package_version
@@ -84,11 +83,7 @@ def prepare_variant(source: str, variant: str | None, *, force: bool = False, pr
                                    "quantization format: gptq-w4g64, gptq-w8g64, awq-w4g64, w8a8-int8)")
     calib = (calibration or calibration_from(None)) if looks_like_format(variant) else None
     if calib is not None:  # every check that needs no quantizer, before anything is written
-        check_request(source, variant, calib, path if kind == HF_KIND else None)
-        if kind == GGUF_KIND:
-            problem = gguf_group_problem(path, variant)
-            if problem:
-                raise VariantError(source, problem)
+        check_request(source, variant, calib, path)
     if variant == HF_VARIANT and kind == HF_KIND:
         return path  # already a Hugging Face checkpoint
     if variant in LADDER and kind != GGUF_KIND:
@@ -137,25 +132,6 @@ def built_variant(source: str, variant: str, calibration: Calibration | None = N
 
 def _dir_name(variant: str, calibration: Calibration | None) -> str:
     return variant if calibration is None else f"{variant}-{calibration.key()}"
-
-
-def gguf_group_problem(gguf: Path, variant: str) -> str | None:
-    """A group size that does not divide the model's layer widths, read from the GGUF header (no hf variant yet):
-    what `prepare` refuses, and what `evalkit plan` says before it (engines' plan_check)."""
-    fmt = parse(variant)
-    if fmt is None or fmt.group_size == -1:
-        return None
-    try:
-        kv = read_gguf_header(gguf).meta
-    except (OSError, ValueError, struct.error):
-        return None  # the hf conversion reports an unreadable GGUF
-    arch = kv.get("general.architecture")
-    for what, key in (("hidden size", "embedding_length"), ("intermediate size", "feed_forward_length")):
-        k = kv.get(f"{arch}.{key}")
-        if isinstance(k, int) and k % fmt.group_size:
-            return (f"group size {fmt.group_size} does not divide the model's {what} {k} "
-                    "(each group must be whole; try a group size that divides it, e.g. 64 or 32)")
-    return None
 
 
 def prepare_all(config: "Config", *, force: bool = False, progress: bool = True) -> list[tuple[str, Path]]:

@@ -162,6 +162,16 @@ def gguf_weights(path: Path) -> WeightsInfo:
     return WeightsInfo(spec, weights, precision, source="gguf tensors", note=note)
 
 
+def local_arch(path: Path) -> ArchSpec | None:
+    """The architecture of a model on disk: a GGUF file's header, or a checkpoint directory's config.json; None
+    when it is neither. Raises what reading raises (OSError, ValueError, KeyError, TypeError, struct.error)."""
+    if path.is_file():
+        return gguf_weights(path).arch
+    if (path / "config.json").is_file():
+        return arch_from_hf_config(json.loads((path / "config.json").read_text()), path.name)
+    return None
+
+
 def _safetensors_header(path: Path) -> dict[str, Any]:
     # The format is an 8-byte little-endian length and a JSON header with each tensor's dtype, shape and
     # byte range; the safetensors package exposes no byte ranges, and reading them needs no framework.

@@ -9,6 +9,7 @@ kernel choice is evalkit/engines/vllm_kernels.py.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -121,21 +122,18 @@ def plan_check(dep: Any, config_file: Path) -> str | None:
 def _source_group_problem(dep: Any, config_file: Path) -> str | None:
     """A variant's group size that does not divide the source model's layers (per GPU under tensor parallelism),
     read from the source's GGUF header or config.json: `prepare` would refuse it; the plan says so first."""
-    from evalkit.weights import arch_from_hf_config, gguf_weights, local_model_path
+    from evalkit.weights import local_arch, local_model_path
 
     fmt = parse(dep.model.variant)
     path = local_model_path(dep.model.source, Path(config_file))
     if fmt is None or path is None:
         return None
     try:
-        if path.is_file():
-            arch = gguf_weights(path).arch
-        elif (path / "config.json").is_file():
-            arch = arch_from_hf_config(json.loads((path / "config.json").read_text()), path.name)
-        else:
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
+        arch = local_arch(path)
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None  # an unreadable model is reported by the memory plan and by prepare
+    if arch is None:
+        return None
     tp = int(dep.options.tensor_parallel_size or 1)
     return layer_group_problem(fmt, arch, tp, f"{tp} GPUs")
 
