@@ -304,8 +304,7 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
         assert len(list(read_jsonl(run / "records" / "f32.jsonl"))) == 1
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_driver_killed_beside_a_held_worker_leaves_no_process_and_resumes(tmp_path: Path, seed: int) -> None:
+def test_a_driver_killed_beside_a_held_worker_leaves_no_process_and_resumes(tmp_path: Path) -> None:
     """The driver SIGKILLed (alone, not its group) at a seeded random moment after the next deployment's worker
     was handed its deployment held, while the one-thread deployment still runs: the held worker notices its
     closed pipe and exits without computing anything, the one-thread worker finishes its own deployment, no
@@ -337,7 +336,7 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
 """)
     out = tmp_path / "out"
     out.mkdir()
-    delay = random.Random(seed).uniform(0.0, 1.5)  # f32's four one-thread chunks take longer than this
+    delay = random.Random(0).uniform(0.0, 1.5)  # f32's four one-thread chunks take longer than this
     with every_core():
         proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(config), "--out", str(out),
                                  "--no-cache"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
