@@ -272,7 +272,7 @@ def _weights(dep: Any, path: Path, info: WeightsInfo) -> _Weights:
     """What the deployment's weights will occupy: exact from the files that will be loaded when they exist,
     else an estimate from the architecture (labelled), else unknown."""
     from evalkit.engines import engine_spec
-    from evalkit.variants import FP8_WEIGHT_VARIANT, HF_VARIANT, NATIVE_FP8_VARIANT
+    from evalkit.models import FP8_WEIGHT_VARIANT, HF_VARIANT, NATIVE_FP8_VARIANT
 
     source, variant, arch = dep.model.source, dep.model.variant, info.arch
     spec = engine_spec(dep.engine)

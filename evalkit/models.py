@@ -17,6 +17,12 @@ from evalkit.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 GGUF_KIND, HF_KIND = "gguf", "hf"  # the two model kinds: a GGUF file, a Hugging Face checkpoint directory
+# The variants evalkit writes as Hugging Face checkpoints (evalkit/variants.py makes them): named here, below
+# everything that asks whether a deployment's variant is one (the memory plan, the GPU rules).
+HF_VARIANT = "hf"  # the GGUF dequantized into a Hugging Face checkpoint
+FP8_WEIGHT_VARIANT = "fp8-weight"  # the hf checkpoint with every linear weight rounded through FP8
+NATIVE_FP8_VARIANT = "fp8"  # the hf engine quantizes it to W8A8 FP8 at load (engines/hf_fp8.py)
+HF_VARIANTS = (HF_VARIANT, FP8_WEIGHT_VARIANT, NATIVE_FP8_VARIANT)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from evalkit.engines.fp8_rounding import fp8_roundtrip
 from evalkit.errors import EvalkitError, VariantError
 from evalkit.fileio import pid_alive
 from evalkit.gguf_ladder import build_gguf, gguf_metadata, llama_tokenize
-from evalkit.models import GGUF_KIND, HF_KIND, cache_dir, check_model, fingerprint, resolve_source
+from evalkit.models import (GGUF_KIND, HF_KIND, HF_VARIANT, HF_VARIANTS, NATIVE_FP8_VARIANT, cache_dir, check_model,
+                            fingerprint, resolve_source)
 from evalkit.quant_formats import looks_like_format
 from evalkit.quantize import Calibration, calibration_from, check_request
 from evalkit.quantize import build as build_quantized
@@ -50,10 +51,6 @@ if TYPE_CHECKING:
     from evalkit.config import Config
 
 LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
-HF_VARIANT = "hf"  # the GGUF dequantized into a Hugging Face checkpoint
-FP8_WEIGHT_VARIANT = "fp8-weight"  # the hf checkpoint with every linear weight rounded through FP8
-NATIVE_FP8_VARIANT = "fp8"  # the hf engine quantizes it to W8A8 FP8 at load (engines/hf_fp8.py)
-HF_VARIANTS = (HF_VARIANT, FP8_WEIGHT_VARIANT, NATIVE_FP8_VARIANT)
 PROVENANCE = "evalkit_variant.json"
 # Strings whose tokenization must match llama.cpp's (spaces, newlines, unicode, code, digits, a special token).
 PARITY_STRINGS = (

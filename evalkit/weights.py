@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.gpus import ModelFacts
-from evalkit.models import ggml_block_size, gguf_file_type_name, read_gguf_header
+from evalkit.models import HF_VARIANTS, ggml_block_size, gguf_file_type_name, read_gguf_header
 from evalkit.quant_formats import from_hf_config
 
 # Layers that attend within a sliding window, for GGUFs that do not store the pattern: llama.cpp
@@ -308,8 +308,6 @@ def model_facts(dep: Any, config_file: Path, weights_bytes: int | None = None) -
     """The plan's facts about a deployment's model for the engines' GPU rules (EngineSpec.plan_precision): model
     type, checkpoint dtype, architecture and quantization format, from the files present (config.json alone is enough; a
     GGUF's header). Unknown parts are None: the rules then say what they cannot know."""
-    from evalkit.variants import HF_VARIANTS
-
     if dep.model is None:  # a served model whose weights are not named
         return ModelFacts(None, None, None, weights_bytes)
     path = local_model_path(dep.model.source, Path(config_file))

@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from evalkit.gpus import GpuModel, GpuVerdict, ModelFacts
-
-NATIVE_FP8_VARIANT = "fp8"  # the hf engine's native-FP8 variant (coordinated with i21-gpu in notes/gpu.md)
+from evalkit.models import NATIVE_FP8_VARIANT
 FP8_TENSOR_CORES = (8, 9)
 BF16_TENSOR_CORES = (8, 0)
 
