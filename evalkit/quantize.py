@@ -78,24 +78,13 @@ def check_request(source: str, variant: str, calibration: Calibration, model_pat
         raise VariantError(str(calibration.path), "calibration text does not exist (a text file the quantizer calibrates on)")
     if calibration.samples < 1 or calibration.seq_len < 16:
         raise VariantError(str(calibration.path), f"calibration size {calibration.samples} x {calibration.seq_len} tokens is too small")
-    problem = model_group_problem(fmt, model_path) if model_path is not None else None
-    if problem:
-        raise VariantError(source, f"{problem} (each group must be whole; try a group size that divides it, e.g. 64 or 32)")
+    if model_path is not None:
+        from evalkit.weights import local_arch
+
+        problem = group_problem(fmt, local_arch(model_path))
+        if problem:
+            raise VariantError(source, f"{problem} (each group must be whole; try a group size that divides it, e.g. 64 or 32)")
     return fmt
-
-
-def model_group_problem(fmt: QuantFormat, model_path: Path) -> str | None:
-    """`quant_formats.group_problem` for the model on disk at `model_path` (its GGUF header or config.json);
-    None for an unreadable model, which the conversion or the quantizer reports."""
-    import struct
-
-    from evalkit.weights import local_arch
-
-    try:
-        arch = local_arch(model_path)
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None
-    return group_problem(fmt, arch)
 
 
 def recipe(fmt: QuantFormat) -> dict[str, Any]:

@@ -164,11 +164,14 @@ def gguf_weights(path: Path) -> WeightsInfo:
 
 def local_arch(path: Path) -> ArchSpec | None:
     """The architecture of a model on disk: a GGUF file's header, or a checkpoint directory's config.json; None
-    when it is neither. Raises what reading raises (OSError, ValueError, KeyError, TypeError, struct.error)."""
-    if path.is_file():
-        return gguf_weights(path).arch
-    if (path / "config.json").is_file():
-        return arch_from_hf_config(json.loads((path / "config.json").read_text()), path.name)
+    when it is neither or cannot be read (the memory plan and the conversion report an unreadable model)."""
+    try:
+        if path.is_file():
+            return gguf_weights(path).arch
+        if (path / "config.json").is_file():
+            return arch_from_hf_config(json.loads((path / "config.json").read_text()), path.name)
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        pass
     return None
 
 

@@ -141,7 +141,7 @@ def test_hf_weights_predict_like_the_gguf(hf_dir: Path, gemma: Path) -> None:
 @pytest.mark.parametrize("source", [SMOL, GEMMA])
 def test_the_shared_gguf_reader_reads_what_gguf_reads(source: str) -> None:
     """The conversion's reader (a plain array over the file's mapping, for speed) gives every metadata field and
-    tensor of the real GGUFs exactly as gguf's own GGUFReader does; it is read once per file and path."""
+    tensor of the real GGUFs exactly as gguf's own GGUFReader does; each file is read once."""
     import gguf
     import numpy as np
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from evalkit.gpus import GpuModel, GpuVerdict, ModelFacts
 from evalkit.models import NATIVE_FP8_VARIANT
+
 FP8_TENSOR_CORES = (8, 9)
 BF16_TENSOR_CORES = (8, 0)
 

@@ -9,7 +9,6 @@ kernel choice is evalkit/engines/vllm_kernels.py.
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -128,14 +127,8 @@ def _source_group_problem(dep: Any, config_file: Path) -> str | None:
     path = local_model_path(dep.model.source, Path(config_file))
     if fmt is None or path is None:
         return None
-    try:
-        arch = local_arch(path)
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None  # an unreadable model is reported by the memory plan and by prepare
-    if arch is None:
-        return None
     tp = int(dep.options.tensor_parallel_size or 1)
-    return layer_group_problem(fmt, arch, tp, f"{tp} GPUs")
+    return layer_group_problem(fmt, local_arch(path), tp, f"{tp} GPUs")  # an unreadable model: no arch, no problem
 
 
 def planned_kernel(deployment: Any, capability: tuple[int, int] | None) -> dict[str, Any]:

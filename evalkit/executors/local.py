@@ -98,7 +98,7 @@ class LocalExecutor:
                           file=sys.stderr, flush=True)
                     later = {engines[n] for n in names[i + 1:]}
                     procs[member] = self._start_worker(run, member, engines[member], log_file, env, terminal, later)
-                if name in narrow and i + 1 < len(names) and (self._warm is None or self._warm.held_for is None):
+                if name in narrow and i + 1 < len(names):
                     self._prepare_next(run, name, names[i + 1], engines[names[i + 1]], len(groups.get(names[i + 1], [])) <= 1)
                 for member, proc in procs.items():
                     codes[member] = proc.wait()
@@ -119,8 +119,8 @@ class LocalExecutor:
         """Beside the one-thread deployment `narrow`: start `following`'s worker, which imports its engine and,
         where both fit in memory together and the cache cannot answer everything, loads it too and waits. A worker
         started while variants were made (`prestart`) is that worker when its engine is `following`'s."""
-        if self._warm is not None and self._warm.engine != engine:
-            return  # it waits for a later deployment of its own engine; one early worker at a time
+        if self._warm is not None and (self._warm.held_for is not None or self._warm.engine != engine):
+            return  # it waits for another deployment (held, or a later one of its own engine); one early worker at a time
         self.prestart(engine)
         if self._warm is None:
             return
