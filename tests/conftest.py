@@ -110,10 +110,8 @@ _SESSION_CORES: list[int] = []  # the cores before pytest_configure pinned this 
 @contextlib.contextmanager
 def every_core() -> Iterator[None]:
     """Run the block on every core the test session had before its xdist worker was pinned to one (no-op when
-    not pinned). For work that runs a fixed number of threads: the llm-compressor quantizer runs
-    quantize.QUANTIZE_THREADS (2) whatever the cores, since GPTQ's torch reductions follow the thread count (its
-    SmolLM2 GPTQ answered ' 12)' instead of 'Paris' when built with one thread); on one core they would spin
-    against each other."""
+    not pinned). For tests about a machine with more cores than one deployment uses (test_pipeline's one-thread
+    deployment beside the next one's worker)."""
     if not _SESSION_CORES:
         yield
         return

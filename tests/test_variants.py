@@ -386,3 +386,26 @@ def test_vllm_cpu_refuses_8bit_weight_only_at_plan_time(tmp_path: Path) -> None:
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "deployment w8" in p.stderr and "CPUWNA16LinearKernel takes 4-bit weights only" in p.stderr
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_the_quantizer_sleeps_at_its_barriers_only_where_its_threads_share_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quantize.QUANTIZE_THREADS threads on fewer cores: OpenMP's threads must not spin (OMP_WAIT_POLICY=PASSIVE);
+    on enough cores the child keeps OpenMP's default, and a policy the user set is kept either way."""
+    from conftest import _SESSION_CORES
+    from evalkit.quantize import QUANTIZE_THREADS, quantizer_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    pinned = os.sched_getaffinity(0)
+    cores = _SESSION_CORES or sorted(pinned)  # an xdist worker is pinned to one: the session's every core
+    try:
+        os.sched_setaffinity(0, cores[:1])
+        assert quantizer_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+        monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+        assert quantizer_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+        monkeypatch.delenv("OMP_WAIT_POLICY")
+        if len(cores) >= QUANTIZE_THREADS:
+            os.sched_setaffinity(0, cores[:QUANTIZE_THREADS])
+            assert "OMP_WAIT_POLICY" not in quantizer_env()
+    finally:
+        os.sched_setaffinity(0, pinned)
