@@ -158,6 +158,10 @@ def _cpu_busy_seconds() -> tuple[float, float] | None:
 LOADING_FOR_LATER = "EVALKIT_LOADING_FOR_LATER"
 
 
+def is_loading_for_later() -> bool:
+    return os.environ.get(LOADING_FOR_LATER) == "1"
+
+
 def engine_threads(sample_s: float = 0.5, windows: int = 3) -> int:
     """Threads for an engine that runs alone: every core this process may use, less the ones other work
     keeps busy right now: the least busy of `windows` samples over `sample_s` in all.
@@ -170,7 +174,7 @@ def engine_threads(sample_s: float = 0.5, windows: int = 3) -> int:
     cores busy shows in every window. On an idle machine this is all cores. A config's n_threads /
     cpu_threads overrides it."""
     cores = available_cores()
-    if cores <= 1 or os.environ.get(LOADING_FOR_LATER) == "1":
+    if cores <= 1 or is_loading_for_later():
         return cores
     online = os.cpu_count() or cores
     busy = float(online)

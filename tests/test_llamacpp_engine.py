@@ -347,3 +347,36 @@ def test_threads_follow_the_free_cores_and_change_no_logit(smollm_gguf: Path, mo
     assert readings[:2] == [1, 2] and info["n_threads"] == 2 and info["n_threads_batch"] == 2 and info["n_threads_used"] == [1, 2]
     assert two_logits == one_logits  # bit for bit
     assert len(one.output_token_ids) == 16 and two.output_token_ids == one.output_token_ids
+
+
+def test_an_engine_loaded_for_later_reads_the_free_cores_at_its_first_call(smollm_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded early beside other work (executors.warm), an engine is sized for running alone, a guess about its
+    turn: its first call reads the free cores at once, not 15 s later (two threads on a machine whose other core
+    stayed busy spin against that work: test_pipeline's one-thread run took 64-77 s instead of 30). Loaded at its
+    turn, the load's reading stands until the re-check interval. The free-core reading is stubbed."""
+    from evalkit.engines import llamacpp as mod
+    from evalkit.hardware import LOADING_FOR_LATER
+
+    readings: list[int] = []
+
+    def free_cores(sample_s: float = 0.5) -> int:
+        readings.append(2 if not readings else 1)  # 2 at loading (sized to run alone), 1 at the turn
+        return readings[-1]
+
+    monkeypatch.setattr(mod, "engine_threads", free_cores)
+    prompt = list(range(1, 40))
+    for early in (True, False):
+        readings.clear()
+        if early:
+            monkeypatch.setenv(LOADING_FOR_LATER, "1")
+        engine = mod.LlamaCppEngine(str(smollm_gguf), mod.LlamaCppOptions(n_ctx=256))
+        monkeypatch.delenv(LOADING_FOR_LATER, raising=False)  # the turn comes (executors.warm.load_then_wait)
+        try:
+            engine.next_token_logprobs([prompt], [0])
+            info = engine.info().extra
+        finally:
+            engine.close()
+        if early:
+            assert readings == [2, 1] and info["n_threads"] == 1 and info["n_threads_used"] == [1, 2]
+        else:
+            assert readings == [2] and info["n_threads"] == 2 and info["n_threads_used"] == [2]

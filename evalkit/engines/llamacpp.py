@@ -22,7 +22,7 @@ from evalkit.engines.llamacpp_memory import kv_precision, predict_llamacpp
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import TokenizerOnly
 from evalkit.errors import ModelFileError
-from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators, engine_threads, gguf_type, is_fp8
+from evalkit.hardware import HardwareUse, Precision, describe_devices, detect_accelerators, engine_threads, gguf_type, is_fp8, is_loading_for_later
 
 
 # llama.cpp's KV-cache types (common/arg.cpp kv_cache_types) and their ggml type ids (ggml.h enum ggml_type).
@@ -212,7 +212,8 @@ class LlamaCppEngine(Engine):
         self._computed = False  # whether the model has evaluated a batch in this process (`prepare_for_timing`)
         self._reuse_align = self._CPU_REUSE_ALIGN if on_cpu and options.n_batch % self._CPU_REUSE_ALIGN == 0 else self._REUSE_ALIGN
         self._reused_prompt_tokens = 0  # prompt tokens served from the KV cache instead of evaluated
-        self._threads_checked = time.monotonic()
+        # Loaded early (executors.warm), the count is a guess at the cores free at its turn: the first call checks.
+        self._threads_checked = -math.inf if is_loading_for_later() else time.monotonic()
         self._threads_fixed = False  # from `prepare_for_timing` on: no re-check inside a timed level
         self._threads_used = {threads}
         self._init_tokenizer()
