@@ -88,7 +88,8 @@ install: $(STAMP)
 
 peer: $(PEER_STAMP)
 
-# Release, default (native) ggml flags, shared libraries: the build llama-cpp-python's own sdist build makes.
+# Release, default (native) ggml flags, shared libraries: the build llama-cpp-python's own sdist build makes, except
+# that code computing nothing evalkit measures compiles at -O1 (build-aux/llama-cc says which, and how it was checked).
 # Configured once, the server included (its web UI left out: no npm build, no prebuilt download, the server then
 # serves the API only; no TLS). Build-tree RPATHs are $ORIGIN, so the libraries also load where `install` copies
 # them. The sdist and the build tree stay cached: a second `make peer` is instant.
@@ -101,7 +102,8 @@ $(PEER_LIBS):
 	cmake -S $(PEER_DIR)/src/vendor/llama.cpp -B $(PEER_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  $(LLAMA_CMAKE_ARGS) -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON -DLLAMA_CURL=OFF \
 	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+	  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+	  -DCMAKE_C_COMPILER_LAUNCHER=$(CURDIR)/build-aux/llama-cc -DCMAKE_CXX_COMPILER_LAUNCHER=$(CURDIR)/build-aux/llama-cc
 	# libllama and ggml only: libmtmd (multimodal, ~10% of this build) is loaded by llama-cpp-python's vision chat
 	# handlers alone, which evalkit never uses; llama-server links it, so `peer` builds it for the tests.
 	nice cmake --build $(PEER_BUILD) --target llama -j $$(nproc)
@@ -113,13 +115,16 @@ $(PEER_STAMP): $(PEER_LIBS)
 	touch $@
 
 # llama.cpp compiles (CPU) while pip downloads and unpacks (network, disk): the build starts in the background
-# first (the libraries; for `make test` the tools as well) and is waited for only where the libraries are copied
-# in, after every pip install; if pip fails, the build is still waited for, so nothing is left running. A venv
-# already made is not redone because the build tree is newer (no prerequisite on the libraries).
+# first (the libraries; for `make test` the tools as well, and the system packages the tests need) and is waited
+# for only where the libraries are copied in, after every pip install; if pip fails, the build is still waited
+# for, so nothing is left running. A venv already made is not redone because the build tree is newer (no
+# prerequisite on the libraries).
+SYSTEM_DEPS_BESIDE_PIP := $(if $(filter test,$(MAKECMDGOALS)),system-deps)
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	@$(MAKE) --no-print-directory $(PEER_BESIDE_PIP) & libs=$$!; \
-	trap 'wait $$libs' EXIT; \
+	$(if $(SYSTEM_DEPS_BESIDE_PIP),$(MAKE) --no-print-directory system-deps,true) & packages=$$!; \
+	trap 'wait $$libs; wait $$packages' EXIT; \
 	set -ex; \
 	$(PIP) install -q --upgrade pip wheel; \
 	$(PIP) install -q "$(VLLM_PKG)"; \
@@ -131,7 +136,7 @@ $(STAMP): pyproject.toml
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev,ray]"; \
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true; \
 	: "Into llama_cpp's lib/: the libraries built once (AMX off), symlinks kept."; \
-	wait $$libs; trap - EXIT; \
+	wait $$libs; wait $$packages; trap - EXIT; \
 	lib=$$($(PY) -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")'); \
 	mkdir -p "$$lib"; cp -P $(PEER_BUILD)/bin/lib*.so* "$$lib"/; \
 	$(PY) -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, "loads", llama_cpp.llama_cpp._lib._name)'
