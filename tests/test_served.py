@@ -538,7 +538,9 @@ def test_ctrl_c_in_the_worker_stops_its_launched_server(tmp_path: Path, gguf: Pa
         try:
             for p in psutil.Process(proc.pid).children(recursive=True):
                 try:
-                    if "llama-server" in " ".join(p.cmdline()) and "evalkit.worker" in " ".join(p.parent().cmdline()):
+                    # The server, not the worker's short-lived `llama-server --version` (launcher.program_version).
+                    argv = p.cmdline()
+                    if "llama-server" in " ".join(argv) and "--port" in argv and "evalkit.worker" in " ".join(p.parent().cmdline()):
                         found.append(p)
                 except (psutil.Error, AttributeError):
                     continue
