@@ -55,10 +55,10 @@ run: $(STAMP)
 # runs nothing, the first pass having taken those paths). Not the `engine` ones: their llama.cpp runs the same
 # kernels under the switches, so only numpy's last bit could move, orders below their tolerances (tests/avx2_paths.py).
 # Both pytest processes run on TEST_WORKERS pytest-xdist workers, each test file whole on one worker and each
-# worker on its own core (tests/conftest.py: the groups, the pinning). On this 2-core machine: the first process
-# 1042 s in one process, 753 s on two workers (peak RSS of its process tree 7.2 GiB); the vLLM process 315 s,
-# 262 s on two (peak 15.1 GiB summed RSS, 13.3 GiB host memory used: two vLLM engines at once). TEST_WORKERS=0
-# runs each in one process.
+# worker on its own core (tests/conftest.py: the groups, the pinning). On this 2-core machine (fresh-clone CI,
+# 2026-12-07): the first process 707 s on two workers, the vLLM process 210 s (earlier, in one process: 1042 s
+# and 315 s; peaks: 7.2 GiB RSS for the first's process tree, 13.3 GiB host memory for the vLLM one's two
+# engines at once). TEST_WORKERS=0 runs each in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint system-deps $(PEER_NEEDED)
 	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
