@@ -6,7 +6,6 @@ metadata variants read (tokenizer flags, chat template, file and tensor types).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import struct
 import subprocess
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from evalkit.affinity import available_cores
 from evalkit.errors import VariantError
 from evalkit.models import read_gguf_header
 from evalkit.versions import package_version
@@ -133,7 +133,7 @@ def llama_child(argv: list[str]) -> int:
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype}")
         params.allow_requantize = requant
-        params.nthread = len(os.sched_getaffinity(0))
+        params.nthread = available_cores()
         if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)) != 0:
             print(f"llama_model_quantize returned an error for {qtype}", file=sys.stderr)
             return 1

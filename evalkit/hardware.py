@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalkit.affinity import available_cores
 from evalkit.versions import package_version
 
 EMULATED_VARIANT = "fp8-weight"
@@ -132,14 +133,6 @@ def _parse_capability(text: str) -> tuple[int, int] | None:
         return int(major), int(minor)
     except ValueError:
         return None
-
-
-def available_cores() -> int:
-    """CPUs this process may run on (its affinity mask: a container's or taskset's limit, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _cpu_busy_seconds() -> tuple[float, float] | None:

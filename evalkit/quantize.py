@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalkit.affinity import available_cores
 from evalkit.errors import VariantError
 from evalkit.quant_formats import QuantFormat, group_problem, name_problem, parse
 
@@ -137,8 +138,7 @@ def quantizer_env() -> dict[str, str]:
     sums, split by thread count alone, are the same bytes (SmolLM2's GPTQ W4 on one core: 31 s passive, 40 s
     spinning; 30 s on two)."""
     env = {**os.environ, "TQDM_DISABLE": "1"}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < QUANTIZE_THREADS:
+    if available_cores() < QUANTIZE_THREADS:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 

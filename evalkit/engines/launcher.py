@@ -152,12 +152,13 @@ def plan_launch(program: Program, model_path: str, settings: ServerSettings, *, 
                 # As the in-process vLLM engine: top-k up to 2000 and log-probs before any logits processor.
                 "--max-logprobs", "2000", "--logprobs-mode", "raw_logprobs"]
         env = {}
-        from evalkit.hardware import available_cores, detect_accelerators, engine_threads
+        from evalkit.affinity import core_ids
+        from evalkit.hardware import detect_accelerators, engine_threads
 
         if not detect_accelerators() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             # vLLM's CPU backend: the in-process engine's binding (the free cores, none reserved for the scheduler)
             # instead of "auto", which keeps one core of two idle and spins on cores other work wants.
-            cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(available_cores()))
+            cores = core_ids()
             env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[: max(1, threads or engine_threads())])),
                    "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")}
     return LaunchPlan(program, tuple(argv + list(extra)), program_version(program), env)

@@ -50,9 +50,10 @@ from evalkit.engines import vllm_formats, vllm_kv, vllm_rules
 from evalkit.engines.spec import Capability, DoctorRow, EngineSpec, UnitResources
 from evalkit.engines.tokenizer import HfTokens, VllmTokenizer
 from evalkit.engines.vllm_memory import KvCacheSize, arch_of_model, predict_vllm, vllm_cpu_in_one_process, vllm_kv_cache_size
+from evalkit.affinity import core_ids
 from evalkit.errors import EngineUnavailableError
 from evalkit.hardware import (
-    HardwareUse, available_cores, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
+    HardwareUse, cpu_compute_dtype, describe_devices, detect_accelerators, engine_threads, gguf_type,
 )
 
 if TYPE_CHECKING:
@@ -567,7 +568,7 @@ def _bind_cpu_threads(threads: int | None) -> None:
     worker gets all cores. A binding the user set in the environment wins."""
     if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(available_cores()))
+    cores = core_ids()
     cores = cores[: max(1, threads if threads is not None else engine_threads())]
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
