@@ -10,6 +10,8 @@
 # llama-server's LD_LIBRARY_PATH, so without the copy the server would run the native AVX-512 kernels while
 # in-process llama.cpp runs AVX2 ones (their log-probs then differ: not what an AVX2 machine does).
 # Measured on a 2-core Sapphire Rapids (2026-12-06, before the copy): first process 14:12, vLLM process 5:19.
+# On a 2-core AMD EPYC with AVX-512 (2026-12-07, 799d712): first process 10:30, vLLM process 3:04. The issue's AVX2
+# machine ran c4e8848's halves (no xdist) 2.1x and 3.65x slower than this script's paths on that AMD EPYC.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/avx2-make-test}
