@@ -41,7 +41,13 @@ ifeq ($(LLAMA_CUDA),on)
 LLAMA_CMAKE_ARGS += -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native
 endif
 
+# evalkit's own bytecode, written before each run and test: its editable install leaves none, and where
+# PYTHONDONTWRITEBYTECODE is set (this project's machines) Python never writes it, so every process (each run's
+# driver and workers, hundreds in `make test`) compiled the package from source again. Only changed modules recompile.
+BYTECODE := $(PY) -m compileall -q evalkit >/dev/null
+
 run: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m evalkit run
 	@run=$$(ls -1d reports/*/ 2>/dev/null | sort | tail -1); test -n "$$run" && echo "explore it in the browser: $(PY) -m evalkit view $${run%/}" || true
 
@@ -62,6 +68,7 @@ run: $(STAMP)
 # engines at once). TEST_WORKERS=0 runs each in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint system-deps $(PEER_NEEDED)
+	$(BYTECODE)
 	variants=$$(mktemp -d); trap 'rm -rf "$$variants"' EXIT; export EVALKIT_TEST_VARIANTS="$$variants"; \
 	$(PY) -m pytest -q -m "not vllm and not gpu" -n $(TEST_WORKERS) --dist loadgroup --durations=25 && \
 	$(PY) tests/avx2_paths.py -q -m "host_sensitive and not engine and not vllm and not gpu" --durations=10 && \
@@ -69,6 +76,7 @@ test: $(STAMP) lint system-deps $(PEER_NEEDED)
 
 # The edit-test loop: the static checks, then everything that does not load a model engine.
 quick: $(STAMP) lint
+	$(BYTECODE)
 	$(PY) -m pytest -q -m "not engine and not gpu"
 
 # Static checks on evalkit/: ruff (the rules and why: pyproject.toml [tool.ruff.lint]), then mypy ([tool.mypy]).

@@ -47,8 +47,7 @@ machine computed ~1.6x slower than this emulation, and today's version would tak
 Seventh session, on a 2-core AMD EPYC with AVX-512 (the issue's own AVX-512 kind), fresh variant cache, --avx2,
 two runs each, interleaved: c4e8848 257.6 and 273.7 s, 799d712 267.6 and 221.8 s (runs here vary by ~10 %). With
 the issue's ~9.5 minutes for c4e8848, that AVX2 machine computed ~2.15x slower than this emulation (1.66x
-against the Sapphire Rapids'), so today's evaluation would take 8-9.5 minutes on it. Natively (AVX-512, bf16),
-`make run` from an empty cache in a fresh clone: 180.5 s.
+against the Sapphire Rapids'), so today's evaluation would take 8-9.5 minutes on it.
 llama.cpp prefill of SmolLM2 Q4_1 on the AVX2 ggml, 2 threads, best of 3 interleaved: 1024 tokens 4.52 s with
 flash attention off (the default deployments') and 3.76 s on; 2048 tokens 10.84 s and 8.39 s.
 """
