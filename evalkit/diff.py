@@ -229,8 +229,7 @@ def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, p
     from evalkit.config import Config
     from evalkit.decision import judge_margin
     from evalkit.metrics.declarations import MarginKey
-    from evalkit.metrics.stats import scipy_memo
-    from evalkit.scoring import records_by_suite, scipy_answers
+    from evalkit.scoring import records_by_suite
     from evalkit.suites import enabled_suites
     from evalkit.suites.base import ScoreContext
     from evalkit.viewer.compare import carrying_arrays
@@ -279,81 +278,80 @@ def _diff_runs(baseline: Path, new: Path, margins: dict[str, float] | None, *, p
     out: list[PairDiff] = []
     any_compared = False
     reasons: list[str] = []
-    with scipy_memo(scipy_answers(new_m)):
-        for nd, bd in pairs:
-            pair = PairDiff(nd, bd, [])
-            suites = {s.name: s for s in enabled_suites(config, config_file)}  # fresh: suites memoise per scoring pass
-            shared_suites = [s for s in new_keys.get(nd, {}) if s in base_keys.get(bd, {})]
-            if not shared_suites:
-                reasons.append(f"{nd}: no suite run in both")
-            for suite_name in shared_suites:
-                changes = key_changes(base_keys[bd][suite_name], new_keys[nd][suite_name], suite_name)
-                a = new_recs.get(suite_name, {}).get(nd, [])
-                b = base_recs.get(suite_name, {}).get(bd, [])
-                sd = SuiteDiff(suite_name, changes, comparable=False, baseline_items=len(b), new_items=len(a))
-                pair.suites.append(sd)
-                bad = blocking(changes)
-                if bad:
-                    sd.reason = ("not comparable: its items differ (" + "; ".join(describe_change(c) for c in bad) + ")")
-                    reasons.append(f"{nd} {suite_name}: {sd.reason}")
-                    continue
-                by_id_a = {r.item_id: r for r in a}
-                by_id_b = {r.item_id: r for r in b}
-                shared = [i for i in by_id_b if i in by_id_a]
-                sd.shared_items = len(shared)
-                if not shared:
-                    sd.reason = "no items in common"
-                    reasons.append(f"{nd} {suite_name}: no recorded items in common")
-                    continue
-                sd.comparable = True
-                any_compared = True
-                unpaired = unpaired_metrics(changes)  # e.g. perplexity's top_k changed: its KLD figures are not compared
-                sd.not_compared = sorted(unpaired)
-                if _counts_outputs(suite_name):
-                    sd.outputs_changed = sum(_outcome(by_id_a[i]) != _outcome(by_id_b[i]) for i in shared)
-                suite = suites.get(suite_name)
-                if suite is None:
-                    sd.error = "not enabled in the new run's config: no statistics"
-                    continue
-                mine, theirs = f"{nd} @ {new_id}", f"{bd} @ {base_id}"
-                shared_set = set(shared)
-                records = {theirs: carrying_arrays([r for r in b if r.item_id in shared_set], base_run.path),
-                           mine: carrying_arrays([r for r in a if r.item_id in shared_set], new_run.path)}
-                dep_entries = {theirs: (base_m.get("deployments") or {}).get(bd, {}),
-                               mine: (new_m.get("deployments") or {}).get(nd, {})}
-                sctx = ScoreContext(deployments=[theirs, mine], reference=theirs, config=config, config_file=config_file,
-                                    manifest={**new_m, "deployment_order": [theirs, mine], "reference": theirs,
-                                              "deployments": dep_entries})
-                try:
-                    comps = [c for c in suite.compare(records, sctx) if c.metric not in unpaired]
-                except Exception as e:  # one suite that cannot pair across runs must not hide the others
-                    sd.error = f"{type(e).__name__}: {e}"
-                    continue
-                for c in comps:
-                    sd.rows.append({**{k: json_safe(v) for k, v in asdict(replace(c, deployment=nd, reference=bd)).items()},
-                                    "shared_items": len(shared)})
-                keys_here = [k for k in wanted if MarginKey.parse(k).suite == suite_name and MarginKey.parse(k).metric not in unpaired]
-                if not keys_here:
-                    continue
-                comps_df = pd.DataFrame([asdict(c) for c in comps], columns=COMPARISON_COLUMNS)
-                # Both sides' own scores, as the decision reads them: a margin is on the paired difference where the
-                # baseline has its own value of the metric (accuracy), else on the new side's value (ppl_ratio).
-                score_rows: list[Any] = []
-                try:
-                    score_rows = [r for r in suite.score(records, sctx) if r.metric not in unpaired]
-                except Exception as e:
-                    sd.error = f"scoring for the margins: {type(e).__name__}: {e}"
-                scores_df = pd.DataFrame([asdict(s) for s in score_rows],
-                                         columns=["deployment", "suite", "category", "metric", "value", "ci_low", "ci_high", "n"])
-                for key in keys_here:
-                    mk = MarginKey.parse(key)
-                    res = judge_margin(scores_df, comps_df, mine, theirs, key, wanted[key])
-                    pair.margins.append({**json_safe(asdict(res)), "suite": mk.suite, "metric": mk.metric,
-                                         "category": res.category if res.category is not None else mk.category,
-                                         "from_scores": res.basis == "value" and comps_df[comps_df.metric == mk.metric].empty})
-            judged = {m["key"] for m in pair.margins}
-            pair.unjudged = [k for k in wanted if k not in judged]
-            out.append(pair)
+    for nd, bd in pairs:
+        pair = PairDiff(nd, bd, [])
+        suites = {s.name: s for s in enabled_suites(config, config_file)}  # fresh: suites memoise per scoring pass
+        shared_suites = [s for s in new_keys.get(nd, {}) if s in base_keys.get(bd, {})]
+        if not shared_suites:
+            reasons.append(f"{nd}: no suite run in both")
+        for suite_name in shared_suites:
+            changes = key_changes(base_keys[bd][suite_name], new_keys[nd][suite_name], suite_name)
+            a = new_recs.get(suite_name, {}).get(nd, [])
+            b = base_recs.get(suite_name, {}).get(bd, [])
+            sd = SuiteDiff(suite_name, changes, comparable=False, baseline_items=len(b), new_items=len(a))
+            pair.suites.append(sd)
+            bad = blocking(changes)
+            if bad:
+                sd.reason = ("not comparable: its items differ (" + "; ".join(describe_change(c) for c in bad) + ")")
+                reasons.append(f"{nd} {suite_name}: {sd.reason}")
+                continue
+            by_id_a = {r.item_id: r for r in a}
+            by_id_b = {r.item_id: r for r in b}
+            shared = [i for i in by_id_b if i in by_id_a]
+            sd.shared_items = len(shared)
+            if not shared:
+                sd.reason = "no items in common"
+                reasons.append(f"{nd} {suite_name}: no recorded items in common")
+                continue
+            sd.comparable = True
+            any_compared = True
+            unpaired = unpaired_metrics(changes)  # e.g. perplexity's top_k changed: its KLD figures are not compared
+            sd.not_compared = sorted(unpaired)
+            if _counts_outputs(suite_name):
+                sd.outputs_changed = sum(_outcome(by_id_a[i]) != _outcome(by_id_b[i]) for i in shared)
+            suite = suites.get(suite_name)
+            if suite is None:
+                sd.error = "not enabled in the new run's config: no statistics"
+                continue
+            mine, theirs = f"{nd} @ {new_id}", f"{bd} @ {base_id}"
+            shared_set = set(shared)
+            records = {theirs: carrying_arrays([r for r in b if r.item_id in shared_set], base_run.path),
+                       mine: carrying_arrays([r for r in a if r.item_id in shared_set], new_run.path)}
+            dep_entries = {theirs: (base_m.get("deployments") or {}).get(bd, {}),
+                           mine: (new_m.get("deployments") or {}).get(nd, {})}
+            sctx = ScoreContext(deployments=[theirs, mine], reference=theirs, config=config, config_file=config_file,
+                                manifest={**new_m, "deployment_order": [theirs, mine], "reference": theirs,
+                                          "deployments": dep_entries})
+            try:
+                comps = [c for c in suite.compare(records, sctx) if c.metric not in unpaired]
+            except Exception as e:  # one suite that cannot pair across runs must not hide the others
+                sd.error = f"{type(e).__name__}: {e}"
+                continue
+            for c in comps:
+                sd.rows.append({**{k: json_safe(v) for k, v in asdict(replace(c, deployment=nd, reference=bd)).items()},
+                                "shared_items": len(shared)})
+            keys_here = [k for k in wanted if MarginKey.parse(k).suite == suite_name and MarginKey.parse(k).metric not in unpaired]
+            if not keys_here:
+                continue
+            comps_df = pd.DataFrame([asdict(c) for c in comps], columns=COMPARISON_COLUMNS)
+            # Both sides' own scores, as the decision reads them: a margin is on the paired difference where the
+            # baseline has its own value of the metric (accuracy), else on the new side's value (ppl_ratio).
+            score_rows: list[Any] = []
+            try:
+                score_rows = [r for r in suite.score(records, sctx) if r.metric not in unpaired]
+            except Exception as e:
+                sd.error = f"scoring for the margins: {type(e).__name__}: {e}"
+            scores_df = pd.DataFrame([asdict(s) for s in score_rows],
+                                     columns=["deployment", "suite", "category", "metric", "value", "ci_low", "ci_high", "n"])
+            for key in keys_here:
+                mk = MarginKey.parse(key)
+                res = judge_margin(scores_df, comps_df, mine, theirs, key, wanted[key])
+                pair.margins.append({**json_safe(asdict(res)), "suite": mk.suite, "metric": mk.metric,
+                                     "category": res.category if res.category is not None else mk.category,
+                                     "from_scores": res.basis == "value" and comps_df[comps_df.metric == mk.metric].empty})
+        judged = {m["key"] for m in pair.margins}
+        pair.unjudged = [k for k in wanted if k not in judged]
+        out.append(pair)
     if not any_compared:
         raise NothingComparable(f"{base_run.path.name} vs {new_run.path.name}",
                                 "nothing comparable: " + ("; ".join(reasons) if reasons else "no shared deployment and suite"))

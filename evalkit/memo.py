@@ -1,4 +1,4 @@
-"""Answers kept on disk by the hash of the question: a pure computation (a scipy test, a drawn figure) is done
+"""Answers kept on disk by the hash of the question: a pure computation (a drawn figure) is done
 once and read back bit for bit by every later run that asks the same question. A full or read-only directory
 costs the memo, never the answer."""
 from __future__ import annotations

@@ -211,15 +211,16 @@ def _run_and_report(run_dir: RunDir, names: list[str], executor: Executor) -> di
 
 
 def _import_for_the_report() -> None:
-    """What scoring and the report import (scipy.stats, matplotlib, the report's modules: ~1 s of one core on a
+    """What scoring and the report import (scipy.special, matplotlib, the report's modules: ~1 s of one core on a
     2-core CPU), imported while the workers compute, so the report follows the last deployment sooner. A
-    failure here is left to the real import, which reports it."""
+    failure here is left to the real import, which reports it. Not scipy.stats: only a bootstrap of 50 rated
+    items or more needs it (evalkit.metrics.stats)."""
     try:
         import evalkit.report.render
         import evalkit.scoring  # noqa: F401
+        import scipy.special  # noqa: F401
         from matplotlib.backends import backend_agg  # noqa: F401
         from matplotlib import figure  # noqa: F401
-        from scipy import stats  # noqa: F401
     except Exception:
         pass
 

@@ -81,21 +81,8 @@ def score_context(run: RunDir) -> tuple[ScoreContext, Config]:
 
 
 def score_run(run: RunDir) -> None:
-    from evalkit.metrics.stats import scipy_memo
-
     ctx, _ = score_context(run)
-    with scipy_memo(scipy_answers(ctx.manifest)):  # a re-run that scores the same records imports no scipy.stats
-        _score(run, ctx)
-
-
-def scipy_answers(manifest: dict[str, Any]) -> Path | None:
-    """Where scoring keeps scipy's answers (evalkit.metrics.stats): the result cache's `scipy/`, for runs that
-    use the cache."""
-    if not manifest.get("use_cache"):
-        return None
-    from evalkit.models import cache_dir
-
-    return cache_dir() / "scipy"
+    _score(run, ctx)
 
 
 def _score(run: RunDir, ctx: ScoreContext) -> None:

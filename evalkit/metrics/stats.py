@@ -14,17 +14,12 @@ Three paired comparisons, chosen per metric by its declaration (`metrics.declara
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-
-from evalkit.memo import Memo
 
 
 class StatsSettings(BaseModel):
@@ -45,52 +40,84 @@ CONFIDENCE = 1.0 - DEFAULT.alpha  # default confidence level, for code without a
 
 
 def _scipy_stats() -> Any:
-    """scipy.stats, imported on first use: it takes about a second to import, and every worker and CLI start
-    imports the suites (hence this module) without computing a statistic."""
+    """scipy.stats, imported on first use and only for the bootstrap (clustered_mean): it takes about half a CPU-second
+    to import, every evalkit process imports this module, and its other answers come from scipy.special below."""
     from scipy import stats
 
     return stats
 
 
-# scipy's answers kept by their arguments: a fully cached re-run scores the same records again, and importing
-# scipy.stats for its few McNemar tests and bootstraps took longer than the rest of its scoring. Each answer is a
-# pure function of the call's arguments and scipy's version, so it is read back bit for bit instead of recomputed.
-# evalkit.scoring turns this on (the result cache's `scipy/`) for runs that use the result cache.
-MEMO_FORMAT = 1  # the kept answers' key layout: a change computes them again
-_SCIPY_ANSWERS = Memo(".json")
-
-
-def scipy_memo(where: Path | None) -> ContextManager[None]:
-    """Keep scipy's answers under `where` (None: compute every one) for the calls made inside the block."""
-    return _SCIPY_ANSWERS.kept_under(where)
-
-
-@lru_cache(maxsize=1)
-def _scipy_version() -> str:
-    from importlib.metadata import version  # not scipy.__version__: that imports scipy
-
-    return version("scipy")
-
-
-def _kept(call: str, args: list[Any], compute: Callable[[], list[Any]]) -> list[Any]:
-    """compute(), or the answer kept for (call, args) under this scipy; floats survive JSON exactly (repr)."""
-    key = json.dumps([MEMO_FORMAT, call, args, _scipy_version()]) if _SCIPY_ANSWERS.where is not None else ""
-
-    def answers_key(blob: bytes) -> bool:  # a hash collision or a damaged file: compute again
-        try:
-            return json.loads(blob)["key"] == key
-        except (ValueError, KeyError, TypeError):
-            return False
-
-    blob = _SCIPY_ANSWERS.answer(lambda: key, lambda: json.dumps({"key": key, "answer": compute()}).encode("utf-8"),
-                                 answers_key)
-    return list(json.loads(blob)["answer"])
-
-
+# scipy.stats' answers, computed as scipy.stats computes them but from scipy.special alone (half of scipy.stats'
+# import time): norm.sf is ndtr(-z), norm.ppf is ndtri, t.ppf is stdtrit, and binomtest's two-sided p-value is its
+# algorithm (scipy/stats/_binomtest.py as of scipy 1.17) on the Boost binomial functions binom.pmf/cdf/sf call.
+# The same bits as the installed scipy.stats: tests/test_stats.py compares every one over grids of arguments.
 def normal_two_sided_p(z: float) -> float:
-    """Two-sided p-value of a standard normal statistic (scipy imported on first use, as above)."""
-    z = abs(float(z))
-    return _kept("normal_two_sided_p", [z], lambda: [float(2 * _scipy_stats().norm.sf(z))])[0]
+    """Two-sided p-value of a standard normal statistic: 2 * scipy.stats.norm.sf(|z|)."""
+    from scipy.special import ndtr
+
+    return float(2 * ndtr(-abs(float(z))))
+
+
+def normal_quantile(p: float) -> float:
+    """scipy.stats.norm.ppf(p)."""
+    from scipy.special import ndtri
+
+    return float(ndtri(p))
+
+
+def t_quantile(p: float, df: int) -> float:
+    """scipy.stats.t.ppf(p, df)."""
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, p))
+
+
+def binomial_two_sided_p(k: int, n: int) -> float:
+    """scipy.stats.binomtest(k, n, 0.5).pvalue: the probability of the outcomes no likelier than k (within scipy's
+    relative 1e-7), the exact sign test McNemar's test is. 1 when n is 0."""
+    if n == 0:
+        return 1.0
+    from scipy.special import _ufuncs
+
+    pmf_, cdf_, sf_ = (getattr(_ufuncs, f"_binom_{f}", None) for f in ("pmf", "cdf", "sf"))
+    if pmf_ is None or cdf_ is None or sf_ is None:  # a scipy without them: ask scipy.stats itself
+        return float(_scipy_stats().binomtest(k, n, 0.5).pvalue)
+
+    # binom.pmf/cdf/sf(x, n, 0.5) as rv_discrete answers them: 0 or 1 outside the support, else the Boost function.
+    def pmf(x: int) -> float:
+        return float(pmf_(float(x), float(n), 0.5)) if 0 <= x <= n else 0.0
+
+    def cdf(x: int) -> float:
+        return 0.0 if x < 0 else 1.0 if x >= n else float(cdf_(float(x), float(n), 0.5))
+
+    def sf(x: int) -> float:
+        return 1.0 if x < 0 else 0.0 if x >= n else float(sf_(float(x), float(n), 0.5))
+
+    def last_at_most(a: Callable[[int], float], d: float, lo: int, hi: int) -> int:
+        """The i in lo..hi with a(i) <= d < a(i + 1), a ascending (scipy's _binary_search_for_binom_tst)."""
+        while lo < hi:
+            mid = lo + (hi - lo) // 2
+            value = a(mid)
+            if value < d:
+                lo = mid + 1
+            elif value > d:
+                hi = mid - 1
+            else:
+                return mid
+        return lo if a(lo) <= d else lo - 1
+
+    d = pmf(k)
+    rerr = 1 + 1e-7
+    if k == 0.5 * n:
+        return 1.0
+    if k < 0.5 * n:
+        ix = last_at_most(lambda x: -pmf(x), -d * rerr, math.ceil(0.5 * n), n)
+        y = n - ix + int(d * rerr == pmf(ix))
+        p = cdf(k) + sf(n - y)
+    else:
+        y = last_at_most(pmf, d * rerr, 0, math.floor(0.5 * n)) + 1
+        p = cdf(y - 1) + sf(k - 1)
+    return min(1.0, p)
 
 
 def confidence_of(settings: StatsSettings | None = None) -> float:
@@ -107,7 +134,7 @@ def z_value(alpha: float = DEFAULT.alpha) -> float:
     """Two-sided normal quantile for a (1 - alpha) interval (1.959964 at alpha = 0.05)."""
     if alpha == DEFAULT.alpha:
         return Z_95
-    return float(_scipy_stats().norm.ppf(1.0 - alpha / 2.0))
+    return normal_quantile(1.0 - alpha / 2.0)
 
 
 def excludes_zero(low: float | None, high: float | None) -> bool:
@@ -143,9 +170,7 @@ def wilson_ci(k: int, n: int, alpha: float = DEFAULT.alpha) -> tuple[float, floa
     if confidence == 1.0 - DEFAULT.alpha:
         z = Z_95
     else:
-        from scipy.special import ndtri
-
-        z = float(ndtri(0.5 + 0.5 * confidence))
+        z = normal_quantile(0.5 + 0.5 * confidence)
     p = k / n
     denom = 2 * (n + z**2)
     center = (2 * n * p + z**2) / denom
@@ -184,7 +209,7 @@ class PairedDiff:
 
 
 def _t_quantile(alpha: float, df: int) -> float:
-    return _kept("t_ppf", [alpha, df], lambda: [float(_scipy_stats().t.ppf(1.0 - alpha / 2.0, df))])[0]
+    return t_quantile(1.0 - alpha / 2.0, df)
 
 
 def paired_mean_diff(a: Sequence[float], b: Sequence[float], settings: StatsSettings | None = None) -> PairedDiff:
@@ -347,7 +372,7 @@ def mcnemar_flips(reference_correct: Sequence[bool], deployment_correct: Sequenc
     w2r = int(np.sum(~ref & dep))
     m = r2w + w2r
     # Exact McNemar = two-sided binomial (sign) test on the discordant pairs; no discordant pair -> 1.
-    p = _kept("binomtest_p", [w2r, m], lambda: [float(_scipy_stats().binomtest(w2r, m, 0.5).pvalue)])[0] if m else 1.0
+    p = binomial_two_sided_p(w2r, m)
     return Flips(n=int(ref.size), both_right=int(np.sum(ref & dep)), both_wrong=int(np.sum(~ref & ~dep)),
                  right_to_wrong=r2w, wrong_to_right=w2r, p_value=p)
 
@@ -464,7 +489,7 @@ def pass_fail_items_needed(wrong_to_right: int, right_to_wrong: int, n: int, mar
 
 
 def _normal_quantile(p: float) -> float:
-    return Z_POWER_80 if p == 0.8 else float(_scipy_stats().norm.ppf(p))
+    return Z_POWER_80 if p == 0.8 else normal_quantile(p)
 
 
 def _pass_fail_power(p_w2r: float, p_r2w: float, n: int, margin: float, alpha: float) -> float:
