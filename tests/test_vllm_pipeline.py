@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -123,44 +121,3 @@ def test_vllm_log_noise_stays_in_the_run_log(vllm_run: tuple[Path, str, str]) ->
     assert "INFO" in log and "vllm" in log.lower()  # vLLM's own logging, kept
     assert "INFO" not in terminal and "WARNING" not in terminal.replace("evalkit: warning", "")
     assert f"{bf16} · prompts" in terminal and "elapsed" in terminal
-
-
-_EXPECTED_CPU_GEMMS = """
-import json, sys
-import torch
-from vllm import _custom_ops as ops
-from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
-cfg = json.load(open(sys.argv[1] + "/config.json"))
-h, heads, kv, inter = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
-d = cfg.get("head_dim") or h // heads
-shapes = {"qkv": ((heads + 2 * kv) * d, h), "o": (h, heads * d), "gate_up": (2 * inter, h), "down": (h, inter)}
-other = "onednn_mm" if ops._supports_onednn else "torch.nn.functional.linear"
-print(json.dumps({k: "weight_packed_linear_cpu" if check_cpu_sgl_kernel(n, k_, torch.bfloat16) else other
-                  for k, (n, k_) in shapes.items()} | {"layers": cfg["num_hidden_layers"]}))
-"""
-
-
-def test_vllm_names_the_gemm_of_each_16bit_deployment(vllm_run: tuple[Path, str, str]) -> None:
-    """The bf16 reference's linear layers, and the fp8-weight variant's (its rounded weights stored in 16 bits),
-    have no quantization kernel; on the CPU backend vLLM binds each to a GEMM (dispatch_cpu_unquantized_gemm:
-    SGLang's AMX weight-packed GEMM where check_cpu_sgl_kernel takes the shape, else oneDNN). Each engine record
-    names it per layer, read from the loaded model; expected from vLLM's own shape check, asked in a separate
-    process. Read from the session's run: no vLLM start of its own."""
-    run, *deployments = vllm_run
-    engines = {d: json.loads((run / "engines" / f"{d}.json").read_text()) for d in deployments}
-    if any(e["extra"]["device"] != "cpu" for e in engines.values()):
-        pytest.skip("a GPU: vLLM's plain linear method, no CPU GEMM to name")
-    model_dir = engines[deployments[0]]["model_path"]
-    q = subprocess.run([sys.executable, "-c", _EXPECTED_CPU_GEMMS, model_dir], capture_output=True, text=True, timeout=300)
-    assert q.returncode == 0, q.stderr[-3000:]
-    want = json.loads(q.stdout.strip().splitlines()[-1])
-    n = want.pop("layers")
-    expected: dict[str, int] = {}
-    for gemm in want.values():
-        expected[gemm] = expected.get(gemm, 0) + n
-    for name, engine in engines.items():
-        got: dict[str, int] = {}
-        for r in engine["extra"]["linear_kernels"]:
-            assert r["quant_method"] == "UnquantizedLinearMethod" and r["kernel"] == "UnquantizedLinearMethod", (name, r)
-            got[r["kernel_path"]] = got.get(r["kernel_path"], 0) + int(r["layers"])
-        assert got == expected, (name, got, want)
