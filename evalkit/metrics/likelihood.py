@@ -32,9 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from evalkit.metrics.stats import wilson_ci
-
-Z95 = 1.959963984540054  # two-sided 95% normal quantile
+from evalkit.metrics.stats import Z_95, wilson_ci
 LN2 = math.log(2.0)
 TopK = Sequence[Sequence[float]]  # [[token id, logprob], ...] for one position
 
@@ -95,7 +93,7 @@ class PplStats:
     bpb_se: float
 
     def ci(self, value: float, se: float) -> tuple[float, float]:
-        return value - Z95 * se, value + Z95 * se
+        return value - Z_95 * se, value + Z_95 * se
 
 
 def perplexity_stats(nll: Sequence[float] | np.ndarray, n_bytes: int) -> PplStats:
