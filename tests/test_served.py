@@ -564,11 +564,16 @@ def test_ctrl_c_in_the_worker_stops_its_launched_server(tmp_path: Path, gguf: Pa
     worker = server.parent()
     assert worker is not None
     worker.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     gone = time.time() + 30
     while time.time() < gone and running(server):
         time.sleep(0.1)
     assert not running(server)
+    # The run was interrupted, not finished: the worker unwound with KeyboardInterrupt (it had been lost while
+    # llama.cpp's log callback ran, and the worker served the whole suite: evalkit.interrupts).
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert proc.returncode == 2 and "did not finish" in err, err
+    assert "KeyboardInterrupt" in (run_dir / "logs" / "launched.log").read_text(errors="replace")
 
 
 # -- a served model judge (evalkit.judge) ------------------------------------------------------------------

@@ -26,6 +26,9 @@ def load_llama_cpp() -> ModuleType:
             pass
     import llama_cpp
 
+    from evalkit.interrupts import keep_interrupts_from_callbacks
+
+    keep_interrupts_from_callbacks()  # llama.cpp logs through Python callbacks, where Ctrl-C was lost
     return llama_cpp
 
 
