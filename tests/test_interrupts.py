@@ -16,8 +16,6 @@ import pytest
 
 from conftest import REPO, require_module
 
-pytestmark = pytest.mark.engine
-
 CHILD = r"""
 import ctypes, os, signal, sys, time
 if sys.argv[1] == "evalkit":
@@ -51,7 +49,23 @@ def _child(how: str, gguf: Path) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("how, outcome", [("evalkit", "interrupted"), ("bare llama_cpp", "loaded")])
 def test_ctrl_c_inside_a_llama_cpp_callback_interrupts_the_load(how: str, outcome: str, smollm_gguf: Path) -> None:
     require_module("llama_cpp", "llama.cpp engine")
     assert _child(how, smollm_gguf) == outcome
+
+
+def test_other_unraisable_errors_still_reach_the_hook_that_was_there() -> None:
+    """Only KeyboardInterrupt is taken: an error in a destructor is still printed by Python's own hook."""
+    child = ("from evalkit.interrupts import keep_interrupts_from_callbacks\n"
+             "keep_interrupts_from_callbacks()\n"
+             "class Broken:\n"
+             "    def __del__(self):\n"
+             "        raise ValueError('from a destructor')\n"
+             "Broken()\n"
+             "print('went on')\n")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout.strip() == "went on", done.stderr
+    assert "Exception ignored in" in done.stderr and "ValueError: from a destructor" in done.stderr
