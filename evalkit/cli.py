@@ -243,6 +243,9 @@ def disk_full(e: OSError) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from evalkit.interrupts import keep_interrupts
+
+    keep_interrupts()  # Ctrl-C landing in a destructor still stops the run
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

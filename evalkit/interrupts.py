@@ -1,12 +1,12 @@
-"""Ctrl-C that arrives while C code calls back into Python is not lost.
+"""Ctrl-C is not lost where Python cannot raise it.
 
-Python runs a signal's handler in the main thread at its next bytecode, which while llama.cpp loads a model is
-usually inside a ctypes callback (llama.cpp's log callback, evalkit's load-log reader). The handler's
-KeyboardInterrupt then ends the callback, and ctypes reports it as unraisable and goes on: the interrupt was
-gone, and the worker ran its whole deployment after the user pressed Ctrl-C. The hook installed here sees that
-report and interrupts the main thread again a few milliseconds later (from a timer thread: an interrupt
-raised while the hook itself runs would be lost the same way), again and again while it lands in callbacks,
-until the C call has returned and it lands in the code that called it, where KeyboardInterrupt unwinds.
+Python runs a signal's handler in the main thread at its next bytecode. When that bytecode belongs to a ctypes
+callback (llama.cpp's log callback runs many times while a model loads) or to a destructor run by the garbage
+collector, the handler's KeyboardInterrupt cannot unwind the code that was interrupted: Python reports it as
+"unraisable" and goes on. So the interrupt was gone, and a worker ran its whole deployment after the user
+pressed Ctrl-C. The hook installed here sees such a report and signals the main thread again a few milliseconds
+later (from a timer thread: an interrupt raised while the hook itself runs would be lost the same way), again
+while it keeps landing in callbacks, until it lands in ordinary code, where KeyboardInterrupt unwinds.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _installed = False
 _AGAIN_S = 0.005
 
 
-def keep_interrupts_from_callbacks() -> None:
+def keep_interrupts() -> None:
     """Install the hook (once per process; other unraisable reports go on to the hook that was there)."""
     global _installed
     if _installed:

@@ -268,6 +268,9 @@ def run_deployment(run_dir: Path, deployment_name: str, hold: bool = False) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
+    from evalkit.interrupts import keep_interrupts
+
+    keep_interrupts()  # Ctrl-C landing in a destructor or an engine's callback still stops the worker
     args = sys.argv[1:] if argv is None else argv
     hold = False  # a held warm worker loads its engine, then waits for the driver's go (evalkit.executors.warm)
     if len(args) == 2 and args[0] == "--warm":  # started early by the local executor (evalkit.executors.warm)

@@ -1,4 +1,5 @@
-"""Ctrl-C while llama.cpp runs a Python callback (evalkit.interrupts), in a child process per case.
+"""Ctrl-C where Python cannot raise it (evalkit.interrupts): in llama.cpp's Python callback, in a destructor.
+Each case runs in a child process.
 
 The child makes llama.cpp's log callback send the process SIGINT the first time it runs, during a vocabulary-only
 load of the real SmolLM2 GGUF, so the signal's handler runs inside the callback, the window where ctypes used to
@@ -58,8 +59,8 @@ def test_ctrl_c_inside_a_llama_cpp_callback_interrupts_the_load(how: str, outcom
 
 def test_other_unraisable_errors_still_reach_the_hook_that_was_there() -> None:
     """Only KeyboardInterrupt is taken: an error in a destructor is still printed by Python's own hook."""
-    child = ("from evalkit.interrupts import keep_interrupts_from_callbacks\n"
-             "keep_interrupts_from_callbacks()\n"
+    child = ("from evalkit.interrupts import keep_interrupts\n"
+             "keep_interrupts()\n"
              "class Broken:\n"
              "    def __del__(self):\n"
              "        raise ValueError('from a destructor')\n"
@@ -69,3 +70,32 @@ def test_other_unraisable_errors_still_reach_the_hook_that_was_there() -> None:
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
     assert done.returncode == 0 and done.stdout.strip() == "went on", done.stderr
     assert "Exception ignored in" in done.stderr and "ValueError: from a destructor" in done.stderr
+
+
+DESTRUCTOR_CHILD = r"""
+import os, signal, sys, time
+if sys.argv[1] == "evalkit":
+    from evalkit.interrupts import keep_interrupts
+    keep_interrupts()
+
+class SendsCtrlC:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs here, inside the destructor
+
+try:
+    SendsCtrlC()
+    time.sleep(2)
+except KeyboardInterrupt:
+    print("interrupted")
+    sys.exit(0)
+print("went on")
+"""
+
+
+@pytest.mark.parametrize("how, outcome", [("evalkit", "interrupted"), ("bare Python", "went on")])
+def test_ctrl_c_inside_a_destructor_interrupts_the_code_after_it(how: str, outcome: str) -> None:
+    """The garbage collector may run a destructor at any bytecode, so Ctrl-C can land in one anywhere; Python
+    alone, the control, prints "Exception ignored" and goes on."""
+    done = subprocess.run([sys.executable, "-c", DESTRUCTOR_CHILD, how], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout.strip() == outcome, done.stderr

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "evalkit.sandbox_runner",  # the program the sandbox runs (standard library only)
         "evalkit.models", "evalkit.gpus", "evalkit.terminal",  # gpus: the GPU model table and the plan-time verdict types
         "evalkit.versions",  # installed packages' versions, from their metadata
-        "evalkit.interrupts",  # Ctrl-C kept when it lands in a C library's Python callback
+        "evalkit.interrupts",  # Ctrl-C kept when it lands in a C library's Python callback or a destructor
         "evalkit.affinity",  # the CPUs this process may run on (hardware, the engines and the quantizer size by it)
         "evalkit.memo",  # answers kept on disk by the hash of the question (scipy's, figures)
         "evalkit.quant_formats",  # GPTQ/AWQ/INT8 format names and bytes per weight (engines' kernels: through the registry)

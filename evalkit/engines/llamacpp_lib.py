@@ -26,9 +26,9 @@ def load_llama_cpp() -> ModuleType:
             pass
     import llama_cpp
 
-    from evalkit.interrupts import keep_interrupts_from_callbacks
+    from evalkit.interrupts import keep_interrupts
 
-    keep_interrupts_from_callbacks()  # llama.cpp logs through Python callbacks, where Ctrl-C was lost
+    keep_interrupts()  # llama.cpp logs through Python callbacks, where Ctrl-C was lost (here for notebooks too)
     return llama_cpp
 
 
