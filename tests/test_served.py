@@ -531,8 +531,12 @@ def test_ctrl_c_in_the_worker_stops_its_launched_server(tmp_path: Path, gguf: Pa
         unavailable("llama-server", "not built (make peer builds it into LLAMA_CPP_BIN)")
     cfg = write_config(tmp_path / "run.yaml", [LAUNCHED], {"prompts": {**PROMPTS, "limit_per_category": 6}}, "launched")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(tmp_path / "out"),
-                             "--no-cache"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # SIGINT at its default in `evalkit run` (so in its worker), whatever this process inherited: a shell runs a
+    # command started in the background (`make test &`) with SIGINT ignored, and ignored it stays through exec.
+    argv = [sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-cache"]
+    default_sigint = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", default_sigint, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
     def ours() -> list[psutil.Process]:  # llama-servers this run's worker started (other work may run some too)
         found = []
         try:
