@@ -9,9 +9,9 @@ pressed Ctrl-C.
 Here the interrupt is pending from the moment such a report arrives (sys.unraisablehook) until a handler has
 raised it again. A watcher thread interrupts the main thread every 10 ms while it is pending (a real SIGINT every
 tenth time: it wakes a blocking system call, but also breaks a C library's reads); the SIGINT handler clears it
-and raises, except inside the hook itself (where the raise would be lost the same way: it
-leaves it pending, and the next signal comes after the hook has returned). A raise that lands in a callback
-again is reported again and stays pending; one that lands in ordinary code unwinds, as Ctrl-C should.
+and raises, except inside the hook itself, where the raise would be lost the same way: there it leaves it
+pending, and the next try comes after the hook has returned. A raise that lands in a callback again is reported
+again and stays pending; one that lands in ordinary code unwinds, as Ctrl-C should.
 """
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from evalkit.metrics.stats import Z_95, wilson_ci
+
 LN2 = math.log(2.0)
 TopK = Sequence[Sequence[float]]  # [[token id, logprob], ...] for one position
 
