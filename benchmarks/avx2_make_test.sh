@@ -37,7 +37,7 @@ echo "SLOWER=${SLOWER:-1}: ${#burners[@]} busy loops" > "$out.meta"
 for half in first vllm; do
   if [ "$half" = first ]; then mark="not vllm and not gpu"; else mark="vllm and not gpu"; fi
   start=$(date +%s)
-  python3 benchmarks/with_default_signals.py .venv/bin/python tests/avx2_paths.py -q -m "$mark" -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=15 > "$out.$half.log" 2>&1
+  python3 tests/with_default_signals.py .venv/bin/python tests/avx2_paths.py -q -m "$mark" -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=15 > "$out.$half.log" 2>&1
   rc=$?
   echo "$half rc $rc wall $(( $(date +%s) - start )) s: $(tail -1 "$out.$half.log")" | tee -a "$out.meta"
 done

@@ -11,7 +11,7 @@
 # 3. `make run` in a second fresh clone, pip's cache off and an empty evalkit cache (its variants made anew):
 #    install (to the venv's stamp), evaluation (the stamp to report.html), first report.
 # Every figure is wall time: run it on an otherwise idle machine (the load average is printed before each step).
-# Each step starts with SIGINT at its default (benchmarks/with_default_signals.py), even where this runs in the background.
+# Each step starts with SIGINT at its default (tests/with_default_signals.py), even where this runs in the background.
 # The clones are of HEAD: commit first. Logs, clones and figures.txt stay under OUT.
 set -uo pipefail
 repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -30,7 +30,7 @@ clone() {  # clone DIR: a fresh clone of HEAD with ../shared beside it
 timed() {  # timed NAME CMD...: run CMD under /usr/bin/time in the current directory, log to OUT/NAME.log
   local name=$1; shift
   note "$name: load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  python3 "$repo/benchmarks/with_default_signals.py" /usr/bin/time -v -o "$out/$name.time" "$@" > "$out/$name.log" 2>&1
+  python3 "$repo/tests/with_default_signals.py" /usr/bin/time -v -o "$out/$name.time" "$@" > "$out/$name.log" 2>&1
 }
 resources() {  # resources NAME: CPU time and largest RSS from /usr/bin/time -v
   local t=$out/$1.time

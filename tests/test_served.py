@@ -534,9 +534,8 @@ def test_ctrl_c_in_the_worker_stops_its_launched_server(tmp_path: Path, gguf: Pa
     # SIGINT at its default in `evalkit run` (so in its worker), whatever this process inherited: a shell runs a
     # command started in the background (`make test &`) with SIGINT ignored, and ignored it stays through exec.
     argv = [sys.executable, "-m", "evalkit", "run", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-cache"]
-    default_sigint = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
-    proc = subprocess.Popen([sys.executable, "-c", default_sigint, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "with_default_signals.py"), *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     def ours() -> list[psutil.Process]:  # llama-servers this run's worker started (other work may run some too)
         found = []
         try:
